@@ -1,0 +1,83 @@
+"""One DAG per enabled portal in portals.yaml: harvest_<name>.
+
+begin -> fetch_modified -> hash_compare -> embed_changed -> upsert. All logic is in the harvester
+package (plugins/harvester); this file only wires tasks to it. A bad portals.yaml fails this file's
+import with a message naming the bad entry, and leaves other DAG files alone.
+"""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import Param, dag, task
+
+from harvester import tasks
+from harvester.portal import Portal, load_portals
+
+DOC = """
+### Harvest {name}
+Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
+
+* **fetch_modified** lists datasets modified since the last completed run (minus a {lookback} overlap),
+  or all of them on a full sync, into a per-run staging table.
+* **hash_compare** classifies them against what we hold: created, updated, unchanged, failed.
+* **embed_changed** embeds only texts that have no vector yet.
+* **upsert** commits everything in one transaction and moves the watermark.
+
+Trigger with `full_sync` to re-list the whole portal. Backfills always run as full syncs.
+A failed run changes nothing users see; the next run starts from the same watermark.
+"""
+
+
+def build(portal: Portal):
+    @dag(
+        dag_id=portal.dag_id,
+        description=f"Harvest {portal.url}",
+        schedule=portal.schedule,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        dagrun_timeout=timedelta(hours=12),
+        tags=["harvester", "ckan", portal.name],
+        doc_md=DOC.format(name=portal.name, url=portal.url, lookback=portal.lookback),
+        params={"full_sync": Param(False, type="boolean", title="Full sync",
+                                   description="List every dataset of the portal instead of only those "
+                                               "modified since the last completed run.")},
+        default_args={
+            "retries": int(os.environ.get("HARVESTER_TASK_RETRIES", "3")),
+            "retry_delay": timedelta(seconds=int(os.environ.get("HARVESTER_TASK_RETRY_DELAY_SECS", "30"))),
+            "retry_exponential_backoff": True,
+            "max_retry_delay": timedelta(minutes=10),
+            "on_failure_callback": tasks.on_task_failure(portal),
+        },
+        on_failure_callback=tasks.on_dag_failure(portal),
+    )
+    def harvest():
+        @task
+        def begin() -> dict:
+            return tasks.begin(portal)
+
+        @task
+        def fetch_modified(run: dict) -> dict:
+            return tasks.fetch_modified(portal, run)
+
+        @task
+        def hash_compare(run: dict) -> dict:
+            return tasks.hash_compare(portal, run)
+
+        @task(pool=os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"))
+        def embed_changed(run: dict) -> dict:
+            return tasks.embed_changed(portal, run)
+
+        @task
+        def upsert(run: dict) -> dict:
+            return tasks.upsert(portal, run)
+
+        upsert(embed_changed(hash_compare(fetch_modified(begin()))))
+
+    return harvest()
+
+
+for _portal in load_portals():
+    if _portal.enabled:
+        globals()[_portal.dag_id] = build(_portal)

@@ -1,0 +1,1 @@
+"""Harvester: CKAN portals into PostgreSQL + pgvector, driven by Airflow."""

@@ -1,0 +1,210 @@
+"""The `harvester` command: the database, portals, runs and datasets, without a scheduler.
+
+Database: HARVESTER_DATABASE_URL, else the Airflow connection harvester_db
+(AIRFLOW_CONN_HARVESTER_DB), else the embedded PostgreSQL under .harvester/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime
+from typing import Sequence
+
+from . import portal as portal_config
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=lambda o: o.isoformat() if isinstance(o, datetime) else str(o)))
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*["" if v is None else (v.strftime("%Y-%m-%d %H:%M:%S") if isinstance(v, datetime) else str(v))
+                        for v in row])
+    Console(width=max(100, Console().width)).print(table)
+
+
+def _resolve_portal(name: str | None):
+    if name is None:
+        return None
+    return portal_config.get_portal(name)
+
+
+# -- db ---------------------------------------------------------------------------------------
+def cmd_db(args) -> int:
+    from .store import db
+    from .store.server import embedded
+
+    server = embedded()
+    if args.action == "start":
+        print(server.start())
+    elif args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif args.action == "url":
+        url = db.cli_database_url() if args.resolve else server.url()
+        print(db.redact(url) if args.redact else url)
+    elif args.action == "status":
+        print(f"embedded server in {server.home}: {'running at ' + server.url() if server.is_running() else 'not running'}")
+    elif args.action == "migrate":
+        from .store.migrations import migrate
+
+        conn = db.connect_url(db.cli_database_url())
+        conn.autocommit = True
+        with conn:
+            applied = migrate(conn)
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+# -- portals ----------------------------------------------------------------------------------
+def cmd_portals(args) -> int:
+    portals = portal_config.load_portals(args.file)
+    if args.json:
+        _print_json([{"name": p.name, "url": p.url, "enabled": p.enabled, "schedule": p.schedule,
+                      "dag_id": p.dag_id} for p in portals])
+        return 0
+    _table(f"Portals ({portal_config.portals_file() if not args.file else args.file})",
+           ["name", "url", "enabled", "schedule", "dag"],
+           [(p.name, p.url, "yes" if p.enabled else "no", p.schedule or "-", p.dag_id) for p in portals])
+    return 0
+
+
+# -- harvest ----------------------------------------------------------------------------------
+def cmd_harvest(args) -> int:
+    from . import pipeline
+    from .embeddings import get_provider
+    from .store import db
+
+    portal = _resolve_portal(args.portal)
+    provider = get_provider()
+    with db.open_cli() as conn, db.open_cli() as reader:
+        stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full)
+    if args.json:
+        _print_json(stats)
+    else:
+        print(" ".join(f"{k}={v}" for k, v in stats.items()))
+    return 0
+
+
+# -- runs -------------------------------------------------------------------------------------
+def cmd_runs(args) -> int:
+    from .run import STAT_KEYS
+    from .store import db
+
+    portal = _resolve_portal(args.portal)
+    with db.open_cli() as conn:
+        rows = conn.execute(
+            "SELECT run_id, portal_name, mode, status, started_at, finished_at, stats, error FROM sync_runs"
+            " WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)"
+            " ORDER BY started_at DESC, run_id DESC LIMIT %(limit)s",
+            {"portal": portal.url if portal else None, "limit": args.limit}).fetchall()
+    rows = list(reversed(rows))
+    if args.json:
+        _print_json([{"run_id": r[0], "portal": r[1], "mode": r[2], "status": r[3], "started_at": r[4],
+                      "finished_at": r[5], "stats": r[6], "error": r[7]} for r in rows])
+        return 0
+    _table("Harvest runs", ["run", "portal", "mode", "status", "started", *STAT_KEYS],
+           [(r[0], r[1], r[2], r[3], r[4], *[r[6].get(k, 0) for k in STAT_KEYS]) for r in rows])
+    for r in rows:
+        if r[7]:
+            print(f"run {r[0]}: {r[7]}")
+    return 0
+
+
+# -- datasets ---------------------------------------------------------------------------------
+def cmd_datasets(args) -> int:
+    from .store import db
+
+    portal = _resolve_portal(args.portal)
+    with db.open_cli() as conn:
+        rows = conn.execute(
+            "SELECT title, organization, url, metadata_modified, content_hash,"
+            " embedded_content_hash = content_hash AS embedded, tags FROM datasets"
+            " WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s) AND removed_at IS NULL"
+            " ORDER BY metadata_modified DESC NULLS LAST, id LIMIT %(limit)s",
+            {"portal": portal.url if portal else None, "limit": args.limit}).fetchall()
+        total = conn.execute("SELECT count(*) FROM datasets WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)"
+                             " AND removed_at IS NULL", {"portal": portal.url if portal else None}).fetchone()[0]
+    if args.json:
+        _print_json([{"title": r[0], "organization": r[1], "url": r[2], "metadata_modified": r[3],
+                      "content_hash": r[4], "embedded": bool(r[5]), "tags": r[6]} for r in rows])
+        return 0
+    _table(f"Datasets ({len(rows)} of {total})", ["title", "organization", "modified", "embedded", "url"],
+           [(r[0][:70], (r[1] or "")[:40], r[3], "yes" if r[5] else "pending", r[2]) for r in rows])
+    return 0
+
+
+# -- demo portal ------------------------------------------------------------------------------
+def cmd_demo_portal(args) -> int:
+    from .demo_portal import main as serve
+
+    return serve(["--port", str(args.port), *sum((["--data", d] for d in args.data), [])])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harvester", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("db", help="the database: embedded server and migrations")
+    p.add_argument("action", choices=["start", "stop", "url", "status", "migrate"])
+    p.add_argument("--resolve", action="store_true",
+                   help="with url: the database the CLI would use (configured or embedded)")
+    p.add_argument("--redact", action="store_true", help="with url: hide the password")
+    p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser("portals", help="list the portals in portals.yaml (validating it)")
+    p.add_argument("--file", help="portals file (default: $HARVESTER_PORTALS_FILE or dags/portals.yaml)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_portals)
+
+    p = sub.add_parser("harvest", help="run one harvest of a portal now, without Airflow")
+    p.add_argument("portal", help="the portal's name in portals.yaml")
+    p.add_argument("--full", action="store_true", help="list every dataset, not only modified ones")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_harvest)
+
+    p = sub.add_parser("runs", help="recent harvest runs with their stats")
+    p.add_argument("-p", "--portal", help="the portal's name in portals.yaml")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("datasets", help="datasets we hold, most recently modified first")
+    p.add_argument("-p", "--portal", help="the portal's name in portals.yaml")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_datasets)
+
+    p = sub.add_parser("demo-portal", help="serve CKAN records from JSONL files as a local CKAN portal")
+    p.add_argument("--data", action="append", required=True, help="a JSONL file of CKAN packages (repeatable)")
+    p.add_argument("--port", type=int, default=8765)
+    p.set_defaults(func=cmd_demo_portal)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .embeddings import EmbeddingError
+    from .portal import PortalConfigError
+
+    try:
+        return args.func(args) or 0
+    except (PortalConfigError, EmbeddingError, LookupError) as exc:
+        print(f"harvester: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

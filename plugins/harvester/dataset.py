@@ -1,0 +1,231 @@
+"""A CKAN package as we keep it: normalization, the embedded text recipe and the three hashes.
+
+Pure functions over plain data: no database, HTTP or Airflow here.
+
+- ``url_hash``: the normalized landing-page URL, "is this the same resource".
+- ``content_hash``: exactly the text that is embedded (with the recipe's version tag). A dataset is
+  re-embedded if and only if this changes.
+- ``metadata_hash``: everything else we track (tags, organization, license, groups, resources,
+  extras, custom fields, dates other than metadata_modified). Changing it needs no embedding.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+# Bump when the text recipe changes: every content_hash changes with it, so everything re-embeds.
+TEXT_RECIPE = "harvester-text-v1"
+# Deterministic cap on the embedded text, so the hash always describes exactly what is sent.
+MAX_TEXT_CHARS = 8000
+
+# Top-level CKAN fields that are not metadata we track: identity and content (hashed apart),
+# server bookkeeping that changes without any edit, and counts derived from tracked lists.
+_NOT_METADATA = frozenset({
+    "id", "title", "notes", "metadata_modified", "revision_id", "revision_timestamp",
+    "tracking_summary", "num_resources", "num_tags", "relationships_as_object",
+    "relationships_as_subject", "isopen", "organization", "owner_org", "tags", "groups",
+    "resources", "extras", "license_id", "license_title", "license_url", "creator_user_id",
+})
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """One fetched package, normalized. ``error`` is set when the record cannot be used."""
+
+    source_id: str | None
+    name: str | None = None
+    url: str | None = None
+    url_hash: str | None = None
+    title: str = ""
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    organization: str | None = None
+    metadata_modified: datetime | None = None
+    content_hash: str | None = None
+    metadata_hash: str | None = None
+    raw: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _TextExtractor(HTMLParser):
+    _BREAKS = {"br", "p", "div", "li", "ul", "ol", "tr", "h1", "h2", "h3", "h4", "h5", "h6"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self._BREAKS:
+            self.parts.append(" ")
+
+    def handle_endtag(self, tag):
+        if tag in self._BREAKS:
+            self.parts.append(" ")
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+_WS = re.compile(r"\s+")
+_TAG = re.compile(r"<[a-zA-Z/!][^>]*>")
+
+
+def clean_text(value: Any) -> str:
+    """Plain text: HTML stripped, entities decoded, whitespace collapsed. None -> ''."""
+    if value is None:
+        return ""
+    text = str(value)
+    if _TAG.search(text):
+        parser = _TextExtractor()
+        parser.feed(text)
+        parser.close()
+        text = "".join(parser.parts)
+    else:
+        text = html.unescape(text)
+    return _WS.sub(" ", text).strip()
+
+
+def embedding_text(title: str, description: str) -> str:
+    """Exactly the text we embed for a dataset (already cleaned title and description)."""
+    text = f"{title}\n\n{description}" if description else title
+    return text[:MAX_TEXT_CHARS]
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def content_hash(text: str) -> str:
+    return sha256_hex(f"{TEXT_RECIPE}\n{text}")
+
+
+def normalize_url(url: str) -> str:
+    """Lower-cased scheme and host, no trailing slash: the form we compare landing pages in."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
+
+
+def landing_page(portal_url: str, name_or_id: str) -> str:
+    return f"{portal_url.rstrip('/')}/dataset/{name_or_id}"
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """CKAN timestamps are UTC, usually without a zone; DKAN writes a space instead of T."""
+    if not value or not isinstance(value, str):
+        return None
+    text = value.strip().replace(" ", "T", 1)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _names(items: Any, key: str = "name") -> list[str]:
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items:
+        if isinstance(item, Mapping):
+            value = item.get(key) or item.get("display_name") or item.get("title")
+        else:
+            value = item
+        if value not in (None, ""):
+            out.append(str(value))
+    return sorted(set(out))
+
+
+def _organization(pkg: Mapping) -> str | None:
+    org = pkg.get("organization")
+    if isinstance(org, Mapping):
+        return org.get("title") or org.get("name")
+    if isinstance(org, str) and org:
+        return org
+    return None
+
+
+def _resources(pkg: Mapping) -> list[dict]:
+    resources = pkg.get("resources")
+    if not isinstance(resources, list):
+        return []
+    tracked = [
+        {"url": r.get("url") or "", "format": (r.get("format") or "").strip(), "name": r.get("name") or ""}
+        for r in resources if isinstance(r, Mapping)
+    ]
+    return sorted(tracked, key=lambda r: (r["url"], r["format"], r["name"]))
+
+
+def _extras(pkg: Mapping) -> dict[str, Any]:
+    extras = pkg.get("extras")
+    if isinstance(extras, list):
+        return {str(e.get("key")): e.get("value") for e in extras if isinstance(e, Mapping) and "key" in e}
+    if isinstance(extras, Mapping):
+        return dict(extras)
+    return {}
+
+
+def tracked_metadata(pkg: Mapping) -> dict[str, Any]:
+    """The canonical form of everything we track besides the embedded text."""
+    org = pkg.get("organization")
+    custom = {k: v for k, v in pkg.items() if k not in _NOT_METADATA}
+    return {
+        "tags": _names(pkg.get("tags")),
+        "organization": _organization(pkg),
+        "organization_name": org.get("name") if isinstance(org, Mapping) else None,
+        "license": pkg.get("license_id") or pkg.get("license_title"),
+        "groups": _names(pkg.get("groups")),
+        "resources": _resources(pkg),
+        "extras": _extras(pkg),
+        "fields": custom,
+    }
+
+
+def metadata_hash(pkg: Mapping) -> str:
+    canonical = json.dumps(tracked_metadata(pkg), sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                           default=str)
+    return sha256_hex(canonical)
+
+
+def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
+    """A fetched package as a DatasetRecord; unusable records come back with ``error`` saying why."""
+    if not isinstance(pkg, Mapping):
+        return DatasetRecord(source_id=None, raw=pkg, error=f"record is a {type(pkg).__name__}, not a JSON object")
+    source_id = pkg.get("id")
+    if not isinstance(source_id, str) or not source_id.strip():
+        label = pkg.get("name") or pkg.get("title") or "?"
+        return DatasetRecord(source_id=None, raw=pkg, error=f"record {label!r} has no 'id'")
+    source_id = source_id.strip()
+    name = pkg.get("name") if isinstance(pkg.get("name"), str) and pkg.get("name") else None
+    title = clean_text(pkg.get("title")) or (name or source_id)
+    description = clean_text(pkg.get("notes"))
+    url = landing_page(portal_url, name or source_id)
+    return DatasetRecord(
+        source_id=source_id,
+        name=name,
+        url=url,
+        url_hash=sha256_hex(normalize_url(url)),
+        title=title,
+        description=description,
+        tags=_names(pkg.get("tags")),
+        organization=_organization(pkg),
+        metadata_modified=parse_timestamp(pkg.get("metadata_modified")),
+        content_hash=content_hash(embedding_text(title, description)),
+        metadata_hash=metadata_hash(pkg),
+        raw=pkg,
+    )

@@ -1,0 +1,31 @@
+"""The embedding provider interface: what the pipeline needs from any model, local or remote."""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+
+class EmbeddingError(RuntimeError):
+    """A provider failed. ``transient`` says whether trying again later may succeed."""
+
+    transient = True
+
+
+class TerminalEmbeddingError(EmbeddingError):
+    """Retrying cannot help (bad key, bad configuration): fail the task with this message."""
+
+    transient = False
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    name: str          # provider name, as in HARVESTER_EMBEDDING_PROVIDER
+    model: str         # the model's identity in the embeddings table (text + model -> one vector)
+    dimension: int
+    max_batch: int     # texts per request
+
+    def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
+        """One L2-normalized vector per text, in order: a single request of at most max_batch texts."""
+        ...
+
+    def embed_query(self, text: str) -> Sequence[float]:
+        ...

@@ -1,0 +1,143 @@
+"""One harvest run as plain functions: begin, fetch_modified, hash_compare, embed_changed, upsert.
+
+Connections are in autocommit mode; what must be atomic runs in an explicit transaction.
+Each takes what it works with (a portal, a run id, a database connection, a CKAN client, an
+embedding provider) and returns counts only: dataset content moves through PostgreSQL, never
+through the caller (in Airflow, never through XCom). Airflow-free: tasks.py wires these to Airflow.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from . import dataset as ds
+from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable
+from .embeddings.base import EmbeddingProvider
+from .portal import Portal
+from .run import FULL, Progress, plan_run, summary
+from .store import datasets, runs, staging, vectors
+
+log = logging.getLogger(__name__)
+
+
+def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: bool = False,
+          backfill: bool = False) -> dict:
+    """Open a run: decide full or incremental from the watermark, record it as running."""
+    plan = plan_run(runs.watermark(conn, portal.url), full_sync=full_sync, backfill=backfill,
+                    lookback=portal.lookback)
+    run = runs.start(conn, portal_url=portal.url, portal_name=portal.name, dag_run_id=dag_run_id,
+                     mode=plan.mode, since=plan.since)
+    log.info("run %s of %s: %s sync, %s", run.run_id, portal.name, run.mode, plan.reason)
+    return {"run_id": run.run_id, "mode": run.mode}
+
+
+def client_for(portal: Portal, **overrides) -> CkanClient:
+    return CkanClient(portal.url, politeness_delay=portal.politeness_delay, **overrides)
+
+
+def _stage_listing(conn, portal: Portal, run_id: int, client: CkanClient, since) -> dict:
+    staging.clear(conn, run_id)
+    progress = Progress(f"fetch_modified {portal.name}", None, log)
+    seq = fetched = failed = 0
+    for page in client.iter_pages(since, page_size=portal.page_size):
+        progress.total = getattr(client, "total", None) or progress.total
+        records = [ds.normalize(pkg, portal.url) for pkg in page]
+        seq += staging.write(conn, run_id, seq, records)
+        bad = [r for r in records if not r.ok]
+        for rec in bad:
+            log.warning("record failed: %s", rec.error)
+        failed += len(bad)
+        fetched += len(records) - len(bad)
+        progress.advance(len(records))
+    return {"fetched": fetched, "failed": failed}
+
+
+def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dict:
+    """Stream the portal's modified records (all of them on a full sync) into staging, page by page."""
+    run = runs.require_running(conn, run_id)
+    started = time.monotonic()
+    try:
+        counts = _stage_listing(conn, portal, run_id, client, run.since if run.mode != FULL else None)
+    except PortalUnavailable:
+        raise  # transient: let the task retry rather than hammer a struggling portal with a full listing
+    except CkanError as exc:
+        if run.mode == FULL:
+            raise
+        why = "the portal rejected the modified-since filter" if isinstance(exc, FilterRejected) else "the incremental request failed"
+        log.warning("%s (%s); falling back to a full sync of %s", why, exc, portal.name)
+        runs.set_mode(conn, run_id, FULL, None)
+        counts = _stage_listing(conn, portal, run_id, client, None)
+    counts["portal_requests"] = client.requests_made
+    runs.add_stats(conn, run_id, counts)
+    log.info("fetch_modified done in %.1fs: %s", time.monotonic() - started,
+             summary(counts, ("fetched", "failed", "portal_requests")))
+    return {"run_id": run_id, **counts}
+
+
+def hash_compare(conn, portal: Portal, run_id: int) -> dict:
+    """Classify staged records against what we hold: created, updated, unchanged, failed."""
+    runs.require_running(conn, run_id)
+    counts = datasets.classify(conn, run_id, portal.url)
+    runs.add_stats(conn, run_id, counts)
+    log.info("hash_compare done: %s", summary(counts, ("created", "updated", "unchanged", "failed")))
+    return {"run_id": run_id, **counts}
+
+
+def embed_changed(conn, reader, portal: Portal, run_id: int, provider: EmbeddingProvider) -> dict:
+    """Embed every text of the portal that has no vector for the provider's model yet: this run's
+    new and changed texts and whatever earlier runs left pending, each distinct text once.
+    ``reader`` is a second connection that streams the pending texts."""
+    runs.require_running(conn, run_id)
+    vectors.ensure_index(conn, provider.model, provider.dimension)
+    reused = vectors.count_reused(conn, run_id, provider.model)
+    total = vectors.count_pending(conn, run_id, portal.url, provider.model)
+    progress = Progress(f"embed_changed {portal.name} ({provider.model})", total, log)
+    requests = embedded = 0
+    for batch in vectors.iter_pending(reader, run_id, portal.url, provider.model, provider.max_batch):
+        hashes = [row[0] for row in batch]
+        texts = [ds.embedding_text(row[1], row[2]) for row in batch]
+        result = provider.embed_documents(texts)
+        requests += 1
+        embedded += vectors.write(conn, provider.model, provider.dimension, hashes, result)
+        progress.advance(len(batch))
+    counts = {"embedding_requests": requests, "embedded": embedded, "embeddings_reused": reused}
+    runs.add_stats(conn, run_id, counts)
+    log.info("embed_changed done: %s", summary(counts, ("embedding_requests", "embedded", "embeddings_reused")))
+    return {"run_id": run_id, **counts}
+
+
+def upsert(conn, portal: Portal, run_id: int, model: str) -> dict:
+    """One transaction: staging merged into datasets, vectors linked, the run's stats written, the
+    watermark moved to the run's start, the run's staging dropped."""
+    with conn.transaction():
+        run = runs.require_running(conn, run_id)
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
+        merged = datasets.merge(conn, run_id, portal.url, run.started_at, model)
+        stats = {**run.stats, **merged}
+        runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0))
+        staging.clear(conn, run_id)
+        final = runs.get(conn, run_id).stats
+    log.info("upsert committed run %s of %s (%s): %s", run_id, portal.name, run.mode, summary(final))
+    return {"run_id": run_id, **final}
+
+
+def abort(conn, run_id: int, error: str, status: str = "failed") -> bool:
+    """Mark a run failed (or cancelled): nothing users see changes, the watermark stays."""
+    done = runs.abort(conn, run_id, status, error)
+    if done:
+        log.warning("run %s %s: %s", run_id, status, error)
+    return done
+
+
+def harvest(conn, reader, portal: Portal, client: CkanClient, provider: EmbeddingProvider, *,
+            full_sync: bool = False, dag_run_id: str | None = None) -> dict:
+    """A whole run in one call (the CLI's `harvester harvest`); a failure marks the run failed."""
+    run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync)["run_id"]
+    try:
+        fetch_modified(conn, portal, run_id, client)
+        hash_compare(conn, portal, run_id)
+        embed_changed(conn, reader, portal, run_id, provider)
+        return upsert(conn, portal, run_id, provider.model)
+    except BaseException as exc:
+        abort(conn, run_id, f"{type(exc).__name__}: {exc}")
+        raise

@@ -1,0 +1,179 @@
+"""Portals we harvest: the portals.yaml schema, validated when loaded.
+
+Every problem names the entry it is in and says what would be valid; a bad value never falls
+back silently to a default.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
+PORTAL_TYPES = ("ckan",)
+SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+_KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "description"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class PortalConfigError(ValueError):
+    """portals.yaml is not valid; the message names every bad entry."""
+
+
+@dataclass(frozen=True)
+class Portal:
+    name: str
+    url: str
+    type: str = "ckan"
+    schedule: str | None = "@daily"
+    enabled: bool = True
+    lookback: timedelta = timedelta(hours=1)
+    page_size: int = 1000
+    politeness_delay: float = 0.2
+    description: str = ""
+
+    @property
+    def dag_id(self) -> str:
+        return f"harvest_{self.name}"
+
+
+def portals_file() -> Path:
+    return Path(os.environ.get("HARVESTER_PORTALS_FILE") or DEFAULT_PORTALS_FILE)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """A lookback: whole seconds, or a number with s, m, h or d ("90m", "1h", "2d")."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int):
+        seconds = value
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; use seconds or a number with s, m, h or d, e.g. '1h'")
+        seconds = int(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    if seconds < 0:
+        raise ValueError(f"{value!r} is negative")
+    return timedelta(seconds=seconds)
+
+
+def _expand_env(text: str) -> str:
+    def repl(match: re.Match) -> str:
+        value = os.environ.get(match.group(1))
+        if value:
+            return value
+        if match.group(2) is not None:
+            return match.group(2)
+        raise ValueError(f"environment variable {match.group(1)} is not set")
+
+    return _ENV.sub(repl, text)
+
+
+def _check_schedule(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"schedule {value!r} must be a cron expression, a preset like '@daily', or null")
+    value = value.strip()
+    if value.startswith("@"):
+        if value not in SCHEDULE_PRESETS:
+            raise ValueError(f"schedule {value!r} is not a preset; valid presets are: {', '.join(SCHEDULE_PRESETS)}")
+        return value
+    from croniter import croniter
+
+    if not croniter.is_valid(value):
+        raise ValueError(f"schedule {value!r} is not a valid cron expression")
+    return value
+
+
+def _portal(entry: Any) -> Portal:
+    if not isinstance(entry, dict):
+        raise ValueError(f"must be a mapping with name and url, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - _KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}; valid keys are: {', '.join(sorted(_KEYS))}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"name {name!r} must be letters, digits and underscores (it becomes the DAG id harvest_<name>)")
+    url = entry.get("url")
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("url is missing")
+    url = _expand_env(url.strip()).rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"url {url!r} must be an http(s) URL of the portal's root, e.g. https://open.canada.ca/data")
+    kind = entry.get("type", "ckan")
+    if kind not in PORTAL_TYPES:
+        raise ValueError(f"type {kind!r} is not supported; valid types are: {', '.join(PORTAL_TYPES)}")
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled {enabled!r} must be true or false")
+    page_size = entry.get("page_size", 1000)
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
+        raise ValueError(f"page_size {page_size!r} must be a whole number from 1 to 1000 (CKAN's maximum rows)")
+    delay = entry.get("politeness_delay", 0.2)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        raise ValueError(f"politeness_delay {delay!r} must be a number of seconds >= 0")
+    try:
+        lookback = parse_duration(entry.get("lookback", "1h"))
+    except ValueError as exc:
+        raise ValueError(f"lookback {exc}") from None
+    return Portal(
+        name=name, url=url, type=kind, schedule=_check_schedule(entry.get("schedule", "@daily")),
+        enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
+        description=str(entry.get("description") or ""),
+    )
+
+
+def parse_portals(document: Any, source: str = "portals.yaml") -> list[Portal]:
+    if not isinstance(document, dict) or not isinstance(document.get("portals"), list):
+        raise PortalConfigError(f"{source}: expected a top-level 'portals:' list")
+    portals: list[Portal] = []
+    problems: list[str] = []
+    for index, entry in enumerate(document["portals"]):
+        label = f"portals[{index}]"
+        if isinstance(entry, dict) and entry.get("name"):
+            label += f" ({entry['name']})"
+        try:
+            portals.append(_portal(entry))
+        except ValueError as exc:
+            problems.append(f"{label}: {exc}")
+    for attr in ("name", "url"):
+        seen: dict[str, int] = {}
+        for portal in portals:
+            value = getattr(portal, attr)
+            if value in seen:
+                problems.append(f"portal {portal.name}: {attr} {value!r} is used by another entry too")
+            seen[value] = 1
+    if problems:
+        raise PortalConfigError(f"{source} is not valid:\n  " + "\n  ".join(problems))
+    return portals
+
+
+def load_portals(path: Path | str | None = None) -> list[Portal]:
+    """All portals in the file (enabled or not)."""
+    import yaml
+
+    path = Path(path) if path else portals_file()
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PortalConfigError(f"portals file {path} does not exist (set HARVESTER_PORTALS_FILE)") from None
+    except yaml.YAMLError as exc:
+        raise PortalConfigError(f"{path} is not valid YAML: {exc}") from None
+    return parse_portals(document, str(path))
+
+
+def get_portal(name: str, path: Path | str | None = None) -> Portal:
+    portals = load_portals(path)
+    for portal in portals:
+        if portal.name == name:
+            return portal
+    known = ", ".join(p.name for p in portals) or "none"
+    raise PortalConfigError(f"no portal named {name!r} in {path or portals_file()}; known portals: {known}")

@@ -1,0 +1,100 @@
+"""The datasets table: classifying a run's staged records against it, and merging them in.
+
+Everything is set-based: one statement per step for the whole run, never one per dataset.
+"""
+from __future__ import annotations
+
+OUTCOMES = ("created", "updated", "unchanged", "failed")
+
+
+def classify(conn, run_id: int, portal_url: str) -> dict[str, int]:
+    """Set each staged record's outcome: failed (unusable), duplicate (an older copy of a record
+    fetched twice in the run), created, updated (content or metadata changed, or a removed dataset
+    back again) or unchanged. Returns the counts per outcome."""
+    params = {"run": run_id, "portal": portal_url}
+    with conn.transaction():
+        _classify(conn, params)
+    counts = dict(conn.execute(
+        "SELECT outcome, count(*) FROM staging_records WHERE run_id = %(run)s GROUP BY outcome", params).fetchall())
+    return {key: int(counts.get(key, 0)) for key in OUTCOMES}
+
+
+def _classify(conn, params: dict) -> None:
+    conn.execute("UPDATE staging_records SET outcome = NULL, content_changed = NULL WHERE run_id = %(run)s", params)
+    conn.execute("UPDATE staging_records SET outcome = 'failed' WHERE run_id = %(run)s AND error IS NOT NULL", params)
+    conn.execute(
+        """
+        UPDATE staging_records s SET outcome = 'duplicate'
+        FROM (
+            SELECT seq, row_number() OVER (
+                PARTITION BY source_id
+                ORDER BY metadata_modified DESC NULLS LAST, seq DESC) AS rank
+            FROM staging_records WHERE run_id = %(run)s AND error IS NULL
+        ) r
+        WHERE s.run_id = %(run)s AND s.seq = r.seq AND r.rank > 1
+        """, params)
+    conn.execute(
+        """
+        UPDATE staging_records s SET
+            outcome = CASE
+                WHEN d.id IS NULL THEN 'created'
+                WHEN d.content_hash = s.content_hash AND d.metadata_hash = s.metadata_hash
+                     AND d.removed_at IS NULL THEN 'unchanged'
+                ELSE 'updated' END,
+            content_changed = d.id IS NULL OR d.content_hash <> s.content_hash
+        FROM staging_records s2
+        LEFT JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s2.source_id
+        WHERE s.run_id = %(run)s AND s.outcome IS NULL AND s2.run_id = s.run_id AND s2.seq = s.seq
+        """, params)
+
+
+def merge(conn, run_id: int, portal_url: str, seen_at, model: str) -> dict[str, int]:
+    """Inside the caller's transaction: created and updated records into datasets, unchanged ones
+    only marked seen, and every dataset of the portal linked to its vector where one exists for
+    ``model``. Returns ``skipped``: changed datasets left without a vector (embedding deferred)."""
+    params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model}
+    conn.execute(
+        """
+        INSERT INTO datasets AS d (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
+            description, tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at,
+            removed_at, embedded_content_hash, raw)
+        SELECT %(portal)s, s.source_id, s.name, s.url, s.url_hash, s.content_hash, s.metadata_hash, s.title,
+            s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
+            NULL, NULL, s.raw
+        FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
+        ON CONFLICT (portal_url, source_id) DO UPDATE SET
+            name = EXCLUDED.name, url = EXCLUDED.url, url_hash = EXCLUDED.url_hash,
+            content_hash = EXCLUDED.content_hash, metadata_hash = EXCLUDED.metadata_hash,
+            title = EXCLUDED.title, description = EXCLUDED.description, tags = EXCLUDED.tags,
+            organization = EXCLUDED.organization, metadata_modified = EXCLUDED.metadata_modified,
+            updated_at = EXCLUDED.updated_at, last_seen_at = EXCLUDED.last_seen_at,
+            removed_at = NULL, raw = EXCLUDED.raw
+        """, params)
+    conn.execute(
+        """
+        UPDATE datasets d SET last_seen_at = %(seen)s
+        FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
+          AND d.portal_url = %(portal)s AND d.source_id = s.source_id
+        """, params)
+    # A vector is linked only when it is of the dataset's current text: a dataset whose text
+    # changed never keeps its old vector.
+    conn.execute(
+        """
+        UPDATE datasets d SET embedded_content_hash = d.content_hash
+        WHERE d.portal_url = %(portal)s AND d.embedded_content_hash IS DISTINCT FROM d.content_hash
+          AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash AND e.model = %(model)s)
+        """, params)
+    skipped = conn.execute(
+        """
+        SELECT count(*) FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated') AND s.content_changed
+          AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash AND e.model = %(model)s)
+        """, params).fetchone()[0]
+    return {"skipped": int(skipped)}
+
+
+def live_count(conn, portal_url: str) -> int:
+    return conn.execute("SELECT count(*) FROM datasets WHERE portal_url = %s AND removed_at IS NULL",
+                        (portal_url,)).fetchone()[0]

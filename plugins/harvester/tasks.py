@@ -1,0 +1,97 @@
+"""Airflow glue: what each task of a harvest_<portal> DAG does, given the running task's context.
+
+The DAG file only wires these together; the work itself is in pipeline.py. XCom carries the run id
+and counts, never dataset content.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from . import pipeline
+from .portal import Portal
+from .store import db
+
+log = logging.getLogger(__name__)
+
+
+def _context():
+    from airflow.sdk import get_current_context
+
+    return get_current_context()
+
+
+@contextlib.contextmanager
+def _connection():
+    conn = db.open_task()
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _is_backfill(dag_run) -> bool:
+    run_type = getattr(dag_run, "run_type", None)
+    return str(getattr(run_type, "value", run_type)) == "backfill"
+
+
+def begin(portal: Portal) -> dict:
+    ctx = _context()
+    dag_run = ctx["dag_run"]
+    with _connection() as conn:
+        return pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(ctx["params"].get("full_sync")),
+                              backfill=_is_backfill(dag_run))
+
+
+def fetch_modified(portal: Portal, run: dict) -> dict:
+    with _connection() as conn:
+        return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
+
+
+def hash_compare(portal: Portal, run: dict) -> dict:
+    with _connection() as conn:
+        return pipeline.hash_compare(conn, portal, run["run_id"])
+
+
+def embed_changed(portal: Portal, run: dict) -> dict:
+    from .embeddings import get_provider
+
+    provider = get_provider()
+    with _connection() as conn, _connection() as reader:
+        return pipeline.embed_changed(conn, reader, portal, run["run_id"], provider)
+
+
+def upsert(portal: Portal, run: dict) -> dict:
+    from .embeddings import get_provider
+
+    with _connection() as conn:
+        return pipeline.upsert(conn, portal, run["run_id"], get_provider().model)
+
+
+def _abort(portal: Portal, context, status: str) -> None:
+    dag_run = context.get("dag_run")
+    if dag_run is None:
+        return
+    exc = context.get("exception")
+    reason = context.get("reason")
+    error = f"{type(exc).__name__}: {exc}" if exc else f"DAG run {dag_run.run_id} ended: {reason or status}"
+    try:
+        with _connection() as conn:
+            run_id = pipeline.runs.find_running(conn, portal.url, dag_run.run_id)
+            if run_id is not None:
+                pipeline.abort(conn, run_id, error, status)
+    except Exception:  # a callback must never mask the original failure
+        log.exception("could not mark the run of %s as %s", portal.name, status)
+
+
+def on_task_failure(portal: Portal):
+    """Task callback: the task failed for good (retries spent): the run fails, its staging goes."""
+    return lambda context: _abort(portal, context, "failed")
+
+
+def on_dag_failure(portal: Portal):
+    """DAG callback: the run failed or timed out (dagrun_timeout counts as cancelled)."""
+    def callback(context):
+        status = "cancelled" if str(context.get("reason") or "").startswith("timed_out") else "failed"
+        _abort(portal, context, status)
+    return callback

@@ -1,0 +1,154 @@
+"""Shared fixtures: a real embedded PostgreSQL with pgvector, one fresh database per test, the real
+Airflow metadata DB for dag.test(), and the local CKAN portal over real HTTP on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
+
+# Airflow reads its configuration when first imported: set it up before anything imports it.
+_AIRFLOW_HOME = tempfile.mkdtemp(prefix="harvester-airflow-")
+os.environ.update({
+    "AIRFLOW_HOME": _AIRFLOW_HOME,
+    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__UNIT_TEST_MODE": "True",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    "HARVESTER_TASK_RETRIES": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+})
+os.environ.pop("HARVESTER_DATABASE_URL", None)
+os.environ.pop("AIRFLOW_CONN_HARVESTER_DB", None)
+sys.path.insert(0, str(ROOT / "plugins"))
+
+
+def load_samples(name: str) -> list[dict]:
+    path = SAMPLES / name
+    if not path.exists():
+        pytest.fail(f"sample file {path} is missing: tests read ../shared/ckan-samples (or $HARVESTER_SAMPLES_DIR)")
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def samples():
+    return load_samples
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def pg_server():
+    from harvester.store.server import EmbeddedServer
+
+    home = Path(tempfile.mkdtemp(prefix="harvester-pg-"))
+    server = EmbeddedServer(home)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server):
+    """A migrated database every test's database is copied from."""
+    import psycopg
+
+    from harvester.store.migrations import migrate
+
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE harvester_template")
+    with psycopg.connect(pg_server.url("harvester_template"), autocommit=True) as conn:
+        migrate(conn)
+    return "harvester_template"
+
+
+@pytest.fixture
+def database_url(pg_server, template_db, monkeypatch):
+    """A fresh, migrated database for this test, configured for the CLI and for Airflow."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = pg_server.url(name)
+    monkeypatch.setenv("HARVESTER_DATABASE_URL", url)
+    monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", url)
+    yield url
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(database_url):
+    from harvester.store import db as store_db
+
+    conn = store_db.prepare(store_db.connect_url(database_url))
+    yield conn
+    conn.close()
+
+
+# -- the CKAN portal ----------------------------------------------------------------------------
+@pytest.fixture
+def portal_server():
+    """A local CKAN portal; tests load records into it."""
+    from harvester.demo_portal import DemoPortal
+
+    server = DemoPortal(records=[])
+    server.start()
+    yield server
+    server.stop()
+
+
+# -- Airflow ------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def airflow_db():
+    from airflow.utils import db as airflow_db_utils
+
+    airflow_db_utils.resetdb()
+    yield
+
+
+class Harvest:
+    """Runs harvest_<name> through real Airflow (dag.test()) against a portal URL."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, name: str = "test"):
+        self.tmp_path, self.monkeypatch, self.name = tmp_path, monkeypatch, name
+
+    def configure(self, url: str, **extra) -> Path:
+        import yaml
+
+        entry = {"name": self.name, "url": url, "schedule": None, "enabled": True, "page_size": 100,
+                 "politeness_delay": 0, "lookback": "1h", **extra}
+        path = self.tmp_path / "portals.yaml"
+        path.write_text(yaml.safe_dump({"portals": [entry]}))
+        self.monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
+        return path
+
+    def dag(self):
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(ROOT / "dags" / "harvest_portals.py"))
+        assert not bag.import_errors, bag.import_errors
+        return bag.get_dag(f"harvest_{self.name}")
+
+    def run(self, full_sync: bool = False):
+        from datetime import datetime, timezone
+
+        dag = self.dag()
+        return dag.test(logical_date=datetime.now(timezone.utc), run_conf={"full_sync": full_sync})
+
+
+@pytest.fixture
+def harvest(airflow_db, database_url, tmp_path, monkeypatch):
+    return Harvest(tmp_path, monkeypatch)

@@ -1,0 +1,65 @@
+"""portals.yaml: the shipped files validate; bad entries are named with what would be valid."""
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from harvester.portal import PortalConfigError, load_portals, parse_portals
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_portals_file_has_real_portals_disabled():
+    portals = load_portals(ROOT / "dags" / "portals.yaml")
+    assert len(portals) >= 5
+    assert all(p.url.startswith("https://") and not p.enabled for p in portals)
+
+
+def test_demo_config_expands_the_portal_url(monkeypatch):
+    monkeypatch.setenv("HARVESTER_DEMO_PORTAL_URL", "http://127.0.0.1:9999")
+    (demo,) = load_portals(ROOT / "dags" / "portals.demo.yaml")
+    assert demo.url == "http://127.0.0.1:9999" and demo.enabled and demo.dag_id == "harvest_demo"
+    monkeypatch.delenv("HARVESTER_DEMO_PORTAL_URL")
+    assert load_portals(ROOT / "dags" / "portals.demo.yaml")[0].url == "http://127.0.0.1:8765"
+
+
+def test_defaults():
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org/"}]})
+    assert p.url == "https://x.org" and p.lookback == timedelta(hours=1) and p.page_size == 1000
+    assert p.schedule == "@daily" and p.enabled and p.politeness_delay == 0.2
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"name": "bad name", "url": "https://x.org"}, "portals[0] (bad name): name 'bad name' must be letters"),
+    ({"name": "x", "url": "ftp://x.org"}, "portals[0] (x): url 'ftp://x.org' must be an http(s) URL"),
+    ({"name": "x", "url": "https://x.org", "type": "dcat"}, "type 'dcat' is not supported; valid types are: ckan"),
+    ({"name": "x", "url": "https://x.org", "page_size": 5000}, "page_size 5000 must be a whole number from 1 to 1000"),
+    ({"name": "x", "url": "https://x.org", "lookback": "soon"}, "lookback 'soon' is not a duration"),
+    ({"name": "x", "url": "https://x.org", "schedule": "@sometimes"}, "schedule '@sometimes' is not a preset"),
+    ({"name": "x", "url": "https://x.org", "schedule": "61 * * * *"}, "schedule '61 * * * *' is not a valid cron"),
+    ({"name": "x", "url": "https://x.org", "enabled": "yes"}, "enabled 'yes' must be true or false"),
+    ({"name": "x", "url": "https://x.org", "shedule": "@daily"}, "unknown key(s) shedule; valid keys are:"),
+    ({"name": "x", "url": "${NOT_SET_ANYWHERE_42}"}, "environment variable NOT_SET_ANYWHERE_42 is not set"),
+])
+def test_bad_entries_are_named(entry, message):
+    good = {"name": "good", "url": "https://good.org"}
+    with pytest.raises(PortalConfigError) as err:
+        parse_portals({"portals": [entry, good]})
+    assert message in str(err.value)
+    assert "good" not in str(err.value).split("\n", 1)[1]
+
+
+def test_duplicates_and_shape():
+    with pytest.raises(PortalConfigError, match="name 'a' is used by another entry"):
+        parse_portals({"portals": [{"name": "a", "url": "https://a.org"}, {"name": "a", "url": "https://b.org"}]})
+    with pytest.raises(PortalConfigError, match="expected a top-level 'portals:' list"):
+        parse_portals({"portal": []})
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(PortalConfigError, match="does not exist"):
+        load_portals(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("portals: [\n")
+    with pytest.raises(PortalConfigError, match="is not valid YAML"):
+        load_portals(bad)
