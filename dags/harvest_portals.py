@@ -54,23 +54,23 @@ def build(portal: Portal):
     )
     def harvest():
         @task
-        def begin() -> dict:
+        def begin():
             return tasks.begin(portal)
 
         @task
-        def fetch_modified(run: dict) -> dict:
+        def fetch_modified(run: dict):
             return tasks.fetch_modified(portal, run)
 
         @task
-        def hash_compare(run: dict) -> dict:
+        def hash_compare(run: dict):
             return tasks.hash_compare(portal, run)
 
         @task(pool=os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"))
-        def embed_changed(run: dict) -> dict:
+        def embed_changed(run: dict):
             return tasks.embed_changed(portal, run)
 
         @task
-        def upsert(run: dict) -> dict:
+        def upsert(run: dict):
             return tasks.upsert(portal, run)
 
         upsert(embed_changed(hash_compare(fetch_modified(begin()))))

@@ -32,7 +32,9 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
 
 
 def client_for(portal: Portal, **overrides) -> CkanClient:
-    return CkanClient(portal.url, politeness_delay=portal.politeness_delay, **overrides)
+    settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
+                "timeout": portal.timeout, **overrides}
+    return CkanClient(portal.url, **settings)
 
 
 def _stage_listing(conn, portal: Portal, run_id: int, client: CkanClient, since) -> dict:

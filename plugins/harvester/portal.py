@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
 PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
-_KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "description"}
+_KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "max_retries",
+         "timeout", "description"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -36,6 +37,8 @@ class Portal:
     lookback: timedelta = timedelta(hours=1)
     page_size: int = 1000
     politeness_delay: float = 0.2
+    max_retries: int = 5
+    timeout: float = 60.0
     description: str = ""
 
     @property
@@ -120,6 +123,12 @@ def _portal(entry: Any) -> Portal:
     delay = entry.get("politeness_delay", 0.2)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         raise ValueError(f"politeness_delay {delay!r} must be a number of seconds >= 0")
+    retries = entry.get("max_retries", 5)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+        raise ValueError(f"max_retries {retries!r} must be a whole number from 0 to 20")
+    timeout = entry.get("timeout", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout {timeout!r} must be a number of seconds > 0")
     try:
         lookback = parse_duration(entry.get("lookback", "1h"))
     except ValueError as exc:
@@ -127,6 +136,7 @@ def _portal(entry: Any) -> Portal:
     return Portal(
         name=name, url=url, type=kind, schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
+        max_retries=retries, timeout=float(timeout),
         description=str(entry.get("description") or ""),
     )
 

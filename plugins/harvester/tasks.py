@@ -1,16 +1,15 @@
 """Airflow glue: what each task of a harvest_<portal> DAG does, given the running task's context.
 
 The DAG file only wires these together; the work itself is in pipeline.py. XCom carries the run id
-and counts, never dataset content.
+and counts, never dataset content. Heavy imports (psycopg, requests, models) happen inside the
+tasks, so parsing the DAG file stays cheap.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 
-from . import pipeline
 from .portal import Portal
-from .store import db
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +22,8 @@ def _context():
 
 @contextlib.contextmanager
 def _connection():
+    from .store import db
+
     conn = db.open_task()
     try:
         yield conn
@@ -36,6 +37,8 @@ def _is_backfill(dag_run) -> bool:
 
 
 def begin(portal: Portal) -> dict:
+    from . import pipeline
+
     ctx = _context()
     dag_run = ctx["dag_run"]
     with _connection() as conn:
@@ -44,16 +47,21 @@ def begin(portal: Portal) -> dict:
 
 
 def fetch_modified(portal: Portal, run: dict) -> dict:
+    from . import pipeline
+
     with _connection() as conn:
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
 
 
 def hash_compare(portal: Portal, run: dict) -> dict:
+    from . import pipeline
+
     with _connection() as conn:
         return pipeline.hash_compare(conn, portal, run["run_id"])
 
 
 def embed_changed(portal: Portal, run: dict) -> dict:
+    from . import pipeline
     from .embeddings import get_provider
 
     provider = get_provider()
@@ -62,6 +70,7 @@ def embed_changed(portal: Portal, run: dict) -> dict:
 
 
 def upsert(portal: Portal, run: dict) -> dict:
+    from . import pipeline
     from .embeddings import get_provider
 
     with _connection() as conn:
@@ -75,6 +84,8 @@ def _abort(portal: Portal, context, status: str) -> None:
     exc = context.get("exception")
     reason = context.get("reason")
     error = f"{type(exc).__name__}: {exc}" if exc else f"DAG run {dag_run.run_id} ended: {reason or status}"
+    from . import pipeline
+
     try:
         with _connection() as conn:
             run_id = pipeline.runs.find_running(conn, portal.url, dag_run.run_id)

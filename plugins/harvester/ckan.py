@@ -1,0 +1,412 @@
+"""CKAN Action API client: status, package_show and a keyset-paged package listing.
+
+Listing (``iter_pages``) always asks for ``sort=metadata_modified asc, id asc`` and pages by
+KEYSET on ``metadata_modified``, not by growing ``start`` offsets, so records that move while
+we list (a dataset modified mid-listing jumps to the end) are neither skipped nor shift others
+out of view. Solr indexes dates with millisecond precision, so every comparison here is on the
+timestamp truncated to the millisecond (the "key"):
+
+* each request filters ``fq=metadata_modified:[<boundary> TO *]`` (inclusive), where the boundary
+  is the key of the last record received; the records at the boundary are fetched again and
+  dropped by id (only the ids seen at the current boundary are kept, not every id);
+* when a whole page shares the boundary key (a tie group larger than a page, e.g. a bulk
+  import), the next request stays on the same ``fq`` and moves ``start`` through the tie group.
+  Such requests start one record early (and ask one row more): that record must be one we
+  already have; if it is not, records of the group disappeared under us (modified, so moved to
+  the end) and shifted the rest, and we step back a page rather than skip one;
+* the listing ends when a page reaches the result's ``count``.
+
+A portal that rejects the ``fq`` raises ``FilterRejected`` for a modified-since listing (the
+caller falls back to a full sync); a full listing (``since=None``) then carries on without any
+``fq``: plain ``start`` offsets in the same sort, with the same overlap check and de-duplication
+(and later full listings on the same client start that way).
+"""
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+import requests.auth
+
+log = logging.getLogger(__name__)
+
+LISTING_SORT = "metadata_modified asc, id asc"
+ROWS_MAX = 1000  # CKAN's default ckan.search.rows_max: larger `rows` are silently cut to it
+_MAX_KEY = datetime.max.replace(tzinfo=timezone.utc)  # records without a timestamp: Solr sorts them last
+_MAX_STEPBACKS = 100
+
+
+class CkanError(Exception):
+    """A CKAN Action API call failed. ``transient`` tells whether trying later may help."""
+
+    transient = False
+
+    def __init__(self, message: str, *, portal: str | None = None, action: str | None = None,
+                 status: int | None = None, error_type: str | None = None):
+        super().__init__(message)
+        self.portal, self.action, self.status, self.error_type = portal, action, status, error_type
+
+
+class PortalUnavailable(CkanError):
+    """Transient failures (5xx, 429, timeouts, connection errors) that outlived the retries."""
+
+    transient = True
+
+
+class FilterRejected(CkanError):
+    """The portal refused (or ignored) our ``fq``: terminal; fall back to a full listing."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def parse_ckan_timestamp(value: Any) -> datetime | None:
+    """A CKAN timestamp as an aware UTC datetime. CKAN writes UTC without a zone
+    (``2013-06-17T15:32:05.305546``); DKAN ``2019-09-30 22:00:00``; zoned values are converted.
+    None when missing or unparseable."""
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            dt = datetime.fromisoformat(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def to_ms(dt: datetime) -> datetime:
+    """Truncate to the millisecond (Solr's date precision); naive means UTC."""
+    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+
+
+def solr_date(dt: datetime) -> str:
+    """``2013-06-17T11:50:00.123Z``: UTC, milliseconds rounded down."""
+    dt = to_ms(dt)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def modified_since_fq(dt: datetime) -> str:
+    return f"metadata_modified:[{solr_date(dt)} TO *]"
+
+
+def scrub_url(url: str) -> str:
+    """The URL without user:password (for logs and messages)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _scrub_text(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+
+
+_USERINFO_RE = re.compile(r"(?<=//)[^/@\s]+@")
+
+
+def _scrub_text(text: str) -> str:
+    return _USERINFO_RE.sub("***@", text)
+
+
+def _record_key(rec: dict) -> datetime:
+    dt = parse_ckan_timestamp(rec.get("metadata_modified"))
+    return _MAX_KEY if dt is None else to_ms(dt)
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _error_text(body: Any) -> tuple[str | None, str]:
+    """(``__type``, message) of a CKAN error body."""
+    if isinstance(body, str):  # CKAN's "Bad request - ..." answers are a bare JSON string
+        return None, body
+    if not isinstance(body, dict):
+        return None, repr(body)[:300]
+    err = body.get("error", body)
+    if not isinstance(err, dict):
+        return None, str(err)[:300]
+    etype = err.get("__type")
+    if err.get("message") is not None:
+        return etype, str(err["message"])
+    fields = [f"{k}: {'; '.join(map(str, v)) if isinstance(v, list) else v}"
+              for k, v in err.items() if k != "__type"]
+    return etype, ", ".join(fields) or "(no message)"
+
+
+def _snippet(resp: requests.Response) -> str:
+    text = " ".join((resp.text or "")[:200].split())
+    return text[:120] or "(empty body)"
+
+
+class _ApiKeyAuth(requests.auth.AuthBase):
+    """``Authorization: <key>`` (CKAN API tokens). Passed as ``auth`` so that requests neither
+    replaces it with Basic auth from the URL's user:password nor with ~/.netrc."""
+
+    def __init__(self, key: str):
+        self._key = key
+
+    def __call__(self, r):
+        r.headers["Authorization"] = self._key
+        return r
+
+    def __repr__(self) -> str:
+        return "<ApiKeyAuth ***>"
+
+
+# -- the client ---------------------------------------------------------------------------------
+class CkanClient:
+    """One CKAN portal's Action API (``<base_url>/api/3/action/...``).
+
+    ``requests_made`` counts every HTTP request sent, retries included. ``total`` is the ``count``
+    of the latest listing's first answer (how many records it expected), None before.
+    """
+
+    def __init__(self, base_url: str, *, timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
+                 max_backoff: float = 60, politeness_delay: float = 0.2, user_agent: str = "harvester/0.1",
+                 session: requests.Session | None = None, api_key: str | None = None):
+        base = base_url.strip().rstrip("/")
+        for suffix in ("/api/3/action", "/api/action", "/api/3", "/api"):
+            if base.endswith(suffix):
+                base = base[: -len(suffix)]
+                break
+        self.base_url = base
+        self.portal = scrub_url(base)
+        self.timeout = timeout
+        self.max_retries = max(0, int(max_retries))
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.politeness_delay = max(0.0, politeness_delay)
+        self.session = session or requests.Session()
+        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        self._auth = _ApiKeyAuth(api_key) if api_key else None
+        if api_key and self.portal != base:
+            log.warning("%s: an api_key is given, so the user:password in the URL is not used", self.portal)
+        self.requests_made = 0
+        self.total: int | None = None
+        self._last_request: float | None = None
+        self._fq_rejected = False
+        self._sleep = time.sleep
+
+    def __repr__(self) -> str:
+        return f"CkanClient({self.portal!r})"
+
+    # public calls -----------------------------------------------------------------------------
+    def status(self) -> dict:
+        """``status_show``: ckan_version, site_url, extensions..."""
+        return self._call("status_show", {})
+
+    def package_show(self, id_or_name: str) -> dict:
+        return self._call("package_show", {"id": id_or_name})
+
+    def package_search(self, *, fq: str | None = None, start: int = 0, rows: int = 1000,
+                       sort: str = LISTING_SORT, q: str = "*:*") -> dict:
+        """One raw ``package_search`` (``{"count", "results", ...}``)."""
+        params: dict[str, Any] = {"q": q, "sort": sort, "rows": rows, "start": start}
+        if fq:
+            params["fq"] = fq
+        result = self._call("package_search", params, fq=fq)
+        if not isinstance(result, dict) or not isinstance(result.get("results"), list):
+            raise CkanError(f"{self.portal} package_search: unexpected result shape",
+                            portal=self.portal, action="package_search")
+        return result
+
+    def iter_pages(self, since: datetime | None = None, page_size: int = 1000) -> Iterator[list[dict]]:
+        """Yield pages of raw package dicts, oldest ``metadata_modified`` first: every dataset
+        (``since=None``) or those modified at or after ``since`` (naive means UTC). Each dataset
+        comes once per listing, except one modified during the listing, which comes again with
+        its new version at the end. Empty pages are not yielded."""
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        if since is not None and not isinstance(since, datetime):
+            parsed = parse_ckan_timestamp(since)
+            if parsed is None:
+                raise ValueError(f"since must be a datetime, not {since!r}")
+            since = parsed
+        boundary: datetime | None = to_ms(since) if since is not None else None
+        seen: set[Any] = set()  # ids received whose key == boundary
+        use_fq = not (since is None and self._fq_rejected)
+        if not use_fq:
+            log.info("%s: listing without fq (the portal rejected it before)", self.portal)
+        pos = 0  # position of the next unread record in the current result list
+        stepbacks = 0
+        first = True
+        yielded = 0
+
+        def fq_for(b: datetime | None) -> str | None:
+            return modified_since_fq(b) if use_fq and b is not None and b is not _MAX_KEY else None
+
+        while True:
+            overlap = pos > 0
+            start = pos - 1 if overlap else 0
+            rows = page_size + 1 if overlap and page_size < ROWS_MAX else page_size
+            fq = fq_for(boundary)
+            fq_boundary = boundary
+            try:
+                result = self.package_search(fq=fq, start=start, rows=rows)
+                page = result["results"]
+                keys = [_record_key(r) for r in page]
+                self._check_order(keys, fq, fq_boundary)
+            except FilterRejected as exc:
+                if fq is None:
+                    raise
+                self._fq_rejected = True  # a full listing on this client will not try fq again
+                if since is not None:
+                    raise
+                log.warning("%s rejected the listing filter (%s); listing on without fq", self.portal, exc)
+                use_fq, pos = False, 0
+                continue
+            count = result.get("count")
+            if first:
+                self.total = count if isinstance(count, int) else None
+                first = False
+
+            def received(i: int) -> bool:
+                return boundary is not None and (keys[i] < boundary or (keys[i] == boundary
+                                                                        and page[i].get("id") in seen))
+
+            if overlap and (not page or not received(0)):
+                # the record just before `pos` is not one we have: records before it vanished
+                # (modified, so moved to the end) and shifted the rest; never skip, step back
+                stepbacks += 1
+                if stepbacks > _MAX_STEPBACKS:
+                    raise CkanError(f"{self.portal} package_search: the catalogue keeps changing under "
+                                    f"the listing; gave up after {_MAX_STEPBACKS} step-backs",
+                                    portal=self.portal, action="package_search")
+                log.info("%s: listing shifted at start=%s; stepping back", self.portal, start)
+                pos = max(0, pos - page_size)
+                continue
+
+            fresh = []
+            for i, rec in enumerate(page):
+                if received(i):
+                    continue
+                fresh.append(rec)
+                if boundary is None or keys[i] > boundary:
+                    boundary, seen = keys[i], {rec.get("id")}
+                else:
+                    seen.add(rec.get("id"))
+            missing = sum(1 for k in keys if k is _MAX_KEY)
+            if missing:
+                log.warning("%s: %d record(s) without a usable metadata_modified", self.portal, missing)
+            log.debug("%s package_search start=%s rows=%s fq=%s: %s records, %s new, count=%s",
+                      self.portal, start, rows, fq, len(page), len(fresh), count)
+            if fresh:
+                yielded += len(fresh)
+                yield fresh
+            if not page:
+                break
+            if isinstance(count, int):
+                if start + len(page) >= count:
+                    break
+            elif len(page) < rows:
+                break
+            if fq_for(boundary) != fq:
+                # keyset step: the next result list starts with this page's records at the new
+                # boundary (all seen), so go on right after them
+                pos = sum(1 for k in keys if k == boundary)
+            else:
+                new_pos = start + len(page)
+                if new_pos <= pos:
+                    raise CkanError(f"{self.portal} package_search: listing made no progress at "
+                                    f"start={start} (pages of {len(page)} records)",
+                                    portal=self.portal, action="package_search")
+                pos = new_pos
+        log.info("%s: listing done, %d records in %d requests so far", self.portal, yielded, self.requests_made)
+
+    def _check_order(self, keys: list[datetime], fq: str | None, fq_boundary: datetime | None) -> None:
+        if fq is not None and any(k < fq_boundary or k is _MAX_KEY for k in keys):
+            raise FilterRejected(f"{self.portal} package_search: the portal ignored fq {fq!r} "
+                                 "(returned records outside it)", portal=self.portal, action="package_search")
+        if any(b < a for a, b in zip(keys, keys[1:])):
+            raise CkanError(f"{self.portal} package_search: the portal did not honour sort={LISTING_SORT!r}",
+                            portal=self.portal, action="package_search")
+
+    # HTTP ---------------------------------------------------------------------------------------
+    def _polite(self) -> None:
+        if self.politeness_delay and self._last_request is not None:
+            wait = self.politeness_delay - (time.monotonic() - self._last_request)
+            if wait > 0:
+                self._sleep(wait)
+
+    def _delay(self, attempt: int) -> float:
+        base = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)  # "equal jitter"
+
+    def _call(self, action: str, params: dict, *, fq: str | None = None) -> Any:
+        url = f"{self.base_url}/api/3/action/{action}"
+        attempt = 0
+        while True:
+            attempt += 1
+            self._polite()
+            self.requests_made += 1
+            retry_after = status = None
+            try:
+                resp = self.session.get(url, params=params, headers=self._headers, auth=self._auth,
+                                        timeout=self.timeout)
+            except requests.Timeout as exc:
+                last = f"timeout after {self.timeout}s ({type(exc).__name__})"
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+                last = f"connection error ({type(exc).__name__}: {_scrub_text(str(exc))[:200]})"
+            else:
+                status = resp.status_code
+                if status != 429 and status < 500:
+                    return self._result(action, resp, fq)
+                last = f"HTTP {status}"
+                if status == 429:
+                    retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
+            finally:
+                self._last_request = time.monotonic()
+            if attempt > self.max_retries:
+                raise PortalUnavailable(
+                    f"{self.portal} {action}: portal unavailable after {attempt} attempts (last: {last})",
+                    portal=self.portal, action=action, status=status)
+            delay = min(self.max_backoff, retry_after) if retry_after is not None else self._delay(attempt)
+            log.warning("%s %s: %s; retry %d of %d in %.2fs", self.portal, action, last, attempt,
+                        self.max_retries, delay)
+            self._sleep(delay)
+
+    def _result(self, action: str, resp: requests.Response, fq: str | None) -> Any:
+        status = resp.status_code
+        try:
+            body = resp.json()
+        except ValueError:
+            raise CkanError(f"{self.portal} {action}: HTTP {status}, not a JSON answer "
+                            f"({resp.headers.get('Content-Type', 'no content type')}): {_snippet(resp)}",
+                            portal=self.portal, action=action, status=status) from None
+        if 200 <= status < 300:
+            if isinstance(body, dict) and body.get("success") is True and "result" in body:
+                return body["result"]
+            if isinstance(body, dict) and body.get("success") is False:
+                etype, msg = _error_text(body)
+                raise CkanError(f"{self.portal} {action}: HTTP {status} {etype or 'error'}: {msg}",
+                                portal=self.portal, action=action, status=status, error_type=etype)
+            raise CkanError(f"{self.portal} {action}: HTTP {status}, not a CKAN action answer: "
+                            f"{_snippet(resp)}", portal=self.portal, action=action, status=status)
+        etype, msg = _error_text(body)
+        text = f"{self.portal} {action}: HTTP {status}{' ' + etype if etype else ''}: {msg}"
+        if action == "package_search" and fq and status in (400, 409):
+            raise FilterRejected(f"{text} (fq {fq!r})", portal=self.portal, action=action, status=status,
+                                 error_type=etype)
+        raise CkanError(text, portal=self.portal, action=action, status=status, error_type=etype)

@@ -1,0 +1,387 @@
+"""The CKAN client against the demo portal over real HTTP: keyset listing, retries, errors."""
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from harvester.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp,
+                            scrub_url, solr_date)
+from harvester.demo_portal import DemoPortal, load_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or REPO.parent / "shared" / "ckan-samples")
+GC_1150 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
+GC_1230 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T12-30.jsonl"
+
+pytestmark = pytest.mark.skipif(not GC_1150.exists(), reason=f"CKAN samples not found in {SAMPLES}")
+
+FQ_RE = re.compile(r"metadata_modified:\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z TO \*\]")
+
+
+@pytest.fixture(scope="module")
+def gc_records():
+    return load_jsonl(GC_1150)
+
+
+@pytest.fixture
+def portal(gc_records):
+    with DemoPortal(records=gc_records) as p:
+        yield p
+
+
+def make_client(base_url, **kw):
+    kw = {"politeness_delay": 0, "backoff": 0.01, "max_backoff": 0.05, "max_retries": 3, "timeout": 10, **kw}
+    return CkanClient(base_url, **kw)
+
+
+def key(rec):
+    dt = parse_ckan_timestamp(rec["metadata_modified"])
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000), rec["id"]
+
+
+def listing(client, since=None, page_size=1000):
+    return [rec for page in client.iter_pages(since, page_size=page_size) for rec in page]
+
+
+def copies(rec, n, metadata_modified, tag):
+    """n real records with new ids (deterministic) and one shared metadata_modified."""
+    return [dict(rec, id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}-{i}")), name=f"{rec['name']}-{tag}-{i}",
+                 metadata_modified=metadata_modified) for i in range(n)]
+
+
+# -- keyset listing ------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", [1, 7, 50, 1000])
+def test_full_listing_yields_every_id_once(portal, gc_records, page_size):
+    client = make_client(portal.base_url)
+    got = listing(client, page_size=page_size)
+    ids = [r["id"] for r in got]
+    assert len(ids) == len(set(ids)) == 489
+    assert set(ids) == {r["id"] for r in gc_records}
+    assert [key(r) for r in got] == sorted(key(r) for r in got)  # oldest first, id order within a millisecond
+    assert client.requests_made == len(portal.requests)
+    assert client.total == 489
+    first, *rest = [params for _, params in portal.requests]
+    assert first == {"q": "*:*", "sort": "metadata_modified asc, id asc", "rows": str(page_size), "start": "0"}
+    # keyset, not offsets: later requests filter on the last timestamp and start at 0 (no ties here)
+    assert all(FQ_RE.fullmatch(p["fq"]) and p["start"] == "0" and p["sort"] == first["sort"] for p in rest)
+    assert len(rest) == -(-489 // page_size) - 1
+
+
+def test_since_filter_gives_only_newer_records(portal, gc_records):
+    since = datetime(2013, 6, 14, 12, 0)  # naive: UTC
+    client = make_client(portal.base_url)
+    got = listing(client, since=since, page_size=10)
+    utc_since = since.replace(tzinfo=timezone.utc)
+    expected = {r["id"] for r in gc_records if parse_ckan_timestamp(r["metadata_modified"]) >= utc_since}
+    assert 10 < len(expected) < 489
+    assert [r["id"] for r in got] == [r["id"] for r in sorted(gc_records, key=key) if r["id"] in expected]
+    assert portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
+    # the same instant in another zone asks the same question
+    portal.requests.clear()
+    edt = datetime(2013, 6, 14, 8, 0, tzinfo=timezone(timedelta(hours=-4)))
+    assert {r["id"] for r in listing(make_client(portal.base_url), since=edt)} == expected
+    assert portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
+
+
+def test_since_is_millisecond_precision_rounded_down(portal):
+    # the newest record is 2013-06-17T15:32:05.305546: Solr knows it as .305
+    client = make_client(portal.base_url)
+    got = listing(client, since=datetime(2013, 6, 17, 15, 32, 5, 305999, tzinfo=timezone.utc))
+    assert [r["metadata_modified"] for r in got] == ["2013-06-17T15:32:05.305546"]
+    assert portal.requests[-1][1]["fq"] == "metadata_modified:[2013-06-17T15:32:05.305Z TO *]"
+    assert listing(client, since=datetime(2013, 6, 17, 15, 32, 5, 306000)) == []
+    assert solr_date(datetime(2013, 6, 17, 11, 50, 0, 999)) == "2013-06-17T11:50:00.000Z"
+
+
+def test_ties_larger_than_a_page(gc_records):
+    ordered = sorted(gc_records, key=key)
+    first_ts = ordered[0]["metadata_modified"]
+    mid_ts = ordered[200]["metadata_modified"]
+    extra = copies(ordered[0], 12, first_ts, "first") + copies(ordered[200], 23, mid_ts, "mid") \
+        + copies(ordered[-1], 11, "2013-06-18T00:00:00", "last")
+    with DemoPortal(records=gc_records + extra) as p:
+        client = make_client(p.base_url)
+        ids = [r["id"] for r in listing(client, page_size=5)]
+        assert len(ids) == len(set(ids)) == 489 + 46
+        assert set(ids) == {r["id"] for r in gc_records + extra}
+        starts = [int(params["start"]) for _, params in p.requests]
+        assert max(starts) > 5  # moved through a tie group with start
+        # and a since-listing that begins inside a tie group
+        since = parse_ckan_timestamp(mid_ts)
+        later = [r["id"] for r in listing(client, since=since, page_size=4)]
+        expected = {r["id"] for r in gc_records + extra if parse_ckan_timestamp(r["metadata_modified"]) >= since}
+        assert len(later) == len(set(later)) == len(expected) > 23
+        assert set(later) == expected
+
+
+def test_tie_group_shrinking_mid_listing_skips_nothing(gc_records):
+    ties = copies(gc_records[0], 20, "2013-06-01T00:00:00.000001", "tie")
+    later = sorted(gc_records, key=key)[-5:]
+    with DemoPortal(records=ties + later) as p:
+        client = make_client(p.base_url)
+        pages = client.iter_pages(None, page_size=5)
+        got = list(next(pages))
+        first_five = sorted(t["id"] for t in ties)[:5]
+        assert [r["id"] for r in got] == first_five
+        # three records we already have are modified: they leave the tie group (jump to the end)
+        # and the rest of the group shifts left under our `start`
+        for tid in first_five[:3]:
+            p.upsert_record(dict(next(t for t in ties if t["id"] == tid), metadata_modified="2014-01-01T00:00:00"))
+        for page in pages:
+            got.extend(page)
+        ids = [r["id"] for r in got]
+        assert set(ids) == {r["id"] for r in ties + later}
+        assert sorted(i for i in set(ids) if ids.count(i) > 1) == sorted(first_five[:3])  # old and new versions
+        assert all(ids.count(t["id"]) == 1 for t in ties if t["id"] not in first_five[:3])
+        starts = [int(params["start"]) for _, params in p.requests]
+        assert starts[:3] == [0, 4, 0]  # found the shift at start=4 and stepped back
+
+
+def test_record_modified_mid_listing_is_still_fetched(portal, gc_records):
+    ordered = sorted(gc_records, key=key)
+    client = make_client(portal.base_url)
+    pages = client.iter_pages(None, page_size=50)
+    got = list(next(pages))
+    assert len(got) == 50
+    ahead, behind, gone = ordered[300], ordered[10], ordered[20]
+    portal.upsert_record(dict(ahead, metadata_modified="2013-06-18T09:00:00.123456", title="edited"))
+    portal.upsert_record(dict(behind, metadata_modified="2013-06-18T09:00:01"))
+    portal.remove_record(gone["id"])
+    for page in pages:
+        got.extend(page)
+    ids = [r["id"] for r in got]
+    assert set(ids) == {r["id"] for r in gc_records}
+    assert ids.count(ahead["id"]) == 1  # not seen at its old place, fetched at its new one
+    assert next(r for r in got if r["id"] == ahead["id"])["title"] == "edited"
+    assert ids.count(behind["id"]) == 2  # the old version, then the new one at the end
+    assert ids[-2:] == [ahead["id"], behind["id"]]
+    assert len(ids) == 490
+
+
+def test_records_without_id_or_timestamp_are_yielded(gc_records):
+    no_id = {k: v for k, v in gc_records[0].items() if k != "id"}
+    no_ts = {k: v for k, v in gc_records[1].items() if k != "metadata_modified"}
+    with DemoPortal(records=gc_records[2:] + [no_id, no_ts]) as p:
+        got = listing(make_client(p.base_url), page_size=1000)  # one page: Solr lists undated ones last
+        assert len(got) == 489 and got[-1] == no_ts and no_id in got
+        got = listing(make_client(p.base_url), page_size=50)  # keyset: a range fq never matches undated ones
+        assert len(got) == 488 and no_id in got
+
+
+def test_incremental_between_two_real_snapshots(gc_records):
+    """data.gc.ca 40 minutes apart: 6 datasets changed, 12 added, and most of them carry a
+    metadata_modified OLDER than the newest record of the first snapshot. A since = newest-seen
+    watermark misses them; a lookback window catches them."""
+    second = load_jsonl(GC_1230)
+    before = {r["id"]: r for r in gc_records}
+    changed = {r["id"] for r in second if r["id"] not in before or before[r["id"]] != r}
+    assert len(changed) == 18
+    with DemoPortal(records=gc_records) as p:
+        client = make_client(p.base_url)
+        watermark = max(parse_ckan_timestamp(r["metadata_modified"]) for r in listing(client))
+        p.set_records(second)
+        naive = {r["id"] for r in listing(client, since=watermark)}
+        assert naive < changed and len(naive) == 3  # 15 of 18 changes missed
+        with_lookback = {r["id"] for r in listing(client, since=watermark - timedelta(hours=2))}
+        assert changed <= with_lookback
+
+
+def test_full_listing_without_fq_when_the_portal_rejects_it(portal, gc_records):
+    portal.reject_fq = True
+    # a fresh client finds out on its second page, and lists on with plain offsets
+    client = make_client(portal.base_url)
+    ids = [r["id"] for r in listing(client, page_size=50)]
+    assert len(ids) == len(set(ids)) == 489
+    assert [("fq" in params, params["start"]) for _, params in portal.requests[:4]] == [
+        (False, "0"), (True, "0"), (False, "0"), (False, "49")]
+    # an incremental listing is refused (the caller falls back to a full one) ...
+    client = make_client(portal.base_url)
+    with pytest.raises(FilterRejected):
+        listing(client, since=datetime(2013, 6, 1), page_size=50)
+    # ... which then does not try fq again
+    portal.requests.clear()
+    ids = [r["id"] for r in listing(client, page_size=50)]
+    assert len(ids) == len(set(ids)) == 489
+    assert not any("fq" in params for _, params in portal.requests)
+    assert [int(params["start"]) for _, params in portal.requests] == [0] + [50 * i - 1 for i in range(1, 10)]
+
+
+# -- errors --------------------------------------------------------------------------------------
+def test_reject_fq_raises_filter_rejected(portal):
+    portal.reject_fq = True
+    client = make_client(portal.base_url)
+    with pytest.raises(FilterRejected) as info:
+        listing(client, since=datetime(2013, 6, 14))
+    exc = info.value
+    assert isinstance(exc, CkanError) and not exc.transient
+    assert (exc.status, exc.error_type, exc.action) == (409, "Search Error", "package_search")
+    text = str(exc)
+    assert text.startswith(f"{portal.base_url} package_search: HTTP 409 Search Error: Search error: "
+                           "'SOLR returned an error running query: {")
+    assert "[Reason: undefined field metadata_modified]" in text
+    assert text.endswith("(fq 'metadata_modified:[2013-06-14T00:00:00.000Z TO *]')")
+    assert client.requests_made == 1  # terminal: not retried
+
+
+def test_400_search_query_error_with_and_without_fq(portal):
+    client = make_client(portal.base_url)
+    with pytest.raises(FilterRejected) as info:
+        client.package_search(fq="type:dataset", sort="metadata_modified sideways")
+    assert str(info.value) == (f"{portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
+                               "invalid: 'Invalid \"sort\" parameter' (fq 'type:dataset')")
+    with pytest.raises(CkanError) as info:
+        client.package_search(sort="metadata_modified sideways")
+    assert type(info.value) is CkanError
+    assert str(info.value) == (f"{portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
+                               "invalid: 'Invalid \"sort\" parameter'")
+
+
+def test_package_show(portal, gc_records):
+    client = make_client(portal.base_url)
+    rec = gc_records[5]
+    assert client.package_show(rec["id"]) == rec
+    assert client.package_show(rec["name"]) == rec
+    with pytest.raises(CkanError) as info:
+        client.package_show("no-such-dataset")
+    exc = info.value
+    assert type(exc) is CkanError and not exc.transient
+    assert str(exc) == f"{portal.base_url} package_show: HTTP 404 Not Found Error: Not found"
+    assert (exc.status, exc.error_type) == (404, "Not Found Error")
+    assert client.requests_made == 3
+
+
+def test_status(portal):
+    assert make_client(portal.base_url + "/api/3/").status()["ckan_version"] == "2.10.4"
+
+
+def test_non_json_answer_names_the_action(portal):
+    client = make_client(portal.base_url + "/not-ckan")
+    with pytest.raises(CkanError) as info:
+        client.status()
+    assert str(info.value) == (f"{portal.base_url}/not-ckan status_show: HTTP 404, not a JSON answer "
+                               "(text/html;charset=utf-8): <html><body><h1>404 Not Found</h1></body></html>")
+
+
+# -- retries -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("status", [500, 503])
+def test_retry_on_5xx_then_success(portal, status):
+    portal.fail_next(2, status)
+    client = make_client(portal.base_url)
+    assert client.status()["ckan_version"] == "2.10.4"
+    assert client.requests_made == 3 == len(portal.requests)
+
+
+def test_retry_mid_listing(portal):
+    client = make_client(portal.base_url)
+    pages = client.iter_pages(None, page_size=100)
+    got = list(next(pages))
+    portal.fail_next(2, 503, action="package_search")
+    for page in pages:
+        got.extend(page)
+    assert len({r["id"] for r in got}) == len(got) == 489
+    assert client.requests_made == 5 + 2 == len(portal.requests)
+
+
+def test_429_retry_after_is_honoured(portal):
+    portal.fail_next(1, 429, retry_after=1)
+    client = make_client(portal.base_url, max_backoff=5)
+    started = time.monotonic()
+    client.status()
+    assert 0.95 <= time.monotonic() - started < 3
+    assert client.requests_made == 2
+    # an HTTP-date works too (whole seconds: this one is 1 to 2 s ahead)
+    portal.fail_next(1, 429, retry_after=email.utils.formatdate(time.time() + 2, usegmt=True))
+    client = make_client(portal.base_url, max_backoff=5)
+    started = time.monotonic()
+    client.status()
+    assert 0.9 <= time.monotonic() - started < 3
+    # max_backoff caps what the portal asks for
+    portal.fail_next(1, 429, retry_after=3600)
+    client = make_client(portal.base_url, max_backoff=0.2)
+    started = time.monotonic()
+    client.status()
+    assert 0.2 <= time.monotonic() - started < 1.5
+    assert client.requests_made == 2
+
+
+def test_retries_exhausted(portal):
+    portal.fail_next(3, 503)
+    client = make_client(portal.base_url, max_retries=2)
+    with pytest.raises(PortalUnavailable) as info:
+        client.status()
+    exc = info.value
+    assert exc.transient and isinstance(exc, CkanError)
+    assert str(exc) == f"{portal.base_url} status_show: portal unavailable after 3 attempts (last: HTTP 503)"
+    assert (exc.status, exc.action) == (503, "status_show")
+    assert client.requests_made == 3 == len(portal.requests)
+    portal.fail_next(3, 429, retry_after=0)
+    with pytest.raises(PortalUnavailable, match=r"after 3 attempts \(last: HTTP 429\)"):
+        client.status()
+    assert client.status()["ckan_version"]  # the queue of failures is used up
+
+
+def test_total_outage_during_listing(portal):
+    client = make_client(portal.base_url, max_retries=1)
+    portal.fail_actions = {"package_search"}
+    with pytest.raises(PortalUnavailable) as info:
+        listing(client, since=datetime(2013, 6, 1))
+    assert str(info.value) == f"{portal.base_url} package_search: portal unavailable after 2 attempts (last: HTTP 500)"
+
+
+def test_connection_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = make_client(f"http://127.0.0.1:{port}", max_retries=1)
+    with pytest.raises(PortalUnavailable) as info:
+        client.status()
+    assert str(info.value).startswith(f"http://127.0.0.1:{port} status_show: portal unavailable after 2 attempts "
+                                      "(last: connection error (ConnectionError: ")
+    assert client.requests_made == 2
+
+
+def test_timeout(portal):
+    portal.response_delay = 0.5
+    client = make_client(portal.base_url, timeout=0.1, max_retries=1)
+    with pytest.raises(PortalUnavailable) as info:
+        client.status()
+    assert str(info.value) == (f"{portal.base_url} status_show: portal unavailable after 2 attempts "
+                               "(last: timeout after 0.1s (ReadTimeout))")
+
+
+# -- politeness and secrets ----------------------------------------------------------------------
+def test_politeness_delay(portal):
+    client = make_client(portal.base_url, politeness_delay=0.2)
+    started = time.monotonic()
+    for _ in range(3):
+        client.status()
+    assert time.monotonic() - started >= 0.4
+
+
+def test_credentials_are_sent_but_never_logged(portal, caplog):
+    caplog.set_level(logging.DEBUG, logger="harvester")
+    host = portal.base_url.removeprefix("http://")
+    client = make_client(f"http://harvest:s3cret@{host}", api_key="KEY-0123456789")
+    assert client.portal == f"http://***@{host}" == scrub_url(f"http://harvest:s3cret@{host}")
+    portal.fail_next(1, 500)
+    client.status()
+    listing(client, since=datetime(2013, 6, 17), page_size=5)
+    with pytest.raises(CkanError) as info:
+        client.package_show("missing")
+    headers = portal.request_headers[-1]
+    assert headers["Authorization"] == "KEY-0123456789"
+    assert headers["User-Agent"] == "harvester/0.1"
+    assert "retry 1 of 3" in caplog.text  # something was logged
+    for secret in ("s3cret", "KEY-0123456789"):
+        assert secret not in caplog.text
+        assert secret not in str(info.value)
+    assert str(info.value) == f"http://***@{host} package_show: HTTP 404 Not Found Error: Not found"

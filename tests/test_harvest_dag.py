@@ -1,0 +1,206 @@
+"""harvest_<portal> end to end through real Airflow (dag.test()), real HTTP to the local CKAN portal
+and a real PostgreSQL with pgvector."""
+import copy
+import json
+import math
+
+import pytest
+
+GC_BEFORE = "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
+GC_AFTER = "data-gc-ca-snapshot-2013-06-17T12-30.jsonl"
+BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
+HUMDATA = "data-humdata-org.jsonl"
+
+
+def runs(db):
+    return db.execute("SELECT run_id, mode, status, stats, started_at, error FROM sync_runs ORDER BY run_id").fetchall()
+
+
+def last_stats(db):
+    return runs(db)[-1][3]
+
+
+def watermark(db):
+    row = db.execute("SELECT last_successful_sync, last_sync_mode, sync_status, datasets_synced"
+                     " FROM portal_sync_status").fetchone()
+    return row
+
+
+def snapshot(db):
+    """Everything users see of datasets, for before/after comparisons."""
+    return db.execute("SELECT source_id, content_hash, metadata_hash, embedded_content_hash, updated_at, last_seen_at,"
+                      " removed_at FROM datasets ORDER BY source_id").fetchall()
+
+
+def distinct_texts(db):
+    return db.execute("SELECT count(DISTINCT content_hash) FROM datasets").fetchone()[0]
+
+
+def test_full_sync_then_incremental_with_no_change(harvest, portal_server, db, samples):
+    portal_server.set_records(samples(HUMDATA))
+    harvest.configure(portal_server.base_url)
+
+    assert harvest.run(full_sync=True).state == "success"
+    (run_id, mode, status, stats, started_at, _), = runs(db)
+    assert (mode, status) == ("full", "committed")
+    n = len(samples(HUMDATA))
+    texts = distinct_texts(db)
+    assert stats["fetched"] == stats["created"] == n
+    assert stats["updated"] == stats["unchanged"] == stats["failed"] == stats["skipped"] == 0
+    assert stats["embedded"] == texts and stats["embedding_requests"] == math.ceil(texts / 64)
+    assert stats["portal_requests"] >= 1
+    assert db.execute("SELECT count(*) FROM datasets WHERE embedded_content_hash = content_hash").fetchone()[0] == n
+    assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == texts
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 0
+    assert watermark(db)[:3] == (started_at, "full", "completed")
+
+    before = snapshot(db)
+    portal_server.requests.clear()
+    assert harvest.run().state == "success"
+    second = runs(db)[-1]
+    assert (second[1], second[2]) == ("incremental", "committed")
+    stats = second[3]
+    assert stats["created"] == stats["updated"] == 0
+    assert stats["embedding_requests"] == stats["embedded"] == 0
+    # Only what was modified since the watermark (minus the lookback) was asked for.
+    searches = [params for action, params in portal_server.requests if action == "package_search"]
+    assert searches and all("metadata_modified:[" in params.get("fq", "") for params in searches)
+    assert stats["fetched"] == 0
+    assert [(r[0], r[1], r[2], r[3]) for r in snapshot(db)] == [(r[0], r[1], r[2], r[3]) for r in before]
+    assert watermark(db)[:2] == (second[4], "incremental")
+
+
+def test_title_change_re_embeds_exactly_that_dataset(harvest, portal_server, db, samples):
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    old_hash = db.execute("SELECT content_hash FROM datasets WHERE source_id = %s", (records[3]["id"],)).fetchone()[0]
+
+    changed = copy.deepcopy(records[3])
+    changed["title"] = "Purchase card transactions, corrected"
+    changed["metadata_modified"] = "2030-01-01T00:00:00.000001"
+    portal_server.upsert_record(changed)
+    assert harvest.run().state == "success"
+    stats = last_stats(db)
+    assert (stats["fetched"], stats["updated"], stats["created"]) == (1, 1, 0)
+    assert (stats["embedding_requests"], stats["embedded"]) == (1, 1)
+    title, content_hash, embedded = db.execute(
+        "SELECT title, content_hash, embedded_content_hash FROM datasets WHERE source_id = %s",
+        (changed["id"],)).fetchone()
+    assert title == "Purchase card transactions, corrected"
+    assert content_hash != old_hash and embedded == content_hash
+    # Its vector is of the new text: the old vector is no longer linked to it.
+    assert db.execute("SELECT count(*) FROM embeddings WHERE content_hash = %s", (content_hash,)).fetchone()[0] == 1
+
+
+def test_tag_change_updates_without_embedding(harvest, portal_server, db, samples):
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    before = dict(db.execute("SELECT source_id, metadata_hash FROM datasets").fetchall())
+
+    changed = copy.deepcopy(records[0])
+    changed["tags"] = changed["tags"] + [{"name": "procurement", "display_name": "procurement"}]
+    changed["metadata_modified"] = "2030-01-01T00:00:00"
+    portal_server.upsert_record(changed)
+    assert harvest.run().state == "success"
+    stats = last_stats(db)
+    assert (stats["updated"], stats["embedding_requests"], stats["embedded"]) == (1, 0, 0)
+    tags, metadata_hash, content_hash, embedded = db.execute(
+        "SELECT tags, metadata_hash, content_hash, embedded_content_hash FROM datasets WHERE source_id = %s",
+        (changed["id"],)).fetchone()
+    assert "procurement" in tags and metadata_hash != before[changed["id"]] and embedded == content_hash
+
+
+def test_data_gc_ca_snapshot_pair(harvest, portal_server, db, samples):
+    """The real portal, 40 minutes apart: 12 datasets added, 6 changed only in their resources."""
+    portal_server.set_records(samples(GC_BEFORE))
+    harvest.configure(portal_server.base_url)
+    assert harvest.run(full_sync=True).state == "success"
+    assert last_stats(db)["created"] == 489
+    embeddings_before = db.execute("SELECT count(*) FROM embeddings").fetchone()[0]
+
+    portal_server.set_records(samples(GC_AFTER))
+    assert harvest.run(full_sync=True).state == "success"
+    stats = last_stats(db)
+    assert (stats["fetched"], stats["created"], stats["updated"], stats["unchanged"]) == (501, 12, 6, 483)
+    new_texts = db.execute("SELECT count(*) FROM embeddings").fetchone()[0] - embeddings_before
+    assert stats["embedded"] == new_texts <= 12
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 501
+
+    before = {r["id"]: r for r in samples(GC_BEFORE)}
+    updated = [r for r in samples(GC_AFTER) if r["id"] in before and r != before[r["id"]]]
+    assert len(updated) == 6
+    for rec in updated:
+        fmt = db.execute("SELECT raw->'resources' FROM datasets WHERE source_id = %s", (rec["id"],)).fetchone()[0]
+        assert [r["format"] for r in fmt] == [r["format"] for r in rec["resources"]]
+
+
+def test_failing_portal_leaves_watermark_and_datasets_untouched(harvest, portal_server, db, samples):
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url, max_retries=1)
+    assert harvest.run().state == "success"
+    before_datasets, before_status = snapshot(db), watermark(db)
+
+    changed = copy.deepcopy(records[0])
+    changed["title"] = "A change that must not land"
+    changed["metadata_modified"] = "2030-01-01T00:00:00"
+    portal_server.upsert_record(changed)
+    portal_server.fail_actions = {"package_search": 500}
+    assert harvest.run().state == "failed"
+
+    run_id, mode, status, stats, _, error = runs(db)[-1]
+    assert status == "failed" and "PortalUnavailable" in error
+    assert snapshot(db) == before_datasets
+    assert watermark(db)[0] == before_status[0] and watermark(db)[2] == "failed"
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 0
+
+    # The portal is back: the next run picks the change up from the same watermark.
+    portal_server.fail_actions = set()
+    assert harvest.run().state == "success"
+    assert last_stats(db)["updated"] == 1
+
+
+def test_record_without_id_is_failed_and_the_run_goes_on(harvest, portal_server, db, samples):
+    records = samples(BIRMINGHAM)
+    broken = copy.deepcopy(records[1])
+    del broken["id"]
+    broken["name"] = "no-id-here"
+    portal_server.set_records(records[2:] + [broken])
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    stats = last_stats(db)
+    assert (stats["failed"], stats["created"], stats["fetched"]) == (1, len(records) - 2, len(records) - 2)
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == len(records) - 2
+
+
+def test_rejected_filter_falls_back_to_full_sync(harvest, portal_server, db, samples):
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    portal_server.reject_fq = True
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = runs(db)[-1]
+    assert (mode, status) == ("full", "committed")
+    assert (stats["fetched"], stats["unchanged"], stats["embedded"]) == (len(records), len(records), 0)
+
+
+def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, samples):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    portal_server.set_records(samples(BIRMINGHAM))
+    harvest.configure(portal_server.base_url)
+    dag_run = harvest.run()
+    assert dag_run.state == "success"
+    with create_session() as session:
+        rows = session.query(XComModel).filter(XComModel.run_id == dag_run.run_id).all()
+        values = [XComModel.deserialize_value(x) for x in rows]
+    assert len(values) == 5
+    for value in values:
+        assert isinstance(value, dict) and "run_id" in value
+        assert all(isinstance(v, (int, str)) and (isinstance(v, int) or k == "mode") for k, v in value.items()), value
