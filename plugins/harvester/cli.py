@@ -111,8 +111,12 @@ def cmd_runs(args) -> int:
         _print_json([{"run_id": r[0], "portal": r[1], "mode": r[2], "status": r[3], "started_at": r[4],
                       "finished_at": r[5], "stats": r[6], "error": r[7]} for r in rows])
         return 0
-    _table("Harvest runs", ["run", "portal", "mode", "status", "started", *STAT_KEYS],
-           [(r[0], r[1], r[2], r[3], r[4], *[r[6].get(k, 0) for k in STAT_KEYS]) for r in rows])
+    # One column per run, one row per figure: readable in any terminal.
+    _table("Harvest runs", ["", *[f"run {r[0]}" for r in rows]],
+           [("portal", *[r[1] for r in rows]), ("mode", *[r[2] for r in rows]), ("status", *[r[3] for r in rows]),
+            ("started", *[r[4] for r in rows]),
+            ("took", *[f"{(r[5] - r[4]).total_seconds():.1f}s" if r[5] else "-" for r in rows]),
+            *[(key, *[r[6].get(key, 0) for r in rows]) for key in STAT_KEYS]])
     for r in rows:
         if r[7]:
             print(f"run {r[0]}: {r[7]}")
@@ -196,12 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .ckan import CkanError
     from .embeddings import EmbeddingError
     from .portal import PortalConfigError
+    from .store.server import EmbeddedServerError
 
     try:
         return args.func(args) or 0
-    except (PortalConfigError, EmbeddingError, LookupError) as exc:
+    except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, LookupError) as exc:
         print(f"harvester: error: {exc}", file=sys.stderr)
         return 2
 

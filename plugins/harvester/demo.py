@@ -67,7 +67,7 @@ def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
         "HARVESTER_DATABASE_URL": db_url,
         "HARVESTER_PORTALS_FILE": str(ROOT / "dags" / "portals.demo.yaml"),
         "HARVESTER_DEMO_PORTAL_URL": portal_url,
-        "HARVESTER_HOME": str(home),
+        "HARVESTER_HOME": str(home / "db"),
         "HF_HUB_OFFLINE": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     })

@@ -56,7 +56,8 @@ class LocalProvider:
     def _encode(self, texts: Sequence[str]):
         with _lock:  # one model per process; torch already uses every core
             model = _load(self.path)
-            return model.encode(list(texts), batch_size=self.max_batch, normalize_embeddings=True,
+            # Small inner batches: less padding of short texts to the longest one of the batch.
+            return model.encode(list(texts), batch_size=16, normalize_embeddings=True,
                                 convert_to_numpy=True, show_progress_bar=False)
 
     def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:

@@ -74,7 +74,7 @@ class EmbeddedServer:
     def url(self, database: str = DATABASE) -> str:
         port = self.port_file.read_text().strip() if self.port_file.exists() else None
         if not port:
-            raise EmbeddedServerError(f"the embedded server in {self.home} has never been started")
+            raise EmbeddedServerError(f"the embedded server in {self.home} has never been started: run `harvester db start`")
         return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/{database}"
 
     def is_running(self) -> bool:
