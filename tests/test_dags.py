@@ -69,3 +69,16 @@ def test_bad_portals_file_is_an_import_error_naming_the_entry(airflow_db, monkey
     assert bag.dag_ids == ["other"]
     (error,) = bag.import_errors.values()
     assert "portals[1] (broken): page_size 0 must be a whole number from 1 to 1000" in error
+
+
+def test_backfill_runs_are_recognised_as_full_syncs():
+    from types import SimpleNamespace
+
+    from airflow.utils.types import DagRunType
+
+    from harvester import tasks
+
+    assert tasks._is_backfill(SimpleNamespace(run_type=DagRunType.BACKFILL_JOB))
+    assert tasks._is_backfill(SimpleNamespace(run_type="backfill"))
+    assert not tasks._is_backfill(SimpleNamespace(run_type=DagRunType.SCHEDULED))
+    assert not tasks._is_backfill(SimpleNamespace(run_type=DagRunType.MANUAL))
