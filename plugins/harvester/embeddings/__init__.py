@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
-from .base import EmbeddingError, EmbeddingProvider, TerminalEmbeddingError
+from .base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
 
-PROVIDERS = ("local",)
+PROVIDERS = ("local", "gemini", "ollama")
 ENV = "HARVESTER_EMBEDDING_PROVIDER"
 
 
@@ -15,7 +15,16 @@ def get_provider(name: str | None = None) -> EmbeddingProvider:
         from .local import LocalProvider
 
         return LocalProvider()
+    if name == "gemini":
+        from .gemini import GeminiProvider
+
+        return GeminiProvider()
+    if name == "ollama":
+        from .ollama import OllamaProvider
+
+        return OllamaProvider()
     raise TerminalEmbeddingError(f"{ENV}={name!r} is not a known provider; valid providers are: {', '.join(PROVIDERS)}")
 
 
-__all__ = ["EmbeddingError", "EmbeddingProvider", "TerminalEmbeddingError", "get_provider", "PROVIDERS"]
+__all__ = ["EmbeddingError", "EmbeddingProvider", "RateLimited", "TerminalEmbeddingError", "get_provider",
+           "PROVIDERS"]

@@ -16,6 +16,18 @@ class TerminalEmbeddingError(EmbeddingError):
     transient = False
 
 
+class RateLimited(EmbeddingError):
+    """The provider asked us to slow down (HTTP 429). ``retry_after``: its suggested wait in
+    seconds, when it gave one (a Retry-After header or Google's RetryInfo)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def __reduce__(self):  # keep retry_after through pickling (e.g. between processes)
+        return type(self), (str(self), self.retry_after)
+
+
 @runtime_checkable
 class EmbeddingProvider(Protocol):
     name: str          # provider name, as in HARVESTER_EMBEDDING_PROVIDER

@@ -1,0 +1,241 @@
+"""The Gemini provider: gemini-embedding-001 through the official google-genai SDK.
+
+Configuration (environment):
+
+- ``GEMINI_EMBEDDING_MODEL`` (default ``gemini-embedding-001``)
+- ``GEMINI_EMBEDDING_DIMENSION`` (default 768): ``output_dimensionality``; vectors are
+  L2-normalized after the API truncates them. The dimension is part of the model identity
+  stored with each vector (``gemini-embedding-001@768``), so sizes never mix.
+- the API key: the password of the Airflow connection ``gemini_default`` when Airflow is there
+  and the connection exists, else ``GEMINI_API_KEY``
+- ``GEMINI_BASE_URL``: another endpoint (a proxy, or a local fake in tests)
+- ``GEMINI_TIMEOUT``: seconds per request (default 60)
+
+One ``embed_documents`` call is exactly one ``batchEmbedContents`` request of at most 100 texts
+(the API's limit). The SDK neither splits batches nor retries (no ``retry_options`` is set):
+retrying is the caller's business, guided by the error classes below.
+
+Errors: HTTP 429 -> ``RateLimited`` (with ``retry_after`` from Retry-After or Google's RetryInfo);
+5xx, 408, timeouts, connection errors -> ``EmbeddingError`` (transient); a rejected key (400
+API_KEY_INVALID, 401, 403) and other 4xx -> ``TerminalEmbeddingError``. The API key never
+appears in an error's message, its chain (errors are raised outside the SDK's ``except`` block,
+so they carry no ``__cause__`` or ``__context__``), or this object's ``repr``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Sequence
+
+import numpy as np
+
+from ..dataset import MAX_TEXT_CHARS
+from .base import EmbeddingError, RateLimited, TerminalEmbeddingError
+
+DEFAULT_MODEL = "gemini-embedding-001"
+DEFAULT_DIMENSION = 768
+MAX_DIMENSION = 3072
+MAX_BATCH = 100  # batchEmbedContents rejects more requests per batch
+CONNECTION_ID = "gemini_default"
+DEFAULT_ENDPOINT = "https://generativelanguage.googleapis.com"
+KEY_HELP = (f"set the password of the Airflow connection {CONNECTION_ID} "
+            f"(e.g. AIRFLOW_CONN_GEMINI_DEFAULT='{{\"conn_type\": \"generic\", \"password\": \"<key>\"}}') "
+            "or the environment variable GEMINI_API_KEY")
+
+_GOOGLE_KEY = re.compile(r"AIza[0-9A-Za-z_\-]{6,}")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
+
+
+def api_key_from_settings() -> str | None:
+    """The ``gemini_default`` connection's password if Airflow can give it, else ``GEMINI_API_KEY``."""
+    try:
+        from airflow.sdk import Connection
+    except Exception:  # no Airflow here
+        Connection = None
+    if Connection is not None:
+        try:
+            password = Connection.get(CONNECTION_ID).password
+        except Exception:  # no such connection, or no Airflow context to ask
+            password = None
+        if password and password.strip():
+            return password.strip()
+    return (os.environ.get("GEMINI_API_KEY") or "").strip() or None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise TerminalEmbeddingError(f"{name}={value!r} must be a whole number") from None
+
+
+def _transport_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(timeout, other transport) exception classes of the HTTP libraries the SDK may use."""
+    timeouts: list[type] = []
+    transport: list[type] = []
+    for module_name in ("httpx", "httpx2"):
+        try:
+            module = __import__(module_name)
+        except ImportError:
+            continue
+        for attr, bucket in (("TimeoutException", timeouts), ("TransportError", transport)):
+            cls = getattr(module, attr, None)
+            if isinstance(cls, type):
+                bucket.append(cls)
+    return tuple(timeouts), tuple(transport)
+
+
+class GeminiProvider:
+    name = "gemini"
+    max_batch = MAX_BATCH
+
+    def __init__(self, *, api_key: str | None = None, model: str | None = None, dimension: int | None = None,
+                 base_url: str | None = None, timeout: float | None = None):
+        self.model_name = (model or os.environ.get("GEMINI_EMBEDDING_MODEL") or DEFAULT_MODEL).strip()
+        if self.model_name.startswith("models/"):
+            self.model_name = self.model_name[len("models/"):]
+        self.dimension = int(dimension) if dimension is not None else _env_int("GEMINI_EMBEDDING_DIMENSION",
+                                                                                DEFAULT_DIMENSION)
+        if not 1 <= self.dimension <= MAX_DIMENSION:
+            raise TerminalEmbeddingError(f"GEMINI_EMBEDDING_DIMENSION={self.dimension} must be from 1 to "
+                                         f"{MAX_DIMENSION} (gemini-embedding-001 recommends 768, 1536 or 3072)")
+        self.model = f"{self.model_name}@{self.dimension}"
+        self.base_url = (base_url or os.environ.get("GEMINI_BASE_URL") or "").strip() or None
+        self.timeout = float(timeout if timeout is not None else os.environ.get("GEMINI_TIMEOUT") or 60)
+        self._api_key = api_key.strip() if api_key else None  # resolved at the first request otherwise
+        self._client = None
+        self._key: str | None = None
+
+    def __repr__(self) -> str:
+        return f"GeminiProvider(model={self.model!r}, endpoint={self.endpoint!r})"
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url or DEFAULT_ENDPOINT
+
+    # -- the SDK ----------------------------------------------------------------------------------
+    def _get_client(self):
+        if self._client is not None:
+            return self._client
+        try:
+            from google import genai
+            from google.genai import types
+        except ImportError:
+            raise TerminalEmbeddingError("the gemini embedding provider needs google-genai: "
+                                         "pip install -r requirements.txt") from None
+        key = self._api_key or api_key_from_settings()
+        if not key:
+            raise TerminalEmbeddingError(f"no Gemini API key: {KEY_HELP}")
+        options = types.HttpOptions(timeout=int(self.timeout * 1000))  # milliseconds; no retry_options: no retries
+        if self.base_url:
+            options.base_url = self.base_url
+        self._key = key
+        self._client = genai.Client(api_key=key, vertexai=False, http_options=options)
+        return self._client
+
+    def _scrub(self, text: str) -> str:
+        if self._key:
+            text = text.replace(self._key, "***")
+        return _GOOGLE_KEY.sub("AIza***", text)
+
+    def _embed(self, texts: list[str], task_type: str) -> list[np.ndarray]:
+        from google.genai import types
+
+        client = self._get_client()
+        # Deterministic cap (the model reads at most 2048 tokens); the API rejects empty parts.
+        # One Content per text: given bare strings, the SDK merges them into one Content (one vector)
+        # for the multimodal embedding models (gemini-embedding-2 and later).
+        contents = [types.Content(role="user", parts=[types.Part(text=text[:MAX_TEXT_CHARS] if text.strip() else " ")])
+                    for text in texts]
+        config = types.EmbedContentConfig(task_type=task_type, output_dimensionality=self.dimension)
+        error: EmbeddingError | None = None
+        try:
+            response = client.models.embed_content(model=self.model_name, contents=contents, config=config)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one of ours, scrubbed
+            error = self._map_error(exc)
+        if error is not None:
+            # Raised here, not in the except block: no __context__ holding the SDK's request (and key).
+            raise error
+        embeddings = response.embeddings or []
+        if len(embeddings) != len(texts):
+            raise EmbeddingError(f"Gemini returned {len(embeddings)} embeddings for {len(texts)} texts")
+        vectors = []
+        for embedding in embeddings:
+            vector = np.asarray(embedding.values or [], dtype=np.float64)
+            if vector.shape != (self.dimension,):
+                raise TerminalEmbeddingError(f"Gemini returned a vector of {vector.shape[0]} dimensions, "
+                                             f"expected {self.dimension} ({self.model})")
+            norm = np.linalg.norm(vector)
+            vectors.append((vector / norm if norm else vector).astype(np.float32))
+        return vectors
+
+    def _map_error(self, exc: Exception) -> EmbeddingError:
+        from google.genai import errors as genai_errors
+
+        if isinstance(exc, genai_errors.APIError):
+            return self._map_api_error(exc)
+        timeouts, transport = _transport_errors()
+        if timeouts and isinstance(exc, timeouts):
+            return EmbeddingError(f"Gemini did not answer within {self.timeout:g}s at {self.endpoint} "
+                                  f"({type(exc).__name__})")
+        if transport and isinstance(exc, transport):
+            return EmbeddingError(f"could not reach Gemini at {self.endpoint}: {type(exc).__name__}: "
+                                  f"{self._scrub(str(exc))}")
+        return EmbeddingError(f"Gemini embedding request failed: {type(exc).__name__}: {self._scrub(str(exc))}")
+
+    def _map_api_error(self, exc) -> EmbeddingError:
+        code = int(exc.code or 0)
+        status = exc.status or ""
+        message = self._scrub(str(exc.message or "")).strip()
+        body = exc.details if isinstance(exc.details, dict) else {}
+        if isinstance(body.get("error"), dict):
+            body = body["error"]
+        details = [d for d in body.get("details") or [] if isinstance(d, dict)]
+        reasons = {d.get("reason") for d in details if d.get("reason")}
+        label = f"HTTP {code} {status}".strip()
+        said = f": {message}" if message else ""
+        if code == 429:
+            return RateLimited(f"Gemini rate limit or quota exceeded ({label}){said}",
+                               retry_after=self._retry_after(exc, details))
+        if code == 408 or code >= 500:
+            return EmbeddingError(f"Gemini failed ({label}), trying again later may succeed{said}")
+        if "API_KEY_INVALID" in reasons or code in (401, 403):
+            why = "API_KEY_INVALID" if "API_KEY_INVALID" in reasons else status
+            return TerminalEmbeddingError(
+                f"Gemini rejected the API key (HTTP {code} {why}): check GEMINI_API_KEY or the {CONNECTION_ID} "
+                f"connection" + (f". Gemini said: {message}" if message else ""))
+        if code == 404:
+            return TerminalEmbeddingError(f"Gemini has no embedding model {self.model_name!r} ({label}): "
+                                          f"check GEMINI_EMBEDDING_MODEL{said}")
+        return TerminalEmbeddingError(f"Gemini refused the request ({label}){said}")
+
+    @staticmethod
+    def _retry_after(exc, details: list[dict]) -> float | None:
+        from ..ckan import _retry_after_seconds
+
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        if headers is not None:
+            seconds = _retry_after_seconds(headers.get("retry-after"))
+            if seconds is not None:
+                return seconds
+        for detail in details:
+            if str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+                match = _DURATION.match(str(detail.get("retryDelay", "")))
+                if match:
+                    return float(match.group(1))
+        return None
+
+    # -- the provider interface --------------------------------------------------------------------
+    def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
+        texts = list(texts)
+        if len(texts) > self.max_batch:
+            raise ValueError(f"{len(texts)} texts in one request: the Gemini API takes at most {self.max_batch}")
+        if not texts:
+            return []
+        return self._embed(texts, "RETRIEVAL_DOCUMENT")
+
+    def embed_query(self, text: str) -> Sequence[float]:
+        return self._embed([text], "RETRIEVAL_QUERY")[0]

@@ -1,0 +1,158 @@
+"""The Ollama provider: any embedding model served by an Ollama server, over its HTTP API.
+
+``POST {OLLAMA_URL}/api/embed`` with ``{"model": ..., "input": [texts], "truncate": true}``
+answers ``{"model": ..., "embeddings": [[...], ...]}`` (Ollama 0.3.4+).
+
+Configuration (environment):
+
+- ``OLLAMA_URL`` (default ``http://127.0.0.1:11434``)
+- ``OLLAMA_EMBEDDING_MODEL`` (default ``nomic-embed-text``); the identity stored with each vector
+  is ``ollama/<model>``
+- ``OLLAMA_EMBEDDING_DIMENSION``: the vector size; when unset it is discovered by embedding a
+  probe text the first time ``dimension`` is read
+- ``OLLAMA_MAX_BATCH`` (default 64): texts per request
+- ``OLLAMA_TIMEOUT``: seconds per request (default 120; a cold model may take a while to load)
+
+Errors: 404 model not found -> ``TerminalEmbeddingError`` saying ``ollama pull <model>``; 429 ->
+``RateLimited``; 5xx, 408, timeouts, connection errors -> ``EmbeddingError`` (transient); other
+4xx -> ``TerminalEmbeddingError``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import requests
+
+from ..dataset import MAX_TEXT_CHARS
+from .base import EmbeddingError, RateLimited, TerminalEmbeddingError
+
+DEFAULT_URL = "http://127.0.0.1:11434"
+DEFAULT_MODEL = "nomic-embed-text"
+DEFAULT_MAX_BATCH = 64
+PROBE_TEXT = "dimension probe"
+
+
+def _env_number(name: str, default, kind=int):
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise TerminalEmbeddingError(f"{name}={value!r} must be a number") from None
+    if number <= 0:
+        raise TerminalEmbeddingError(f"{name}={value!r} must be positive")
+    return number
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class OllamaProvider:
+    name = "ollama"
+
+    def __init__(self, *, url: str | None = None, model: str | None = None, dimension: int | None = None,
+                 max_batch: int | None = None, timeout: float | None = None):
+        self.url = (url or os.environ.get("OLLAMA_URL") or DEFAULT_URL).strip().rstrip("/")
+        self.model_name = (model or os.environ.get("OLLAMA_EMBEDDING_MODEL") or DEFAULT_MODEL).strip()
+        self.model = f"ollama/{self.model_name}"
+        self.max_batch = int(max_batch or _env_number("OLLAMA_MAX_BATCH", DEFAULT_MAX_BATCH))
+        self.timeout = float(timeout or _env_number("OLLAMA_TIMEOUT", 120.0, float))
+        self._dimension = int(dimension or _env_number("OLLAMA_EMBEDDING_DIMENSION", 0)) or None
+        self._session = requests.Session()
+
+    def __repr__(self) -> str:
+        return f"OllamaProvider(model={self.model!r}, url={_redact(self.url)!r})"
+
+    @property
+    def dimension(self) -> int:
+        """The vector size: configured, or learnt from one probe request on first use."""
+        if self._dimension is None:
+            self._dimension = len(self._request([PROBE_TEXT])[0])
+        return self._dimension
+
+    def _request(self, texts: list[str]) -> list[list[float]]:
+        endpoint = f"{self.url}/api/embed"
+        payload = {"model": self.model_name, "input": [text[:MAX_TEXT_CHARS] for text in texts], "truncate": True}
+        error: EmbeddingError | None = None
+        response = None
+        try:
+            response = self._session.post(endpoint, json=payload, timeout=self.timeout)
+        except requests.Timeout:
+            error = EmbeddingError(f"Ollama at {_redact(self.url)} did not answer within {self.timeout:g}s")
+        except requests.RequestException as exc:
+            error = EmbeddingError(f"could not reach Ollama at {_redact(self.url)}: {type(exc).__name__}: "
+                                   f"{str(exc)[:300]}")
+        if error is None:
+            error = self._check(response)
+        if error is not None:
+            raise error  # outside the except block: no chained request objects
+        try:
+            embeddings = response.json()["embeddings"]
+        except (ValueError, KeyError, TypeError):
+            raise EmbeddingError(f"Ollama at {_redact(self.url)} answered without embeddings "
+                                 f"(is {_redact(self.url)} an Ollama server?)") from None
+        if not isinstance(embeddings, list) or len(embeddings) != len(texts):
+            raise EmbeddingError(f"Ollama returned {len(embeddings) if isinstance(embeddings, list) else 'no'} "
+                                 f"embeddings for {len(texts)} texts")
+        return embeddings
+
+    def _check(self, response: requests.Response) -> EmbeddingError | None:
+        code = response.status_code
+        if code == 200:
+            return None
+        try:
+            body = response.json()
+            message = str(body.get("error") or body) if isinstance(body, dict) else str(body)
+        except ValueError:
+            message = response.text.strip()[:300]
+        where = f"Ollama at {_redact(self.url)}"
+        if code == 404:
+            if "not found" in message and "model" in message:
+                return TerminalEmbeddingError(
+                    f"{where} has no model {self.model_name!r} ({message}): run `ollama pull {self.model_name}` "
+                    f"on the Ollama host, or set OLLAMA_EMBEDDING_MODEL")
+            return TerminalEmbeddingError(f"{where} has no /api/embed (HTTP 404: {message}): it needs Ollama "
+                                          "0.3.4 or later, or OLLAMA_URL is wrong")
+        if code == 429:
+            from ..ckan import _retry_after_seconds
+
+            return RateLimited(f"{where} is rate limiting (HTTP 429): {message}",
+                               retry_after=_retry_after_seconds(response.headers.get("Retry-After")))
+        if code == 408 or code >= 500:
+            return EmbeddingError(f"{where} failed (HTTP {code}), trying again later may succeed: {message}")
+        return TerminalEmbeddingError(f"{where} refused the request for model {self.model_name!r} "
+                                      f"(HTTP {code}): {message}")
+
+    def _normalized(self, embeddings: list[list[float]]) -> list[np.ndarray]:
+        vectors = []
+        for values in embeddings:
+            vector = np.asarray(values, dtype=np.float64)
+            if self._dimension is None:
+                self._dimension = vector.shape[0]
+            if vector.shape != (self._dimension,):
+                raise TerminalEmbeddingError(
+                    f"Ollama model {self.model_name!r} returned {vector.shape[0]} dimensions, expected "
+                    f"{self._dimension} (OLLAMA_EMBEDDING_DIMENSION or the first answer)")
+            norm = np.linalg.norm(vector)
+            vectors.append((vector / norm if norm else vector).astype(np.float32))
+        return vectors
+
+    def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
+        texts = list(texts)
+        if len(texts) > self.max_batch:
+            raise ValueError(f"{len(texts)} texts in one request: max_batch is {self.max_batch} (OLLAMA_MAX_BATCH)")
+        if not texts:
+            return []
+        return self._normalized(self._request(texts))
+
+    def embed_query(self, text: str) -> Sequence[float]:
+        return self._normalized(self._request([text]))[0]

@@ -1,0 +1,207 @@
+"""A local stand-in for the Gemini API's embedding endpoint, speaking its wire protocol (test-only).
+
+``POST /<v1|v1beta>/models/<model>:batchEmbedContents`` with the key in ``x-goog-api-key`` and
+``{"requests": [{"model": "models/<model>", "content": {"parts": [{"text": ...}]}, "taskType": ...,
+"outputDimensionality": ...}, ...]}`` answers ``{"embeddings": [{"values": [...]}, ...]}``, as
+google-genai sends and expects it. Vectors are deterministic pseudo-embeddings: 3072 values seeded
+by SHA-256 of the task type and text, unit length at 3072, cut to ``outputDimensionality``
+without renormalizing (as the real API does for smaller sizes).
+
+Errors use Google's JSON error bodies: 400 INVALID_ARGUMENT with reason API_KEY_INVALID for an
+unknown key, 403 PERMISSION_DENIED with no key, 400 for more than 100 requests in a batch, 404 for
+an unknown model, and whatever ``fail_next`` queues (429 RESOURCE_EXHAUSTED with optional
+Retry-After header and RetryInfo detail, 500 INTERNAL, 503 UNAVAILABLE, ...).
+
+    with FakeGemini(valid_keys={"AIza-good"}) as server:
+        server.base_url          # http://127.0.0.1:<port>
+        server.fail_next(1, 429, retry_delay="7s")
+        server.requests          # [(path, headers (lower-case names), parsed JSON body), ...]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+FULL_DIMENSION = 3072
+MAX_BATCH = 100
+_PATH = re.compile(r"^/(v1|v1beta)/models/([^/:?]+):batchEmbedContents$")
+
+_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+           408: "DEADLINE_EXCEEDED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 502: "UNAVAILABLE",
+           503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_MESSAGES = {
+    429: "You exceeded your current quota, please check your plan and billing details. For more "
+         "information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.",
+    500: "An internal error has occurred. Please retry or report in "
+         "https://developers.generativeai.google/guide/troubleshooting",
+    503: "The model is overloaded. Please try again later.",
+}
+
+
+def pseudo_embedding(text: str, task_type: str | None, dimension: int | None) -> list[float]:
+    seed = int.from_bytes(hashlib.sha256(f"{task_type or ''}\0{text}".encode()).digest()[:8], "big")
+    full = np.random.default_rng(seed).standard_normal(FULL_DIMENSION)
+    full /= np.linalg.norm(full)
+    return full[: dimension or FULL_DIMENSION].tolist()
+
+
+def error_body(code: int, message: str | None = None, details: list | None = None) -> dict:
+    body = {"code": code, "message": message or _MESSAGES.get(code, f"HTTP {code}"),
+            "status": _STATUS.get(code, "UNKNOWN")}
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+class FakeGemini:
+    def __init__(self, valid_keys=("AIza-fake-valid-key",), models=("gemini-embedding-001",)):
+        self.valid_keys = set(valid_keys)
+        self.models = set(models)
+        self.requests: list[tuple[str, dict, object]] = []
+        self.delay = 0.0  # seconds to wait before answering (timeouts)
+        self._fail: list[list] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # -- control ------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None,
+                  retry_delay: str | None = None, message: str | None = None) -> None:
+        """The next ``n`` embedding requests answer ``status`` with Google's error body.
+        ``retry_after``: a Retry-After header; ``retry_delay`` (e.g. "7s"): a google.rpc.RetryInfo
+        detail in the body, as Gemini sends on 429."""
+        with self._lock:
+            self._fail.append([n, status, retry_after, retry_delay, message])
+
+    @property
+    def texts(self) -> list[str]:
+        """Every text received in successful or failed embedding requests, in order."""
+        return [part["text"] for _, _, body in self.requests if isinstance(body, dict)
+                for req in body.get("requests", []) for part in req["content"]["parts"]]
+
+    def start(self) -> "FakeGemini":
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gemini", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- serving ------------------------------------------------------------------------------
+    def _next_failure(self):
+        with self._lock:
+            if not self._fail:
+                return None
+            entry = self._fail[0]
+            entry[0] -= 1
+            if entry[0] <= 0:
+                self._fail.pop(0)
+            return entry[1:]
+
+    def _answer(self, path: str, headers: dict, raw: bytes):
+        """(status, extra headers, JSON body) for one request."""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            body = None
+        with self._lock:
+            self.requests.append((path, headers, body))
+        if self.delay:
+            time.sleep(self.delay)
+        match = _PATH.match(path.split("?", 1)[0])
+        if not match:
+            return 404, {}, error_body(404, f"Path {path} was not found.")
+        key = headers.get("x-goog-api-key")
+        if not key:
+            return 403, {}, error_body(403, "Method doesn't allow unregistered callers (callers without "
+                                            "established identity). Please use API Key or other form of API "
+                                            "consumer identity to call this API.")
+        if key not in self.valid_keys:
+            return 400, {}, error_body(400, "API key not valid. Please pass a valid API key.", [
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+                 "domain": "googleapis.com",
+                 "metadata": {"service": "generativelanguage.googleapis.com"}},
+                {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US",
+                 "message": "API key not valid. Please pass a valid API key."}])
+        failure = self._next_failure()
+        if failure:
+            status, retry_after, retry_delay, message = failure
+            details = []
+            if status == 429:
+                details.append({"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                    "quotaMetric": "generativelanguage.googleapis.com/embed_content_free_tier_requests",
+                    "quotaId": "EmbedContentRequestsPerMinutePerProjectPerModel-FreeTier"}]})
+            if retry_delay is not None:
+                details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay})
+            extra = {} if retry_after is None else {"Retry-After": str(retry_after)}
+            return status, extra, error_body(status, message, details)
+        version, model = match.groups()
+        if model not in self.models:
+            return 404, {}, error_body(404, f"models/{model} is not found for API version {version}, or is not "
+                                            "supported for embedContent. Call ListModels to see the list of "
+                                            "available models and their supported methods.")
+        requests = body.get("requests") if isinstance(body, dict) else None
+        if not isinstance(requests, list) or not requests:
+            return 400, {}, error_body(400, "* BatchEmbedContentsRequest.requests: contents is not specified")
+        if len(requests) > MAX_BATCH:
+            return 400, {}, error_body(400, f"* BatchEmbedContentsRequest.requests: at most {MAX_BATCH} "
+                                            "requests can be in one batch")
+        embeddings = []
+        for i, req in enumerate(requests):
+            if req.get("model") not in (None, f"models/{model}"):
+                return 400, {}, error_body(400, f"* BatchEmbedContentsRequest.requests[{i}].model: unexpected "
+                                                f"model name format or model mismatch")
+            text = "".join(part.get("text", "") for part in req.get("content", {}).get("parts", []))
+            embeddings.append({"values": pseudo_embedding(text, req.get("taskType"), req.get("outputDimensionality"))})
+        return 200, {}, {"embeddings": embeddings}
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _reply(self, status, extra, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    self._reply(*fake._answer(self.path, headers, raw))
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
+                    pass
+
+            def do_GET(self):
+                self._reply(404, {}, error_body(404, f"Path {self.path} was not found."))
+
+        return Handler
