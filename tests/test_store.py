@@ -22,9 +22,11 @@ def empty_db(pg_server):
 
 
 def test_migrations_apply_once_in_order(empty_db):
-    assert migrations.migrate(empty_db) == ["001_initial.sql"]
+    names = [path.name for _, path in migrations.migration_files()]
+    assert names[0] == "001_initial.sql" and names == sorted(names)
+    assert migrations.migrate(empty_db) == names
     assert migrations.migrate(empty_db) == []
-    assert empty_db.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "001_initial.sql")]
+    assert [r[1] for r in empty_db.execute("SELECT version, name FROM schema_migrations ORDER BY version")] == names
     tables = {r[0] for r in empty_db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
     assert {"portal_sync_status", "sync_runs", "datasets", "embeddings", "staging_records"} <= tables
     columns = {r[0] for r in empty_db.execute(
