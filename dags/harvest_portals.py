@@ -21,7 +21,8 @@ Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
 * **fetch_modified** lists datasets modified since the last completed run (minus a {lookback} overlap),
   or all of them on a full sync, into a per-run staging table.
 * **hash_compare** classifies them against what we hold: created, updated, unchanged, failed.
-* **embed_changed** embeds only texts that have no vector yet.
+* **embed_changed** embeds only texts that have no vector yet (mapped over shards of them), through
+  the embedding provider's shared circuit breaker; while it is open, datasets stay pending.
 * **upsert** commits everything in one transaction and moves the watermark.
 
 Trigger with `full_sync` to re-list the whole portal. Backfills always run as full syncs.
@@ -63,17 +64,20 @@ def build(portal: Portal):
 
         @task
         def hash_compare(run: dict):
-            return tasks.hash_compare(portal, run)
+            return tasks.hash_compare(portal, run)  # the shards embed_changed maps over
 
+        # Mapped over shards of the pending texts: one task for a normal run, several for a big
+        # first sync, so a Celery or Kubernetes executor spreads them over workers.
         @task(pool=os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"))
-        def embed_changed(run: dict):
-            return tasks.embed_changed(portal, run)
+        def embed_changed(work: dict):
+            return tasks.embed_changed(portal, work)
 
         @task
         def upsert(run: dict):
             return tasks.upsert(portal, run)
 
-        upsert(embed_changed(hash_compare(fetch_modified(begin()))))
+        run = begin()
+        embed_changed.expand(work=hash_compare(fetch_modified(run))) >> upsert(run)
 
     return harvest()
 

@@ -202,5 +202,6 @@ def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, sample
         values = [XComModel.deserialize_value(x) for x in rows]
     assert len(values) == 5
     for value in values:
-        assert isinstance(value, dict) and "run_id" in value
-        assert all(isinstance(v, (int, str)) and (isinstance(v, int) or k == "mode") for k, v in value.items()), value
+        for item in value if isinstance(value, list) else [value]:
+            assert isinstance(item, dict) and "run_id" in item
+            assert all(isinstance(v, int) or k == "mode" for k, v in item.items()), item

@@ -8,10 +8,12 @@ through the caller (in Airflow, never through XCom). Airflow-free: tasks.py wire
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from . import dataset as ds
 from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable
+from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
 from .run import FULL, Progress, plan_run, summary
@@ -76,49 +78,51 @@ def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dic
     return {"run_id": run_id, **counts}
 
 
-def hash_compare(conn, portal: Portal, run_id: int) -> dict:
-    """Classify staged records against what we hold: created, updated, unchanged, failed."""
+def hash_compare(conn, portal: Portal, run_id: int, model: str | None = None,
+                 settings: EmbedSettings | None = None) -> dict:
+    """Classify staged records against what we hold: created, updated, unchanged, failed. With the
+    provider's ``model``, also plan how many embed_changed tasks the pending texts need."""
     runs.require_running(conn, run_id)
     counts = datasets.classify(conn, run_id, portal.url)
     runs.add_stats(conn, run_id, counts)
-    log.info("hash_compare done: %s", summary(counts, ("created", "updated", "unchanged", "failed")))
-    return {"run_id": run_id, **counts}
+    out = {"run_id": run_id, **counts}
+    if model is not None:
+        pending = vectors.count_pending(conn, run_id, portal.url, model)
+        shards = plan_shards(pending, settings or EmbedSettings.from_env())
+        out["pending_texts"] = pending
+        out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards} for i in range(shards)]
+    log.info("hash_compare done: %s", summary(out, ("created", "updated", "unchanged", "failed", "pending_texts")))
+    return out
 
 
-def embed_changed(conn, reader, portal: Portal, run_id: int, provider: EmbeddingProvider) -> dict:
-    """Embed every text of the portal that has no vector for the provider's model yet: this run's
-    new and changed texts and whatever earlier runs left pending, each distinct text once.
-    ``reader`` is a second connection that streams the pending texts."""
+def embed_changed(conn, reader, portal: Portal, run_id: int, provider: EmbeddingProvider, *,
+                  shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
+                  breaker_config=None) -> dict:
+    """Embed every text of the portal (in this shard) that has no vector for the provider's model
+    yet: this run's new and changed texts and whatever earlier runs left pending, each distinct
+    text once, through the shared circuit breaker. ``reader`` streams the pending texts."""
     runs.require_running(conn, run_id)
-    vectors.ensure_index(conn, provider.model, provider.dimension)
-    reused = vectors.count_reused(conn, run_id, provider.model)
-    total = vectors.count_pending(conn, run_id, portal.url, provider.model)
-    progress = Progress(f"embed_changed {portal.name} ({provider.model})", total, log)
-    requests = embedded = 0
-    for batch in vectors.iter_pending(reader, run_id, portal.url, provider.model, provider.max_batch):
-        hashes = [row[0] for row in batch]
-        texts = [ds.embedding_text(row[1], row[2]) for row in batch]
-        result = provider.embed_documents(texts)
-        requests += 1
-        embedded += vectors.write(conn, provider.model, provider.dimension, hashes, result)
-        progress.advance(len(batch))
-    counts = {"embedding_requests": requests, "embedded": embedded, "embeddings_reused": reused}
-    runs.add_stats(conn, run_id, counts)
-    log.info("embed_changed done: %s", summary(counts, ("embedding_requests", "embedded", "embeddings_reused")))
-    return {"run_id": run_id, **counts}
+    counts = embed_pending(conn, reader, portal.url, run_id, provider, shard=shard, shards=shards,
+                           settings=settings, breaker_config=breaker_config, label=f"{portal.name} ")
+    return {"run_id": run_id, "shard": shard, **counts}
 
 
-def upsert(conn, portal: Portal, run_id: int, model: str) -> dict:
+def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1) -> dict:
     """One transaction: staging merged into datasets, vectors linked, the run's stats written, the
     watermark moved to the run's start, the run's staging dropped."""
     with conn.transaction():
         run = runs.require_running(conn, run_id)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
+        reuse = vectors.reuse(conn, run_id, model, run.started_at)
+        reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model)
-        stats = {**run.stats, **merged}
+        stats = {**run.stats, **reuse, **merged}
         runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0))
         staging.clear(conn, run_id)
         final = runs.get(conn, run_id).stats
+    if final.get("skipped"):
+        log.warning("%d changed datasets have no vector yet (embedding deferred); the next run embeds them",
+                    final["skipped"])
     log.info("upsert committed run %s of %s (%s): %s", run_id, portal.name, run.mode, summary(final))
     return {"run_id": run_id, **final}
 
@@ -139,7 +143,7 @@ def harvest(conn, reader, portal: Portal, client: CkanClient, provider: Embeddin
         fetch_modified(conn, portal, run_id, client)
         hash_compare(conn, portal, run_id)
         embed_changed(conn, reader, portal, run_id, provider)
-        return upsert(conn, portal, run_id, provider.model)
+        return upsert(conn, portal, run_id, provider.model, provider.max_batch)
     except BaseException as exc:
         abort(conn, run_id, f"{type(exc).__name__}: {exc}")
         raise

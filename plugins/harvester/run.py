@@ -10,6 +10,8 @@ STAT_KEYS = (
     "fetched", "created", "updated", "unchanged", "failed", "skipped", "removed",
     "embedding_requests", "embedded", "embeddings_reused", "portal_requests",
 )
+# Also recorded: what the cache saved (estimates).
+SAVINGS_KEYS = ("embedding_calls_saved", "embedding_tokens_saved")
 
 FULL = "full"
 INCREMENTAL = "incremental"
@@ -38,7 +40,7 @@ def plan_run(watermark: datetime | None, *, full_sync: bool, backfill: bool, loo
 def complete_stats(stats: Mapping[str, int] | None) -> dict[str, int]:
     """Every stats key present, 0 where nothing happened."""
     stats = stats or {}
-    out = {key: int(stats.get(key) or 0) for key in STAT_KEYS}
+    out = {key: int(stats.get(key) or 0) for key in STAT_KEYS + SAVINGS_KEYS}
     out.update({k: v for k, v in stats.items() if k not in out})
     return out
 

@@ -53,28 +53,53 @@ def fetch_modified(portal: Portal, run: dict) -> dict:
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
 
 
-def hash_compare(portal: Portal, run: dict) -> dict:
+def _provider():
+    """The configured provider; a configuration problem fails the task without retries."""
+    from .embeddings import TerminalEmbeddingError, get_provider
+
+    try:
+        return get_provider()
+    except TerminalEmbeddingError as exc:
+        _fail_fast(exc)
+
+
+def _fail_fast(exc: Exception):
+    """Retrying cannot help (bad key, bad configuration): fail now, with a readable message."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    raise AirflowFailException(str(exc)) from None
+
+
+def hash_compare(portal: Portal, run: dict) -> list[dict]:
+    """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
     from . import pipeline
 
     with _connection() as conn:
-        return pipeline.hash_compare(conn, portal, run["run_id"])
+        out = pipeline.hash_compare(conn, portal, run["run_id"], model=_provider().model)
+    counts = {k: v for k, v in out.items() if k != "embed_shards"}
+    return [{**counts, **work} for work in out["embed_shards"]]
 
 
-def embed_changed(portal: Portal, run: dict) -> dict:
+def embed_changed(portal: Portal, work: dict) -> dict:
+    """One shard of the run's pending texts (the DAG maps this task over hash_compare's shards)."""
     from . import pipeline
-    from .embeddings import get_provider
+    from .embeddings import TerminalEmbeddingError
 
-    provider = get_provider()
+    provider = _provider()
     with _connection() as conn, _connection() as reader:
-        return pipeline.embed_changed(conn, reader, portal, run["run_id"], provider)
+        try:
+            return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
+                                          shard=work["shard"], shards=work["shards"])
+        except TerminalEmbeddingError as exc:
+            _fail_fast(exc)
 
 
 def upsert(portal: Portal, run: dict) -> dict:
     from . import pipeline
-    from .embeddings import get_provider
 
+    provider = _provider()
     with _connection() as conn:
-        return pipeline.upsert(conn, portal, run["run_id"], get_provider().model)
+        return pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch)
 
 
 def _abort(portal: Portal, context, status: str) -> None:

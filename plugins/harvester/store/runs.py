@@ -85,6 +85,18 @@ def add_stats(conn, run_id: int, stats: dict) -> None:
     conn.execute("UPDATE sync_runs SET stats = stats || %s WHERE run_id = %s", (Jsonb(stats), run_id))
 
 
+def add_counts(conn, run_id: int, counts: dict[str, int]) -> None:
+    """Add to the run's counters atomically (the row lock orders concurrent shards), so every
+    provider call of every attempt of every shard is counted exactly once."""
+    if not counts:
+        return
+    keys = sorted(counts)
+    pairs = ", ".join(["%s::text, coalesce((stats->>%s)::bigint, 0) + %s"] * len(keys))
+    params = [value for key in keys for value in (key, key, int(counts[key]))]
+    conn.execute(f"UPDATE sync_runs SET stats = stats || jsonb_build_object({pairs}) WHERE run_id = %s",
+                 (*params, run_id))
+
+
 def commit(conn, run: RunRow, stats: dict, datasets_synced: int) -> None:
     """Inside the caller's transaction: the run committed and the watermark moved to its start."""
     conn.execute("UPDATE sync_runs SET status = 'committed', finished_at = now(), stats = %s WHERE run_id = %s",

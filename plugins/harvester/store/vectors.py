@@ -40,11 +40,11 @@ def ensure_index(conn, model: str, dimension: int) -> None:
 
 _PENDING = """
     FROM (
-        SELECT s.content_hash, s.title, s.description
+        SELECT s.content_hash, s.title, s.description, true AS from_run
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
         UNION ALL
-        SELECT d.content_hash, d.title, d.description
+        SELECT d.content_hash, d.title, d.description, false AS from_run
         FROM datasets d
         WHERE d.portal_url = %(portal)s AND d.removed_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM staging_records s
@@ -52,37 +52,60 @@ _PENDING = """
                             AND s.outcome IN ('created', 'updated'))
     ) t
     WHERE NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = t.content_hash AND e.model = %(model)s)
+      AND get_byte(decode(t.content_hash, 'hex'), 0) %% %(shards)s = %(shard)s
 """
 
 
-def count_pending(conn, run_id: int, portal_url: str, model: str) -> int:
+def count_pending(conn, run_id: int, portal_url: str, model: str, shard: int = 0, shards: int = 1) -> int:
     """Distinct texts of the portal without a vector for ``model``: this run's changes and
-    anything earlier runs left pending."""
-    params = {"run": run_id, "portal": portal_url, "model": model}
+    anything earlier runs left pending (in one shard of ``shards``, by content hash)."""
+    params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
     return conn.execute(f"SELECT count(DISTINCT content_hash) {_PENDING}", params).fetchone()[0]
 
 
-def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int) -> Iterator[list[tuple]]:
-    """(content_hash, title, description) of each pending text, once each, in batches, streamed
-    through a server-side cursor (``conn`` must be a connection of its own)."""
-    params = {"run": run_id, "portal": portal_url, "model": model}
+def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int, *, shard: int = 0,
+                 shards: int = 1, backlog_limit: int | None = None) -> Iterator[list[tuple]]:
+    """(content_hash, title, description) of each pending text, once each, in batches: this run's
+    changes first, then at most ``backlog_limit`` texts left pending by earlier runs (a model
+    switch re-embeds a portal over several runs). Streamed through a server-side cursor: ``conn``
+    must be a connection of its own."""
+    params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
+    backlog = 0
     with conn.transaction():
         with conn.cursor(name="harvester_pending_texts") as cur:
             cur.itersize = batch_size
-            cur.execute(f"SELECT DISTINCT ON (content_hash) content_hash, title, description {_PENDING}"
-                        " ORDER BY content_hash", params)
+            cur.execute("SELECT content_hash, title, description, from_run FROM ("
+                        f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {_PENDING}"
+                        " ORDER BY content_hash, from_run DESC) p ORDER BY from_run DESC, content_hash", params)
             while rows := cur.fetchmany(batch_size):
-                yield rows
+                if backlog_limit is not None:
+                    kept = []
+                    for row in rows:
+                        if not row[3]:
+                            if backlog >= backlog_limit:
+                                break
+                            backlog += 1
+                        kept.append(row)
+                    if kept:
+                        yield [r[:3] for r in kept]
+                    if len(kept) < len(rows):
+                        return
+                else:
+                    yield [r[:3] for r in rows]
 
 
-def count_reused(conn, run_id: int, model: str) -> int:
-    """Records of this run whose new text already had a vector: no provider call needed."""
-    return conn.execute(
+def reuse(conn, run_id: int, model: str, started_at) -> dict:
+    """This run's new texts that already had a vector when the run began (another portal, a
+    reverted edit, a failed earlier run): no provider call, and what that saved, estimated at
+    four characters a token."""
+    reused, tokens = conn.execute(
         """
-        SELECT count(*) FROM staging_records s
+        SELECT count(*), coalesce(sum(ceil((length(s.title) + length(s.description) + 2) / 4.0)), 0)
+        FROM staging_records s
+        JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %s AND e.created_at < %s
         WHERE s.run_id = %s AND s.outcome IN ('created', 'updated') AND s.content_changed
-          AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash AND e.model = %s)
-        """, (run_id, model)).fetchone()[0]
+        """, (model, started_at, run_id)).fetchone()
+    return {"embeddings_reused": int(reused), "embedding_tokens_saved": int(tokens)}
 
 
 def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequence[Sequence[float]]) -> int:
