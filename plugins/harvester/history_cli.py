@@ -1,0 +1,314 @@
+"""`harvester changes | versions | diff | export changes | purge`: dataset history from the shell.
+
+``register(subparsers)`` adds the commands to the ``harvester`` parser. ``-p``/``--portal`` takes a
+portal's name in portals.yaml. A dataset that is not found raises LookupError (the CLI prints it
+and exits 2).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import json
+import re
+import sys
+import textwrap
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+from . import portal as portal_config
+
+_WIDTH = 78
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+EXPORT_FIELDS = ("id", "detected_at", "portal_url", "portal_name", "source_id", "dataset_id", "title", "url",
+                 "run_id", "change_type", "significance", "requires_review", "old_version", "new_version",
+                 "summary", "changed_fields")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def parse_date(text: str) -> datetime:
+    """A date or a date and time (ISO 8601); no zone means UTC."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]")
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _jsonable(value):
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    return str(value)
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=_jsonable))
+
+
+def _console(min_width: int = 100):
+    from rich.console import Console
+
+    return Console(width=max(min_width, Console().width), highlight=False)
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+
+
+def _short(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _version(number: int | None) -> str:
+    return "-" if number is None else str(number)
+
+
+def _portal_url(name: str) -> str:
+    return portal_config.get_portal(name).url
+
+
+def _open():
+    from .store import db
+
+    return db.open_cli()
+
+
+def _dataset(conn, portal_name: str, portal_url: str, args) -> dict:
+    from .store import history
+
+    found = history.find_dataset(conn, portal_url, url=args.url, source_id=args.id)
+    if found is None:
+        what = f"url {args.url}" if args.url else f"id {args.id}"
+        raise LookupError(f"no dataset with {what} in portal {portal_name} ({portal_url})")
+    return found
+
+
+# -- changes ----------------------------------------------------------------------------------
+def cmd_changes(args) -> int:
+    from rich.text import Text
+
+    from .store import history
+
+    url = _portal_url(args.portal)
+    with _open() as conn:
+        rows = history.list_changes(conn, url, review_only=args.review, since=args.since, limit=args.limit)
+    if args.json:
+        _print_json([{"n": n, **row} for n, row in enumerate(rows, 1)])
+        return 0
+    console = _console()
+    what = "changes needing review" if args.review else "changes"
+    if not rows:
+        console.print(f"no {what} in {args.portal}" + (f" since {_when(args.since)}" if args.since else ""))
+        return 0
+    console.print(Text(f"{len(rows)} {what} in {args.portal} ({url}), newest first", style="bold"))
+    for n, row in enumerate(rows, 1):
+        console.print()
+        header = Text(f"[{n}] {row['change_type'].upper()}", style="bold")
+        if row["requires_review"]:
+            header.append(" (REVIEW)", style="bold red")
+        console.print(header, soft_wrap=True)
+        for label, value in (("title", row["title"]), ("url", row["url"]), ("detected", _when(row["detected_at"])),
+                             ("significance", f"{round(row['significance'] * 100)}%"),
+                             ("changed", row["summary"])):
+            console.print(Text(f"    {label + ':':<14}{value}"), soft_wrap=True)
+        console.print(Text(f"    Version {_version(row['old_version'])} -> {_version(row['new_version'])}"),
+                      soft_wrap=True)
+    return 0
+
+
+# -- versions ---------------------------------------------------------------------------------
+def cmd_versions(args) -> int:
+    from rich.table import Table
+
+    from . import changes as ch
+    from .store import history
+
+    url = _portal_url(args.portal)
+    with _open() as conn:
+        dataset = _dataset(conn, args.portal, url, args)
+        versions = history.list_versions(conn, dataset["id"])
+    if args.json:
+        _print_json({"dataset": dataset, "versions": [
+            {k: v for k, v in item.items() if k not in ("snapshot", "description")} for item in versions]})
+        return 0
+    removed = f", removed {_when(dataset['removed_at'])}" if dataset["removed_at"] else ""
+    table = Table(title=f"{dataset['title']} ({dataset['url']}){removed}: {len(versions)} versions")
+    for column in ("version", "first seen (UTC)", "last seen (UTC)", "change", "content hash"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("changed fields", overflow="fold")
+    for item in versions:
+        fields = ch.summarize(item["changed_fields"]) or ("first version" if item["version_number"] == 1 else "")
+        table.add_row(f"{item['version_number']}{' (current)' if item['is_current'] else ''}",
+                      _short(item["first_seen_at"]), _short(item["last_seen_at"]), item["change_type"],
+                      item["content_hash"][:10], fields)
+    _console(120).print(table)
+    return 0
+
+
+# -- diff -------------------------------------------------------------------------------------
+def _wrapped(text: str) -> list[str]:
+    lines = []
+    for sentence in _SENTENCE_END.split(text or ""):
+        lines.extend(textwrap.wrap(sentence, _WIDTH - 2) or [""])
+    return lines
+
+
+def _line(key: str, value) -> str:
+    return f"{key}: {json.dumps(value, sort_keys=True, ensure_ascii=False)}"
+
+
+def snapshot_lines(snapshot: dict) -> list[str]:
+    """A snapshot as lines fit for a diff: the title, the description wrapped (a sentence or 76
+    columns a line), then every other field as JSON, one line per list item and per mapping key."""
+    lines = [f"title: {snapshot.get('title') or ''}", "description:"]
+    lines.extend("  " + line for line in _wrapped(snapshot.get("description") or ""))
+    for key in sorted(k for k in snapshot if k not in ("title", "description")):
+        value = snapshot[key]
+        if isinstance(value, dict) and value:
+            lines.extend(_line(f"{key}.{sub}", value[sub]) for sub in sorted(value, key=str))
+        elif isinstance(value, list) and value:
+            lines.extend(_line(f"{key}[]", item) for item in value)
+        else:
+            lines.append(_line(key, value))
+    return lines
+
+
+def cmd_diff(args) -> int:
+    from rich.text import Text
+
+    from .store import history
+
+    url = _portal_url(args.portal)
+    with _open() as conn:
+        dataset = _dataset(conn, args.portal, url, args)
+        current = history.current_version_number(conn, dataset["id"])
+        to_n = args.to if args.to is not None else current
+        from_n = args.from_ if args.from_ is not None else (to_n - 1 if to_n else None)
+        if to_n is None:
+            raise LookupError(f"dataset {dataset['url']} has no versions")
+        if from_n is None or from_n < 1:
+            print(f"{dataset['url']} has only version {to_n}: nothing to compare it with")
+            return 0
+        old, new = history.get_version(conn, dataset["id"], from_n), history.get_version(conn, dataset["id"], to_n)
+    missing = [str(n) for n, version in ((from_n, old), (to_n, new)) if version is None]
+    if missing:
+        raise LookupError(f"dataset {dataset['url']} has no version {' or '.join(missing)}"
+                          f" (versions 1 to {current} exist)")
+    lines = list(difflib.unified_diff(
+        snapshot_lines(old["snapshot"]), snapshot_lines(new["snapshot"]),
+        fromfile=f"version {from_n} ({old['change_type']}, first seen {_when(old['first_seen_at'])})",
+        tofile=f"version {to_n} ({new['change_type']}, first seen {_when(new['first_seen_at'])})", lineterm=""))
+    if args.json:
+        _print_json({"dataset": dataset, "from": from_n, "to": to_n, "diff": lines})
+        return 0
+    console = _console()
+    console.print(Text(f"{dataset['title']} ({dataset['url']})", style="bold"), soft_wrap=True)
+    if not lines:
+        console.print(f"versions {from_n} and {to_n} have the same snapshot")
+        return 0
+    for line in lines:
+        style = ("bold" if line.startswith(("---", "+++")) else "cyan" if line.startswith("@@")
+                 else "red" if line.startswith("-") else "green" if line.startswith("+") else None)
+        console.print(Text(line, style=style or ""), soft_wrap=True)
+    return 0
+
+
+# -- export -----------------------------------------------------------------------------------
+def _export_row(row: dict) -> dict:
+    return {key: row.get(key) if key != "significance" else row["significance"] for key in EXPORT_FIELDS}
+
+
+def cmd_export_changes(args) -> int:
+    from .store import history
+
+    url = _portal_url(args.portal) if args.portal else None
+    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
+    n = 0
+    try:
+        with _open() as conn:
+            rows = history.iter_changes(conn, url, since=args.since)
+            if args.format == "csv":
+                writer = csv.DictWriter(out, fieldnames=EXPORT_FIELDS)
+                writer.writeheader()
+                for row in rows:
+                    item = _export_row(row)
+                    item["detected_at"] = item["detected_at"].isoformat()
+                    item["changed_fields"] = json.dumps(item["changed_fields"], sort_keys=True, ensure_ascii=False)
+                    item["requires_review"] = "true" if item["requires_review"] else "false"
+                    writer.writerow(item)
+                    n += 1
+            else:
+                for row in rows:
+                    out.write(json.dumps(_export_row(row), ensure_ascii=False, default=_jsonable) + "\n")
+                    n += 1
+    finally:
+        if args.output:
+            out.close()
+    if args.output:
+        print(f"exported {n} changes to {args.output}", file=sys.stderr)
+    return 0
+
+
+# -- purge ------------------------------------------------------------------------------------
+def cmd_purge(args) -> int:
+    from .store import history
+
+    url = _portal_url(args.portal)
+    with _open() as conn:
+        counts = history.purge(conn, url, args.removed_before, dry_run=args.dry_run)
+    if args.json:
+        _print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before, **counts})
+        return 0
+    verb = "would purge" if args.dry_run else "purged"
+    print(f"{verb} {counts['datasets']} datasets of {args.portal} removed before {_when(args.removed_before)}"
+          f" ({counts['versions']} versions, {counts['changes']} changes)")
+    return 0
+
+
+# -- the parser -------------------------------------------------------------------------------
+def _dataset_args(p) -> None:
+    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("-u", "--url", help="the dataset's landing page URL (<portal>/dataset/<name>)")
+    which.add_argument("--id", help="the dataset's CKAN id")
+
+
+def register(subparsers) -> None:
+    """Add changes, versions, diff, export and purge to the ``harvester`` subparsers."""
+    p = subparsers.add_parser("changes", help="detected dataset changes, newest first")
+    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    p.add_argument("--review", action="store_true", help="only changes that require review")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--since", type=parse_date, help="only changes detected at or after DATE (UTC unless given)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_changes)
+
+    p = subparsers.add_parser("versions", help="every version of a dataset, newest first")
+    _dataset_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_versions)
+
+    p = subparsers.add_parser("diff", help="what changed between two versions of a dataset")
+    _dataset_args(p)
+    p.add_argument("--from", dest="from_", type=int, metavar="N", help="default: the version before --to")
+    p.add_argument("--to", type=int, metavar="M", help="default: the current version")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_diff)
+
+    p = subparsers.add_parser("export", help="export history for other tools")
+    what = p.add_subparsers(dest="export_what", required=True)
+    e = what.add_parser("changes", help="detected changes, oldest first")
+    e.add_argument("--format", choices=["csv", "jsonl"], required=True)
+    e.add_argument("--portal", help="the portal's name in portals.yaml (default: every portal)")
+    e.add_argument("--since", type=parse_date)
+    e.add_argument("--output", "-o", help="write to FILE (default: standard output)")
+    e.set_defaults(func=cmd_export_changes)
+
+    p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good")
+    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    p.add_argument("--removed-before", type=parse_date, required=True, metavar="DATE")
+    p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_purge)

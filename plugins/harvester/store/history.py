@@ -1,0 +1,410 @@
+"""Dataset history: versions, change rows, removals and restorations (sql/003_history.sql).
+
+A run's history is written in two steps, like its datasets:
+
+1. ``compute_changes`` (after hash_compare, outside any long transaction): streams the run's
+   created and updated records with the dataset's current version, works out each change in
+   Python with the pure ``harvester.changes`` and stages the result in ``staging_changes``.
+2. ``write_history`` and, after a clean full sync, ``apply_removals``: inside the upsert's
+   transaction, after ``datasets.merge``, with set-based SQL: versions closed and opened,
+   ``dataset_changes`` rows written, last_seen_at moved, the staged changes dropped.
+
+Rules
+    A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
+    version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged only
+    moves the current version's ``last_seen_at``. Versions are numbered 1, 2, 3... and exactly one
+    is current (a partial unique index), also for a removed dataset: its last known state.
+
+    A record hash_compare calls updated whose snapshot equals its current version's (``detect``
+    returns None) gets neither a version nor a change row: nothing a user can see changed. That
+    happens when the hashes change but the tracked fields do not, e.g. a new text recipe
+    (``dataset.TEXT_RECIPE``) changes every content_hash. The current version's hashes, title and
+    description are refreshed in place so they keep matching the dataset.
+
+    Datasets harvested before this history existed have no version. The first run that sees one
+    gives it a version: an edit or a restoration is detected against the dataset's row (its title,
+    description and raw package) and recorded as usual, with ``old_version`` NULL; a dataset seen
+    unchanged gets a baseline version 1 (change_type ``new``) and no change row: it is not news.
+
+    Removal: only after a clean full sync (``apply_removals``), a live dataset of the portal whose
+    id is not among the run's staged records gets ``removed_at`` and a ``removed`` change; its
+    current version stays current (old_version = new_version). When that would remove more than
+    ``max_share`` of the portal's live datasets, nothing is removed unless ``force``. A removed
+    dataset that comes back (hash_compare calls it updated, merge clears removed_at) gets a
+    ``restored`` change: a new version if it changed while gone, else old_version = new_version.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import datetime
+from decimal import Decimal
+from typing import Iterator
+
+from psycopg.types.json import Jsonb
+
+from .. import changes as ch
+from ..dataset import normalize_url, sha256_hex
+
+log = logging.getLogger(__name__)
+
+RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.RESTORED)
+
+_STAGED_COLUMNS = ("run_id", "source_id", "change_type", "changed_fields", "significance", "requires_review",
+                   "snapshot", "new_version", "record_change")
+_STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool")
+
+# The run's created and updated records (classify leaves one per source_id: older copies are
+# 'duplicate'), and records seen unchanged whose dataset has no version yet (harvested before
+# history existed), each with the dataset's current version snapshot and removed_at. Without a
+# version, the dataset's row stands in for the old snapshot.
+_TO_COMPARE = """
+    SELECT s.source_id, s.title, s.description, s.raw, s.outcome, d.id, d.removed_at, v.snapshot,
+           CASE WHEN v.dataset_id IS NULL THEN d.title END,
+           CASE WHEN v.dataset_id IS NULL THEN d.description END,
+           CASE WHEN v.dataset_id IS NULL THEN d.raw END
+    FROM staging_records s
+    LEFT JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
+    LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
+    WHERE s.run_id = %(run)s
+      AND (s.outcome IN ('created', 'updated')
+           OR (s.outcome = 'unchanged' AND d.id IS NOT NULL AND v.dataset_id IS NULL))
+    ORDER BY s.seq
+"""
+
+
+def clear(conn, run_id: int) -> None:
+    """Drop a run's staged changes (a failed or cancelled run's too)."""
+    conn.execute("DELETE FROM staging_changes WHERE run_id = %s", (run_id,))
+
+
+def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
+    source_id, title, description, raw, outcome, dataset_id, removed_at, current, old_title, old_description, \
+        old_raw = row
+    new = ch.snapshot(title, description, raw)
+    has_version = current is not None
+    if has_version:
+        old = current
+    elif dataset_id is not None:
+        old = ch.snapshot(old_title, old_description, old_raw or {})
+    else:
+        old = None
+    if dataset_id is None:
+        change = ch.detect(None, new, config)
+    elif removed_at is not None:
+        change = ch.restoration(old, new, config)
+    else:
+        change = ch.detect(old, new, config)
+    new_version = not has_version or old != new
+    record_change = change is not None and outcome != "unchanged"
+    if record_change:
+        change_type, fields, significance, review = (change.change_type, change.changed_fields,
+                                                     change.significance, change.requires_review)
+    else:  # a baseline version, or a hash change no snapshot field shows
+        change_type = ch.NEW if not has_version else ch.METADATA_UPDATED
+        fields, significance, review = {}, 0.0, False
+    return (run_id, source_id, change_type, Jsonb(fields), Decimal(str(significance)), review, Jsonb(new),
+            new_version, record_change)
+
+
+def _write_staged(conn, rows: list[tuple]) -> None:
+    with conn.cursor() as cur:
+        with cur.copy(f"COPY staging_changes ({', '.join(_STAGED_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(list(_STAGED_TYPES))
+            for row in rows:
+                copy.write_row(row)
+
+
+def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.SignificanceConfig = ch.DEFAULT, *,
+                    batch_size: int = 1000) -> dict[str, int]:
+    """Work out the run's changes into ``staging_changes``; run after hash_compare, before upsert.
+
+    ``reader`` is a connection of its own: it streams the records through a server-side cursor
+    while ``conn`` writes each batch with binary COPY. A retry starts over (the run's staged
+    changes are deleted first), and staged changes of runs no longer running are swept away.
+
+    Returns the changes to be recorded per change type (``new``, ``content_updated``,
+    ``title_changed``, ``date_changed``, ``metadata_updated``, ``restored``), ``review``: how many
+    of them require review, ``baseline``: versions for datasets harvested before history existed
+    (no change row), and ``unchanged_snapshot``: updated records whose snapshot did not change.
+    """
+    clear(conn, run_id)
+    conn.execute("DELETE FROM staging_changes s USING sync_runs r WHERE r.run_id = s.run_id AND r.status <> 'running'")
+    counts: Counter = Counter()
+    params = {"run": run_id, "portal": portal_url}
+    with reader.transaction():
+        with reader.cursor(name=f"harvester_changes_{run_id}") as cur:
+            cur.itersize = batch_size
+            cur.execute(_TO_COMPARE, params)
+            while rows := cur.fetchmany(batch_size):
+                staged = [_staged_row(run_id, row, config) for row in rows]
+                _write_staged(conn, staged)
+                for row in staged:
+                    change_type, review, new_version, record_change = row[2], row[5], row[7], row[8]
+                    if record_change:
+                        counts[change_type] += 1
+                        counts["review"] += int(review)
+                    elif new_version:
+                        counts["baseline"] += 1
+                    else:
+                        counts["unchanged_snapshot"] += 1
+    out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
+    log.info("compute_changes run %s: %s", run_id, ", ".join(f"{k}={v}" for k, v in out.items()))
+    return out
+
+
+_STAGED_DATASETS = """
+    FROM staging_changes c
+    JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = c.source_id
+"""
+
+
+def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict[str, int]:
+    """Inside the upsert's transaction, after ``datasets.merge`` and before the run's staging
+    records are dropped: the staged changes into ``dataset_versions`` and ``dataset_changes``, and
+    the current version of every dataset seen unchanged marked seen. Set-based: a few statements
+    for the whole run. Returns ``versions`` (new versions), ``changes`` (change rows),
+    ``refreshed`` (versions updated in place) and ``seen_unchanged``.
+
+    Raises RuntimeError when a created or updated record has no staged change: compute_changes
+    did not run for this run (writing on would leave datasets without a current version)."""
+    params = {"run": run_id, "portal": portal_url, "seen": seen_at}
+    missing = conn.execute(
+        """
+        SELECT count(*) FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
+          AND NOT EXISTS (SELECT 1 FROM staging_changes c WHERE c.run_id = s.run_id AND c.source_id = s.source_id)
+        """, params).fetchone()[0]
+    if missing:
+        raise RuntimeError(f"run {run_id}: {missing} created or updated records have no computed change;"
+                           " run history.compute_changes after hash_compare")
+    # The current versions being superseded are closed first: the partial unique index allows one
+    # current version per dataset at any moment.
+    conn.execute(
+        f"""
+        UPDATE dataset_versions v SET is_current = false
+        {_STAGED_DATASETS}
+        WHERE c.run_id = %(run)s AND c.new_version AND v.dataset_id = d.id AND v.is_current
+        """, params)
+    versions = conn.execute(
+        f"""
+        INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, title, description,
+            snapshot, is_current, change_type, first_seen_at, last_seen_at)
+        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, d.title, d.description,
+            c.snapshot, true, c.change_type, %(seen)s, %(seen)s
+        {_STAGED_DATASETS}
+        CROSS JOIN LATERAL (SELECT max(version_number) AS last FROM dataset_versions p WHERE p.dataset_id = d.id) m
+        WHERE c.run_id = %(run)s AND c.new_version
+        """, params).rowcount
+    changes = conn.execute(
+        f"""
+        INSERT INTO dataset_changes (dataset_id, run_id, change_type, changed_fields, significance_score,
+            requires_review, old_version, new_version, detected_at)
+        SELECT d.id, %(run)s, c.change_type, c.changed_fields, c.significance, c.requires_review,
+            CASE WHEN c.new_version THEN nullif(v.version_number - 1, 0) ELSE v.version_number END,
+            v.version_number, %(seen)s
+        {_STAGED_DATASETS}
+        JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
+        WHERE c.run_id = %(run)s AND c.record_change
+        """, params).rowcount
+    refreshed = conn.execute(
+        f"""
+        UPDATE dataset_versions v SET content_hash = d.content_hash, metadata_hash = d.metadata_hash,
+            title = d.title, description = d.description, last_seen_at = greatest(v.last_seen_at, %(seen)s)
+        {_STAGED_DATASETS}
+        WHERE c.run_id = %(run)s AND NOT c.new_version AND v.dataset_id = d.id AND v.is_current
+        """, params).rowcount
+    seen_unchanged = conn.execute(
+        """
+        UPDATE dataset_versions v SET last_seen_at = %(seen)s
+        FROM staging_records s
+        JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
+        WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
+          AND v.dataset_id = d.id AND v.is_current AND v.last_seen_at < %(seen)s
+        """, params).rowcount
+    clear(conn, run_id)
+    return {"versions": versions, "changes": changes, "refreshed": refreshed, "seen_unchanged": seen_unchanged}
+
+
+def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max_share: float = 0.2,
+                   force: bool = False, removed_significance: float = ch.DEFAULT.removed,
+                   review_threshold: float = ch.DEFAULT.review_threshold) -> dict[str, int]:
+    """Inside the upsert's transaction, after ``datasets.merge``, only after a clean full sync:
+    every live dataset of the portal whose id is not among the run's staged records gets
+    ``removed_at = seen_at`` and a ``removed`` change (``removed_significance``, review when it
+    reaches ``review_threshold``). Its current version stays current.
+
+    The guard: when the datasets to remove are more than ``max_share`` of the portal's live
+    datasets (counted after the merge), nothing is removed and a WARNING says so, unless
+    ``force``. Returns ``removed``, ``would_remove`` and ``removal_guard_tripped`` (0 or 1).
+    Raises ValueError for a run that is not a full sync: an incremental listing says nothing
+    about what is gone."""
+    if not 0 <= max_share <= 1:
+        raise ValueError(f"max_share {max_share!r} must be a number from 0 to 1")
+    row = conn.execute("SELECT mode FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()
+    if row is None:
+        raise LookupError(f"no run with run_id {run_id}")
+    if row[0] != "full":
+        raise ValueError(f"run {run_id} is an {row[0]} sync: only a full sync can tell which datasets are gone")
+    params = {"run": run_id, "portal": portal_url, "seen": seen_at}
+    gone_where = """
+        d.portal_url = %(portal)s AND d.removed_at IS NULL
+        AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.run_id = %(run)s AND s.source_id = d.source_id)
+    """
+    live, would_remove = conn.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE {gone_where}) FROM datasets d"
+        " WHERE d.portal_url = %(portal)s AND d.removed_at IS NULL", params).fetchone()
+    out = {"removed": 0, "would_remove": would_remove, "removal_guard_tripped": 0}
+    if not would_remove:
+        return out
+    share = would_remove / live
+    if share > max_share and not force:
+        log.warning(
+            "removal guard: this full sync of %s did not list %d of its %d live datasets (%.1f%%, more than"
+            " the allowed %.1f%%), so none was removed; if the portal really dropped them, run a full sync"
+            " with force_removals", portal_url, would_remove, live, share * 100,
+            max_share * 100)
+        return {**out, "removal_guard_tripped": 1}
+    change = ch.removal(ch.SignificanceConfig(removed=removed_significance, review_threshold=review_threshold))
+    removed = conn.execute(
+        f"""
+        WITH gone AS (
+            UPDATE datasets d SET removed_at = %(seen)s WHERE {gone_where} RETURNING d.id
+        )
+        INSERT INTO dataset_changes (dataset_id, run_id, change_type, changed_fields, significance_score,
+            requires_review, old_version, new_version, detected_at)
+        SELECT g.id, %(run)s, 'removed', '{{}}', %(significance)s, %(review)s, v.version_number, v.version_number,
+            %(seen)s
+        FROM gone g LEFT JOIN dataset_versions v ON v.dataset_id = g.id AND v.is_current
+        """, {**params, "significance": Decimal(str(change.significance)),
+              "review": change.requires_review}).rowcount
+    if force and share > max_share:
+        log.warning("removed %d of %d live datasets of %s (%.1f%%): the removal guard was overridden (force)",
+                    removed, live, portal_url, share * 100)
+    else:
+        log.info("removed %d datasets of %s no longer listed by the portal", removed, portal_url)
+    return {**out, "removed": removed}
+
+
+# -- queries for the CLI ------------------------------------------------------------------------
+_CHANGE_COLUMNS = ("id", "dataset_id", "run_id", "change_type", "changed_fields", "significance_score",
+                   "requires_review", "old_version", "new_version", "detected_at", "portal_url", "portal_name",
+                   "source_id", "name", "title", "url", "removed_at")
+
+
+def _change_dict(row: tuple) -> dict:
+    out = dict(zip(_CHANGE_COLUMNS, row))
+    out["significance"] = float(out.pop("significance_score"))
+    out["summary"] = describe(out["change_type"], out["changed_fields"])
+    return out
+
+
+def describe(change_type: str, changed_fields: dict) -> str:
+    """``changes.summarize``, or what a change with no field changes means."""
+    text = ch.summarize(changed_fields or {})
+    if text:
+        return text
+    return {ch.NEW: "first version", ch.REMOVED: "removed from the portal",
+            ch.RESTORED: "back on the portal, unchanged"}.get(change_type, "no field changes")
+
+
+def list_changes(conn, portal_url: str | None = None, *, review_only: bool = False, since: datetime | None = None,
+                 limit: int | None = None) -> list[dict]:
+    """Changes newest first (``recent_dataset_changes``), each with its dataset's title, url and a summary."""
+    rows = conn.execute(
+        f"""
+        SELECT {', '.join(_CHANGE_COLUMNS)} FROM recent_dataset_changes
+        WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)
+          AND (NOT %(review)s OR requires_review)
+          AND (%(since)s::timestamptz IS NULL OR detected_at >= %(since)s)
+        ORDER BY detected_at DESC, id DESC
+        LIMIT %(limit)s
+        """, {"portal": portal_url, "review": review_only, "since": since, "limit": limit}).fetchall()
+    return [_change_dict(r) for r in rows]
+
+
+def iter_changes(conn, portal_url: str | None = None, *, since: datetime | None = None) -> Iterator[dict]:
+    """Every change oldest first, streamed (for exports)."""
+    with conn.cursor() as cur:
+        for row in cur.stream(
+                f"""
+                SELECT {', '.join(_CHANGE_COLUMNS)} FROM recent_dataset_changes
+                WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)
+                  AND (%(since)s::timestamptz IS NULL OR detected_at >= %(since)s)
+                ORDER BY detected_at, id
+                """, {"portal": portal_url, "since": since}):
+            yield _change_dict(row)
+
+
+def find_dataset(conn, portal_url: str, *, url: str | None = None, source_id: str | None = None) -> dict | None:
+    """A dataset of the portal by its landing page URL (compared normalized) or its CKAN id."""
+    if (url is None) == (source_id is None):
+        raise ValueError("give exactly one of url and source_id")
+    where = "d.source_id = %(key)s" if source_id is not None else "(d.url_hash = %(hash)s OR d.url = %(key)s)"
+    row = conn.execute(
+        f"SELECT d.id, d.source_id, d.name, d.title, d.url, d.removed_at FROM datasets d"
+        f" WHERE d.portal_url = %(portal)s AND {where} ORDER BY d.id LIMIT 1",
+        {"portal": portal_url, "key": source_id if source_id is not None else url,
+         "hash": sha256_hex(normalize_url(url)) if url else None}).fetchone()
+    if row is None:
+        return None
+    return dict(zip(("id", "source_id", "name", "title", "url", "removed_at"), row))
+
+
+_VERSION_COLUMNS = ("version_number", "is_current", "change_type", "content_hash", "metadata_hash", "title",
+                    "description", "snapshot", "first_seen_at", "last_seen_at")
+
+
+def list_versions(conn, dataset_id: int) -> list[dict]:
+    """Every version of a dataset newest first, each with the changed fields of the change that made it."""
+    rows = conn.execute(
+        f"""
+        SELECT {', '.join('v.' + c for c in _VERSION_COLUMNS)}, c.changed_fields, c.significance_score
+        FROM dataset_versions v
+        LEFT JOIN LATERAL (
+            SELECT changed_fields, significance_score FROM dataset_changes c
+            WHERE c.dataset_id = v.dataset_id AND c.new_version = v.version_number
+              AND c.old_version IS DISTINCT FROM c.new_version
+            ORDER BY c.id DESC LIMIT 1) c ON true
+        WHERE v.dataset_id = %s
+        ORDER BY v.version_number DESC
+        """, (dataset_id,)).fetchall()
+    out = []
+    for row in rows:
+        item = dict(zip(_VERSION_COLUMNS, row[:len(_VERSION_COLUMNS)]))
+        item["changed_fields"] = row[-2] or {}
+        item["significance"] = float(row[-1]) if row[-1] is not None else None
+        out.append(item)
+    return out
+
+
+def get_version(conn, dataset_id: int, number: int) -> dict | None:
+    row = conn.execute(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM dataset_versions"
+                       " WHERE dataset_id = %s AND version_number = %s", (dataset_id, number)).fetchone()
+    return dict(zip(_VERSION_COLUMNS, row)) if row else None
+
+
+def current_version_number(conn, dataset_id: int) -> int | None:
+    row = conn.execute("SELECT version_number FROM dataset_versions WHERE dataset_id = %s AND is_current",
+                       (dataset_id,)).fetchone()
+    return row[0] if row else None
+
+
+def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = False) -> dict[str, int]:
+    """Delete for good the portal's datasets removed before ``removed_before``, with their versions
+    and changes (ON DELETE CASCADE). Vectors are shared by text and stay. ``dry_run``: only count."""
+    params = {"portal": portal_url, "before": removed_before}
+    where = "d.portal_url = %(portal)s AND d.removed_at IS NOT NULL AND d.removed_at < %(before)s"
+    with conn.transaction():
+        if not dry_run:  # the lock a run's upsert holds: never purge under a running upsert
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%(portal)s))", params)
+        datasets, versions, changes = conn.execute(
+            f"""
+            SELECT count(*),
+                   coalesce(sum((SELECT count(*) FROM dataset_versions v WHERE v.dataset_id = d.id)), 0),
+                   coalesce(sum((SELECT count(*) FROM dataset_changes c WHERE c.dataset_id = d.id)), 0)
+            FROM datasets d WHERE {where}
+            """, params).fetchone()
+        if not dry_run and datasets:
+            conn.execute(f"DELETE FROM datasets d WHERE {where}", params)
+    return {"datasets": int(datasets), "versions": int(versions), "changes": int(changes), "dry_run": dry_run}

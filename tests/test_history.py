@@ -1,0 +1,474 @@
+"""Dataset history on a real PostgreSQL: versions, change rows, removals, restorations and the
+history commands, driven by the real pipeline steps against the local CKAN portal over HTTP."""
+import argparse
+import copy
+import csv
+import io
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+import yaml
+
+from harvester import changes as ch
+from harvester import history_cli, pipeline
+from harvester.ckan import CkanClient
+from harvester.portal import get_portal
+from harvester.store import datasets, history, runs, staging
+
+BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
+GC_BEFORE = "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
+GC_AFTER = "data-gc-ca-snapshot-2013-06-17T12-30.jsonl"
+PORTAL = "hist"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+@pytest.fixture
+def reader(database_url):
+    conn = psycopg.connect(database_url, autocommit=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def portal(portal_server, tmp_path, monkeypatch):
+    """The local portal, named in a portals.yaml so the CLI resolves it the same way."""
+    path = tmp_path / "portals.yaml"
+    path.write_text(yaml.safe_dump({"portals": [
+        {"name": PORTAL, "url": portal_server.base_url, "politeness_delay": 0, "page_size": 100, "max_retries": 0}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
+    return get_portal(PORTAL)
+
+
+def harvest_once(db, reader, portal, *, full=True, max_share=0.2, force=False, config=ch.DEFAULT):
+    """One run as the upsert will do it: begin, fetch, classify, compute changes, then one
+    transaction merging datasets, writing history, removing (after a clean full sync), committing."""
+    run_id = pipeline.begin(db, portal, full_sync=full)["run_id"]
+    client = CkanClient(portal.url, politeness_delay=0, max_retries=0)
+    pipeline.fetch_modified(db, portal, run_id, client)
+    classified = pipeline.hash_compare(db, portal, run_id)
+    computed = history.compute_changes(db, reader, run_id, portal.url, config)
+    with db.transaction():
+        run = runs.require_running(db, run_id)
+        db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
+        merged = datasets.merge(db, run_id, portal.url, run.started_at, "none")
+        written = history.write_history(db, run_id, portal.url, run.started_at)
+        removals = {}
+        if run.mode == "full" and not classified["failed"]:
+            removals = history.apply_removals(db, run_id, portal.url, run.started_at, max_share=max_share,
+                                              force=force, removed_significance=config.removed,
+                                              review_threshold=config.review_threshold)
+        stats = {**run.stats, **merged, "removed": removals.get("removed", 0)}
+        runs.commit(db, run, stats, datasets_synced=stats.get("fetched", 0))
+        staging.clear(db, run_id)
+    return {"run_id": run_id, "mode": run.mode, "seen_at": run.started_at, "classified": classified,
+            "computed": computed, "written": written, "removals": removals}
+
+
+def changes_of(db, run_id):
+    return db.execute(
+        "SELECT d.source_id, c.change_type, c.old_version, c.new_version, c.significance_score::float,"
+        " c.requires_review, c.changed_fields FROM dataset_changes c JOIN datasets d ON d.id = c.dataset_id"
+        " WHERE c.run_id = %s ORDER BY d.source_id", (run_id,)).fetchall()
+
+
+def versions_of(db, source_id):
+    return db.execute(
+        "SELECT v.version_number, v.is_current, v.change_type, v.first_seen_at, v.last_seen_at, v.content_hash,"
+        " v.snapshot FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id WHERE d.source_id = %s"
+        " ORDER BY v.version_number", (source_id,)).fetchall()
+
+
+def assert_one_current_version_each(db):
+    assert db.execute(
+        "SELECT count(*) FROM datasets d WHERE (SELECT count(*) FROM dataset_versions v"
+        " WHERE v.dataset_id = d.id AND v.is_current) <> 1").fetchone()[0] == 0
+
+
+def edited(record, **fields):
+    out = copy.deepcopy(record)
+    out.update(fields)
+    return out
+
+
+def cli(*argv):
+    parser = argparse.ArgumentParser(prog="harvester")
+    history_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.fixture
+def birmingham(samples):
+    """Ten real Birmingham records; the fourth gets a DCAT ``issued`` extra to change later."""
+    records = copy.deepcopy(samples(BIRMINGHAM))
+    records[3]["extras"] = [{"key": "issued", "value": "2021-01-08"}]
+    return records
+
+
+# -- versions and change types ------------------------------------------------------------------
+def test_first_full_sync_records_a_new_version_and_change_per_dataset(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    first = harvest_once(db, reader, portal)
+    assert first["computed"]["new"] == 10 and first["computed"]["review"] == 0
+    assert first["written"] == {"versions": 10, "changes": 10, "refreshed": 0, "seen_unchanged": 0}
+    rows = changes_of(db, first["run_id"])
+    assert {(r[1], r[2], r[3], r[4], r[5], json.dumps(r[6])) for r in rows} == {("new", None, 1, 0.0, False, "{}")}
+    (version,) = versions_of(db, birmingham[0]["id"])
+    assert version[:5] == (1, True, "new", first["seen_at"], first["seen_at"])
+    rec = birmingham[0]
+    assert version[6]["title"] == rec["title"] and version[6]["name"] == rec["name"]
+    assert db.execute("SELECT count(*) FROM staging_changes").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 10
+    assert_one_current_version_each(db)
+
+
+def test_each_kind_of_edit_becomes_its_change_type_and_a_new_version(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    first = harvest_once(db, reader, portal)
+    title, description, tags, date, both = (birmingham[i] for i in (0, 1, 2, 3, 4))
+    portal_server.upsert_record(edited(title, title=title["title"] + " (revised)"))
+    portal_server.upsert_record(edited(description, notes=description["notes"] + " Now with refunds."))
+    portal_server.upsert_record(edited(tags, tags=tags["tags"] + [{"name": "refunds", "display_name": "refunds"}]))
+    portal_server.upsert_record(edited(date, extras=[{"key": "issued", "value": "2021-02-01"}]))
+    portal_server.upsert_record(edited(both, title="Card spending", notes="Rewritten entirely."))
+
+    second = harvest_once(db, reader, portal)
+    assert second["classified"]["updated"] == 5 and second["classified"]["unchanged"] == 5
+    computed = second["computed"]
+    assert (computed["title_changed"], computed["content_updated"], computed["metadata_updated"],
+            computed["date_changed"], computed["new"], computed["review"]) == (1, 2, 1, 1, 0, 1)
+    assert second["written"] == {"versions": 5, "changes": 5, "refreshed": 0, "seen_unchanged": 5}
+    got = {r[0]: r[1:] for r in changes_of(db, second["run_id"])}
+    assert got[title["id"]][:5] == ("title_changed", 1, 2, 0.3, False)
+    assert set(got[title["id"]][5]) == {"title"}
+    assert got[description["id"]][:5] == ("content_updated", 1, 2, 0.4, False)
+    assert got[tags["id"]][:5] == ("metadata_updated", 1, 2, 0.0, False)
+    assert got[tags["id"]][5] == {"tags": {"added": ["refunds"], "removed": []}}
+    assert got[date["id"]][:5] == ("date_changed", 1, 2, 0.2, False)
+    assert got[date["id"]][5]["dates"] == {"extras.issued": {"old": "2021-01-08", "new": "2021-02-01"}}
+    # title 0.3 + description 0.4 + its length changed by far more than 20% 0.2 = 0.9 >= 0.7
+    assert got[both["id"]][:5] == ("content_updated", 1, 2, 0.9, True)
+
+    old, new = versions_of(db, title["id"])
+    assert (old[0], old[1], old[3], old[4]) == (1, False, first["seen_at"], first["seen_at"])
+    assert (new[0], new[1], new[2], new[3], new[4]) == (2, True, "title_changed", second["seen_at"], second["seen_at"])
+    assert new[6]["title"] == title["title"] + " (revised)"
+    assert new[5] == db.execute("SELECT content_hash FROM datasets WHERE source_id = %s", (title["id"],)).fetchone()[0]
+    (unchanged,) = versions_of(db, birmingham[5]["id"])
+    assert (unchanged[0], unchanged[3], unchanged[4]) == (1, first["seen_at"], second["seen_at"])
+    assert_one_current_version_each(db)
+
+
+def test_an_unchanged_run_only_moves_last_seen(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    first = harvest_once(db, reader, portal)
+    second = harvest_once(db, reader, portal)
+    assert second["classified"]["unchanged"] == 10
+    assert second["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "seen_unchanged": 10}
+    assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == 10
+    assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 10
+    assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
+        (first["seen_at"], second["seen_at"])]
+
+
+def test_one_current_version_is_enforced_by_the_schema(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham[:1])
+    harvest_once(db, reader, portal)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, title,"
+                   " snapshot, is_current, change_type, first_seen_at, last_seen_at)"
+                   " SELECT dataset_id, 2, content_hash, metadata_hash, title, snapshot, true, 'metadata_updated',"
+                   " now(), now() FROM dataset_versions")
+
+
+# -- removals and restorations -----------------------------------------------------------------
+def test_removal_only_after_a_full_sync_then_restoration(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    gone = birmingham[6]
+    assert portal_server.remove_record(gone["id"])
+
+    incremental = harvest_once(db, reader, portal, full=False)
+    assert incremental["mode"] == "incremental" and incremental["removals"] == {}
+    with pytest.raises(ValueError, match="only a full sync"), db.transaction():
+        history.apply_removals(db, incremental["run_id"], portal.url, incremental["seen_at"])
+    assert db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NOT NULL").fetchone()[0] == 0
+
+    full = harvest_once(db, reader, portal)
+    assert full["removals"] == {"removed": 1, "would_remove": 1, "removal_guard_tripped": 0}
+    assert runs.get(db, full["run_id"]).stats["removed"] == 1
+    assert db.execute("SELECT removed_at FROM datasets WHERE source_id = %s", (gone["id"],)).fetchone()[0] == \
+        full["seen_at"]
+    assert changes_of(db, full["run_id"]) == [(gone["id"], "removed", 1, 1, 0.5, False, {})]
+    assert [v[:2] for v in versions_of(db, gone["id"])] == [(1, True)]  # the last state stays current
+    assert gone["id"] not in {r[0] for r in db.execute("SELECT source_id FROM current_datasets")}
+    assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 9
+
+    # Back unchanged: restored, no new version.
+    portal_server.upsert_record(gone)
+    back = harvest_once(db, reader, portal)
+    assert back["computed"]["restored"] == 1 and back["removals"]["removed"] == 0
+    assert changes_of(db, back["run_id"]) == [(gone["id"], "restored", 1, 1, 0.5, False, {})]
+    assert db.execute("SELECT removed_at FROM datasets WHERE source_id = %s", (gone["id"],)).fetchone()[0] is None
+    assert [v[:2] for v in versions_of(db, gone["id"])] == [(1, True)]
+    assert versions_of(db, gone["id"])[0][4] == back["seen_at"]
+
+    # Gone again, then back with a new title: restored with the change, a new version, review.
+    portal_server.remove_record(gone["id"])
+    harvest_once(db, reader, portal)
+    portal_server.upsert_record(edited(gone, title="Renamed while away"))
+    again = harvest_once(db, reader, portal)
+    ((source_id, kind, old, new, significance, review, fields),) = changes_of(db, again["run_id"])
+    assert (kind, old, new, significance, review) == ("restored", 1, 2, 0.8, True)
+    assert fields["title"] == {"old": gone["title"], "new": "Renamed while away"}
+    assert [v[:3] for v in versions_of(db, gone["id"])] == [(1, False, "new"), (2, True, "restored")]
+    assert_one_current_version_each(db)
+
+
+def test_removal_guard_keeps_everything_unless_forced(db, reader, portal, portal_server, birmingham, caplog):
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    for record in birmingham[:3]:
+        portal_server.remove_record(record["id"])
+
+    with caplog.at_level(logging.WARNING, logger="harvester.store.history"):
+        guarded = harvest_once(db, reader, portal, max_share=0.2)
+    assert guarded["removals"] == {"removed": 0, "would_remove": 3, "removal_guard_tripped": 1}
+    assert runs.get(db, guarded["run_id"]).status == "committed"
+    assert db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NOT NULL").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM dataset_changes WHERE change_type = 'removed'").fetchone()[0] == 0
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "3 of its 10 live datasets" in warning.getMessage() and "force_removals" in warning.getMessage()
+
+    assert harvest_once(db, reader, portal, max_share=0.3)["removals"]["removed"] == 3  # 30% is allowed
+    for record in birmingham[:3]:
+        portal_server.upsert_record(record)
+    harvest_once(db, reader, portal)
+    for record in birmingham[:3]:
+        portal_server.remove_record(record["id"])
+    forced = harvest_once(db, reader, portal, max_share=0.2, force=True)
+    assert forced["removals"] == {"removed": 3, "would_remove": 3, "removal_guard_tripped": 0}
+    assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 7
+
+
+def test_an_empty_listing_removes_nothing(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    portal_server.set_records([])
+    empty = harvest_once(db, reader, portal)
+    assert empty["removals"]["removal_guard_tripped"] == 1
+    assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 10
+
+
+# -- the real data.gc.ca pair ------------------------------------------------------------------
+def test_data_gc_ca_forty_minutes_later(db, reader, portal, portal_server, samples):
+    portal_server.set_records(samples(GC_BEFORE))
+    first = harvest_once(db, reader, portal)
+    assert first["computed"]["new"] == 489
+    assert db.execute("SELECT change_type, count(*) FROM dataset_changes GROUP BY 1").fetchall() == [("new", 489)]
+
+    portal_server.set_records(samples(GC_AFTER))
+    second = harvest_once(db, reader, portal)
+    rows = changes_of(db, second["run_id"])
+    kinds = {}
+    for row in rows:
+        kinds[row[1]] = kinds.get(row[1], 0) + 1
+    assert kinds == {"new": 12, "metadata_updated": 6}
+    assert second["removals"]["removed"] == 0
+    updated = [r for r in rows if r[1] == "metadata_updated"]
+    assert all((r[2], r[3]) == (1, 2) and set(r[6]) == {"resources"} for r in updated)
+    assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == 501 + 6
+    assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 501
+    assert_one_current_version_each(db)
+
+
+# -- the odd cases -----------------------------------------------------------------------------
+def test_compute_changes_is_idempotent_and_required(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, CkanClient(portal.url, politeness_delay=0, max_retries=0))
+    pipeline.hash_compare(db, portal, run_id)
+    with pytest.raises(RuntimeError, match="10 created or updated records have no computed change"), \
+            db.transaction():
+        history.write_history(db, run_id, portal.url, datetime.now(timezone.utc))
+    first = history.compute_changes(db, reader, run_id, portal.url, batch_size=3)
+    assert history.compute_changes(db, reader, run_id, portal.url, batch_size=4) == first
+    assert db.execute("SELECT count(*) FROM staging_changes WHERE run_id = %s", (run_id,)).fetchone()[0] == 10
+    pipeline.abort(db, run_id, "test")
+    # a failed run's leftovers are swept by the next run's compute_changes
+    harvest_once(db, reader, portal)
+    assert db.execute("SELECT count(*) FROM staging_changes").fetchone()[0] == 0
+
+
+def test_a_hash_change_with_the_same_snapshot_refreshes_the_version(db, reader, portal, portal_server, birmingham):
+    """E.g. a new text recipe: every content_hash changes, no field does. No version, no change row."""
+    portal_server.set_records(birmingham[:2])
+    harvest_once(db, reader, portal)
+    db.execute("UPDATE datasets SET content_hash = 'old-recipe-' || content_hash WHERE source_id = %s",
+               (birmingham[0]["id"],))
+    db.execute("UPDATE dataset_versions SET content_hash = 'old-recipe-' || content_hash")
+    again = harvest_once(db, reader, portal)
+    assert again["classified"]["updated"] == 1
+    assert again["computed"]["unchanged_snapshot"] == 1 and again["computed"]["metadata_updated"] == 0
+    assert again["written"] == {"versions": 0, "changes": 0, "refreshed": 1, "seen_unchanged": 1}
+    (version,) = versions_of(db, birmingham[0]["id"])
+    assert version[5] == db.execute("SELECT content_hash FROM datasets WHERE source_id = %s",
+                                    (birmingham[0]["id"],)).fetchone()[0]
+    assert version[4] == again["seen_at"]
+
+
+def test_datasets_harvested_before_history_get_a_version(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham[:3])
+    harvest_once(db, reader, portal)
+    db.execute("DELETE FROM dataset_versions")  # as if harvested before sql/003 (changes go with them)
+    portal_server.upsert_record(edited(birmingham[1], title="Edited after the upgrade"))
+    later = harvest_once(db, reader, portal)
+    assert later["computed"]["baseline"] == 2 and later["computed"]["title_changed"] == 1
+    assert changes_of(db, later["run_id"])[0][1:4] == ("title_changed", None, 1)
+    assert [v[:3] for v in versions_of(db, birmingham[0]["id"])] == [(1, True, "new")]
+    assert [v[:3] for v in versions_of(db, birmingham[1]["id"])] == [(1, True, "title_changed")]
+    assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 1
+    assert_one_current_version_each(db)
+
+
+def test_views(db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham[:3])
+    harvest_once(db, reader, portal)
+    portal_server.remove_record(birmingham[2]["id"])
+    harvest_once(db, reader, portal, force=True)
+    current = db.execute("SELECT source_id, version_number, title, portal_url FROM current_datasets"
+                         " ORDER BY source_id").fetchall()
+    assert current == sorted((r["id"], 1, r["title"], portal.url) for r in birmingham[:2])
+    recent = db.execute("SELECT change_type, title, url, portal_url, portal_name FROM recent_dataset_changes"
+                        " LIMIT 1").fetchone()
+    assert recent == ("removed", birmingham[2]["title"], f"{portal.url}/dataset/{birmingham[2]['name']}",
+                      portal.url, PORTAL)
+
+
+# -- the commands ------------------------------------------------------------------------------
+@pytest.fixture
+def history_of_three_runs(db, reader, portal, portal_server, birmingham):
+    """Run 1: 10 new. Run 2: a big edit (review) and a tag. Run 3: one dataset removed."""
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    portal_server.upsert_record(edited(birmingham[0], title="Card spending", notes="Rewritten entirely."))
+    portal_server.upsert_record(edited(birmingham[1], tags=birmingham[1]["tags"] + [{"name": "refunds"}]))
+    harvest_once(db, reader, portal)
+    portal_server.remove_record(birmingham[9]["id"])
+    harvest_once(db, reader, portal)
+    return birmingham
+
+
+def test_changes_command(database_url, history_of_three_runs, portal, capsys):
+    records = history_of_three_runs
+    assert cli("changes", "-p", PORTAL, "--limit", "3") == 0
+    out = capsys.readouterr().out
+    assert "[1] REMOVED\n" in out and "(REVIEW)" in out
+    assert "[2] CONTENT_UPDATED (REVIEW)" in out or "[3] CONTENT_UPDATED (REVIEW)" in out
+    assert "[2] METADATA_UPDATED\n" in out or "[3] METADATA_UPDATED\n" in out
+    assert "[4]" not in out
+    assert "Card spending" in out and f"{portal.url}/dataset/{records[0]['name']}" in out
+    assert "significance: 90%" in out and "significance: 50%" in out and "significance: 0%" in out
+    assert "Version 1 -> 2" in out and "Version 1 -> 1" in out
+    assert "title; description (" in out and "tags +1" in out and "removed from the portal" in out
+
+    assert cli("changes", "-p", PORTAL, "--review", "--json") == 0
+    (only,) = json.loads(capsys.readouterr().out)
+    assert (only["n"], only["change_type"], only["requires_review"], only["significance"]) == \
+        (1, "content_updated", True, 0.9)
+    assert (only["old_version"], only["new_version"], only["source_id"]) == (1, 2, records[0]["id"])
+    assert only["summary"].startswith("title; description")
+    assert set(only["changed_fields"]) == {"title", "description"}
+
+    assert cli("changes", "-p", PORTAL, "--json", "--limit", "100") == 0
+    assert len(json.loads(capsys.readouterr().out)) == 13
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
+    assert cli("changes", "-p", PORTAL, "--since", tomorrow) == 0
+    assert "no changes in hist since" in capsys.readouterr().out
+
+
+def test_versions_command(database_url, history_of_three_runs, portal, capsys):
+    record = history_of_three_runs[0]
+    url = f"{portal.url}/dataset/{record['name']}"
+    assert cli("versions", "-p", PORTAL, "-u", url, "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["dataset"]["source_id"] == record["id"]
+    assert [(v["version_number"], v["is_current"], v["change_type"]) for v in listed["versions"]] == [
+        (2, True, "content_updated"), (1, False, "new")]
+    assert set(listed["versions"][0]["changed_fields"]) == {"title", "description"}
+
+    assert cli("versions", "-p", PORTAL, "--id", record["id"]) == 0
+    out = capsys.readouterr().out
+    assert "2 (current)" in out and "content_updated" in out and "first version" in out
+    content_hash = listed["versions"][0]["content_hash"]
+    assert content_hash[:10] in out and content_hash[:11] not in out
+    # the URL is compared normalized: host case and a trailing slash do not matter
+    assert cli("versions", "-p", PORTAL, "-u", url.replace("http://", "HTTP://") + "/", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["dataset"]["source_id"] == record["id"]
+    with pytest.raises(LookupError, match="no dataset with url"):
+        cli("versions", "-p", PORTAL, "-u", f"{portal.url}/dataset/nope")
+
+
+def test_diff_command(database_url, history_of_three_runs, portal, capsys):
+    record = history_of_three_runs[0]
+    url = f"{portal.url}/dataset/{record['name']}"
+    assert cli("diff", "-p", PORTAL, "-u", url) == 0
+    out = capsys.readouterr().out
+    assert "--- version 1 (new, first seen" in out and "+++ version 2 (content_updated, first seen" in out
+    assert f"-title: {record['title']}\n" in out and "+title: Card spending\n" in out
+    assert "+  Rewritten entirely.\n" in out
+    assert "tags[]" not in out  # unchanged metadata is context at most, and far from the edit here
+
+    tagged = history_of_three_runs[1]
+    assert cli("diff", "-p", PORTAL, "--id", tagged["id"], "--from", "1", "--to", "2", "--json") == 0
+    diff = json.loads(capsys.readouterr().out)["diff"]
+    assert '+tags[]: "refunds"' in diff and not [line for line in diff[2:] if line.startswith("-")]
+
+    assert cli("diff", "-p", PORTAL, "--id", history_of_three_runs[5]["id"]) == 0
+    assert "has only version 1" in capsys.readouterr().out
+    with pytest.raises(LookupError, match="has no version 6 or 7 \\(versions 1 to 2 exist\\)"):
+        cli("diff", "-p", PORTAL, "-u", url, "--to", "7")
+
+
+def test_export_changes(database_url, history_of_three_runs, portal, tmp_path, capsys):
+    target = tmp_path / "changes.csv"
+    assert cli("export", "changes", "--format", "csv", "--portal", PORTAL, "--output", str(target)) == 0
+    assert capsys.readouterr().err.strip() == f"exported 13 changes to {target}"
+    rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
+    assert len(rows) == 13 and tuple(rows[0]) == history_cli.EXPORT_FIELDS
+    assert [r["change_type"] for r in rows[:10]] == ["new"] * 10 and rows[-1]["change_type"] == "removed"
+    big = next(r for r in rows if r["change_type"] == "content_updated")
+    assert (big["requires_review"], big["significance"], big["old_version"], big["new_version"]) == \
+        ("true", "0.9", "1", "2")
+    assert set(json.loads(big["changed_fields"])) == {"title", "description"}
+
+    assert cli("export", "changes", "--format", "jsonl") == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 13 and lines[-1]["change_type"] == "removed" and lines[-1]["portal_name"] == PORTAL
+    assert lines == sorted(lines, key=lambda r: (r["detected_at"], r["id"]))
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
+    assert cli("export", "changes", "--format", "jsonl", "--since", tomorrow) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_purge_command(db, history_of_three_runs, portal, capsys):
+    gone = history_of_three_runs[9]["id"]
+    yesterday = (datetime.now(timezone.utc) - timedelta(days=1)).date().isoformat()
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
+    assert cli("purge", "--portal", PORTAL, "--removed-before", yesterday, "--dry-run") == 0
+    assert capsys.readouterr().out.startswith("would purge 0 datasets of hist")
+    assert cli("purge", "-p", PORTAL, "--removed-before", tomorrow, "--dry-run", "--json") == 0
+    assert {k: v for k, v in json.loads(capsys.readouterr().out).items() if k in ("datasets", "versions", "changes",
+            "dry_run")} == {"datasets": 1, "versions": 1, "changes": 2, "dry_run": True}
+    assert db.execute("SELECT count(*) FROM datasets WHERE source_id = %s", (gone,)).fetchone()[0] == 1
+
+    assert cli("purge", "--portal", PORTAL, "--removed-before", tomorrow) == 0
+    assert capsys.readouterr().out.startswith("purged 1 datasets of hist removed before")
+    assert db.execute("SELECT count(*) FROM datasets WHERE source_id = %s", (gone,)).fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 9
+    assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == 9 + 2
+    assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 13 - 2
+    assert_one_current_version_each(db)
