@@ -22,7 +22,6 @@ os.environ.update({
     "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__CORE__UNIT_TEST_MODE": "True",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
     "HARVESTER_TASK_RETRIES": "0",
     "HF_HUB_OFFLINE": "1",
@@ -31,6 +30,7 @@ os.environ.update({
 os.environ.pop("HARVESTER_DATABASE_URL", None)
 os.environ.pop("AIRFLOW_CONN_HARVESTER_DB", None)
 sys.path.insert(0, str(ROOT / "plugins"))
+import airflow  # noqa: E402,F401  initialized here, once, with the settings above
 
 
 def load_samples(name: str) -> list[dict]:

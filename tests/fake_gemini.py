@@ -79,7 +79,8 @@ class FakeGemini:
 
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None,
                   retry_delay: str | None = None, message: str | None = None) -> None:
-        """The next ``n`` embedding requests answer ``status`` with Google's error body.
+        """The next ``n`` embedding requests answer ``status`` with Google's error body (None: they
+        are answered normally, so failures can be queued after some successes).
         ``retry_after``: a Retry-After header; ``retry_delay`` (e.g. "7s"): a google.rpc.RetryInfo
         detail in the body, as Gemini sends on 429."""
         with self._lock:
@@ -143,7 +144,7 @@ class FakeGemini:
                 {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US",
                  "message": "API key not valid. Please pass a valid API key."}])
         failure = self._next_failure()
-        if failure:
+        if failure and failure[0] is not None:
             status, retry_after, retry_delay, message = failure
             details = []
             if status == 429:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from typing import Sequence
@@ -146,6 +147,110 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+# -- search -------------------------------------------------------------------------------------
+def _search_model(conn, portal_url, provider):
+    """The active provider's model, unless it does not cover the datasets yet (a model switch in
+    progress) and an earlier model covers more: search keeps working while the new one fills in."""
+    from .embeddings import provider_for_model
+    from .store import vectors
+
+    cover = vectors.coverage(conn, portal_url)
+    active = cover.get(provider.model, (0, 0))
+    best = max(cover.items(), key=lambda item: item[1][0], default=None)
+    if best and best[0] != provider.model and active[0] < active[1] and best[1][0] > active[0]:
+        print(f"note: {provider.model} covers {active[0]} of {active[1]} datasets so far; searching with "
+              f"{best[0]} ({best[1][0]} of {best[1][1]})", file=sys.stderr)
+        return provider_for_model(best[0])
+    return provider
+
+
+def cmd_search(args) -> int:
+    from .embeddings import get_provider
+    from .store import db, vectors
+
+    portal = _resolve_portal(args.portal)
+    with db.open_cli() as conn:
+        provider = _search_model(conn, portal.url if portal else None, get_provider())
+        query_vector = provider.embed_query(args.query)
+        rows = vectors.search(conn, provider.model, provider.dimension, query_vector,
+                              portal_url=portal.url if portal else None, limit=args.limit)
+        names = {p.url: p.name for p in portal_config.load_portals()} if rows else {}
+    results = [{"rank": i, "score": round(float(r[0]), 4), "portal": names.get(r[1], r[1]), "title": r[2],
+                "url": r[3], "id": r[4]} for i, r in enumerate(rows, 1)]
+    if args.json:
+        _print_json(results)
+        return 0
+    _table(f"Search: {args.query!r} ({provider.model})", ["#", "score", "portal", "title", "url"],
+           [(r["rank"], f"{r['score']:.3f}", r["portal"], r["title"][:70], r["url"]) for r in results])
+    return 0
+
+
+# -- embeddings: stats, invalidate, prune ---------------------------------------------------------
+def cmd_stats(args) -> int:
+    from .embeddings import get_provider
+    from .store import db, vectors
+
+    model = get_provider().model
+    with db.open_cli() as conn:
+        cache = vectors.cache_stats(conn)
+        rows = conn.execute(
+            """
+            SELECT r.portal_name, r.portal_url, count(*),
+                   sum((stats->>'embedding_requests')::bigint), sum((stats->>'embedded')::bigint),
+                   sum((stats->>'embeddings_reused')::bigint), sum(coalesce((stats->>'embedding_calls_saved')::bigint, 0)),
+                   sum(coalesce((stats->>'embedding_tokens_saved')::bigint, 0))
+            FROM sync_runs r WHERE status = 'committed' GROUP BY r.portal_name, r.portal_url ORDER BY 1
+            """).fetchall()
+        portals = []
+        for name, url, n_runs, *sums in rows:
+            requests, embedded, reused, calls, tokens = (int(x or 0) for x in sums)
+            covered, live = vectors.coverage(conn, url).get(model, (0, None))
+            if live is None:
+                live = conn.execute("SELECT count(*) FROM datasets WHERE portal_url = %s AND removed_at IS NULL",
+                                    (url,)).fetchone()[0]
+            looked_up = (embedded or 0) + (reused or 0)
+            portals.append({"portal": name, "runs": n_runs, "embedding_requests": int(requests or 0),
+                            "embedded": int(embedded or 0), "reused": int(reused or 0),
+                            "hit_rate": round((reused or 0) / looked_up, 4) if looked_up else None,
+                            "calls_saved": int(calls or 0), "tokens_saved": int(tokens or 0),
+                            "datasets": int(live), "with_vector": int(covered)})
+    if args.json:
+        _print_json({"active_model": model, "cache": cache, "portals": portals})
+        return 0
+    _table(f"Embedding cache ({cache['bytes'] / 1e6:.1f} MB)", ["model", "dimension", "vectors"],
+           [(m["model"] + (" (active)" if m["model"] == model else ""), m["dimension"], m["vectors"])
+            for m in cache["models"]])
+    _table("Per portal (committed runs)", ["portal", "runs", "requests", "embedded", "reused", "hit rate",
+                                           "calls saved", "tokens saved", "with vector"],
+           [(p["portal"], p["runs"], p["embedding_requests"], p["embedded"], p["reused"],
+             "-" if p["hit_rate"] is None else f"{p['hit_rate']:.0%}", p["calls_saved"], p["tokens_saved"],
+             f"{p['with_vector']}/{p['datasets']}") for p in portals])
+    return 0
+
+
+def cmd_embeddings(args) -> int:
+    from .embeddings import get_provider
+    from .store import db, vectors
+
+    with db.open_cli() as conn:
+        if args.action == "prune":
+            print(f"pruned {vectors.prune(conn)} vectors no dataset uses")
+            return 0
+        chosen = [x for x in (args.portal, args.dataset, args.model) if x]
+        if len(chosen) != 1:
+            print("harvester: error: invalidate takes exactly one of --portal, --dataset, --model", file=sys.stderr)
+            return 2
+        if args.model:
+            n = vectors.invalidate(conn, args.model, all_of_model=True)
+            print(f"invalidated {n} vectors of model {args.model}")
+            return 0
+        model = get_provider().model
+        portal = _resolve_portal(args.portal)
+        n = vectors.invalidate(conn, model, portal_url=portal.url if portal else None, source_id=args.dataset)
+        print(f"invalidated {n} vectors of {model}; their datasets are embedded again on the next run")
+    return 0
+
+
 # -- demo portal ------------------------------------------------------------------------------
 def cmd_demo_portal(args) -> int:
     from .demo_portal import main as serve
@@ -189,6 +294,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_datasets)
 
+    p = sub.add_parser("search", help="semantic search over the datasets' vectors")
+    p.add_argument("query")
+    p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml)")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("stats", help="the embedding cache: size, hit rate and savings per portal")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("embeddings", help="force re-embedding (invalidate) or drop unused vectors (prune)")
+    p.add_argument("action", choices=["invalidate", "prune"])
+    p.add_argument("--portal", help="invalidate the active model's vectors of this portal's datasets")
+    p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
+    p.add_argument("--model", help="invalidate every vector of this model")
+    p.set_defaults(func=cmd_embeddings)
+
     p = sub.add_parser("demo-portal", help="serve CKAN records from JSONL files as a local CKAN portal")
     p.add_argument("--data", action="append", required=True, help="a JSONL file of CKAN packages (repeatable)")
     p.add_argument("--port", type=int, default=8765)
@@ -197,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The CLI may read Airflow connections (gemini_default); importing Airflow must not take over
+    # this process's logging (it would print log lines into --json output on stdout).
+    if "airflow" not in sys.modules:
+        os.environ.setdefault("_AIRFLOW__AS_LIBRARY", "1")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

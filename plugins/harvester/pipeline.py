@@ -141,7 +141,7 @@ def harvest(conn, reader, portal: Portal, client: CkanClient, provider: Embeddin
     run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync)["run_id"]
     try:
         fetch_modified(conn, portal, run_id, client)
-        hash_compare(conn, portal, run_id)
+        hash_compare(conn, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider)
         return upsert(conn, portal, run_id, provider.model, provider.max_batch)
     except BaseException as exc:

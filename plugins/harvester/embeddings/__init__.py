@@ -26,5 +26,25 @@ def get_provider(name: str | None = None) -> EmbeddingProvider:
     raise TerminalEmbeddingError(f"{ENV}={name!r} is not a known provider; valid providers are: {', '.join(PROVIDERS)}")
 
 
-__all__ = ["EmbeddingError", "EmbeddingProvider", "RateLimited", "TerminalEmbeddingError", "get_provider",
+def provider_for_model(model: str) -> EmbeddingProvider:
+    """The provider that made vectors stored under ``model`` (to embed a query in the same space)."""
+    from .local import MODEL_NAME
+
+    if model == MODEL_NAME:
+        from .local import LocalProvider
+
+        return LocalProvider()
+    if model.startswith("ollama/"):
+        from .ollama import OllamaProvider
+
+        return OllamaProvider(model=model[len("ollama/"):])
+    name, _, dimension = model.rpartition("@")
+    if name.startswith("gemini") and dimension.isdigit():
+        from .gemini import GeminiProvider
+
+        return GeminiProvider(model=name, dimension=int(dimension))
+    raise TerminalEmbeddingError(f"no provider is known for vectors of model {model!r}")
+
+
+__all__ = ["provider_for_model", "EmbeddingError", "EmbeddingProvider", "RateLimited", "TerminalEmbeddingError", "get_provider",
            "PROVIDERS"]

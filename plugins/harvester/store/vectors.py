@@ -35,7 +35,10 @@ def ensure_index(conn, model: str, dimension: int) -> None:
         "CREATE INDEX IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
     ).format(name=sql.Identifier(index_name(model)), expr=index_expression(dimension),
              ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
-    conn.execute(statement)
+    with conn.transaction():
+        # Tasks of several portals may start with a new model at once: one creates the index.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (index_name(model),))
+        conn.execute(statement)
 
 
 _PENDING = """
@@ -123,3 +126,98 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
             "INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (content_hash, model) DO NOTHING", rows)
     return len(rows)
+
+
+# -- reading: coverage, search, cache administration ------------------------------------------------
+def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
+    """Per model: (live datasets with a vector of their current text, live datasets)."""
+    params = {"portal": portal_url}
+    live = conn.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL"
+                        " AND (%(portal)s::text IS NULL OR portal_url = %(portal)s)", params).fetchone()[0]
+    rows = conn.execute(
+        """
+        SELECT e.model, count(*) FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash
+        WHERE d.removed_at IS NULL AND (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
+        GROUP BY e.model
+        """, params).fetchall()
+    return {model: (int(n), int(live)) for model, n in rows}
+
+
+def search(conn, model: str, dimension: int, query_vector, *, portal_url: str | None = None,
+           limit: int = 10, ef_search: int = 100) -> list[tuple]:
+    """Live datasets nearest to the query by cosine distance, through the model's HNSW index.
+    Returns (score, portal_url, title, url, source_id) rows, best first."""
+    expr = index_expression(dimension)
+    kind = "vector" if dimension <= HNSW_MAX_VECTOR_DIMS else "halfvec"
+    query = sql.SQL(
+        """
+        SELECT 1 - (n.distance), d.portal_url, d.title, d.url, d.source_id
+        FROM (
+            SELECT e.content_hash, {expr} <=> {q} AS distance
+            FROM embeddings e
+            WHERE e.model = %(model)s
+            ORDER BY {expr} <=> {q}
+            LIMIT %(candidates)s
+        ) n
+        JOIN datasets d ON d.content_hash = n.content_hash AND d.removed_at IS NULL
+        WHERE (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
+        ORDER BY n.distance, d.id
+        LIMIT %(limit)s
+        """).format(expr=expr, q=sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension))))
+    params = {"model": model, "query": np.asarray(query_vector, dtype=np.float32), "portal": portal_url,
+              "limit": limit, "candidates": max(limit * 4, 40) if portal_url is None else max(limit * 20, 200)}
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, params["candidates"])),))
+        # Filtering by portal after the index scan: keep scanning until enough rows pass.
+        conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+        return conn.execute(query, params).fetchall()
+
+
+def explain_search(conn, model: str, dimension: int, query_vector) -> str:
+    expr = index_expression(dimension)
+    kind = "vector" if dimension <= HNSW_MAX_VECTOR_DIMS else "halfvec"
+    q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
+    plan = conn.execute(sql.SQL("EXPLAIN SELECT content_hash FROM embeddings e WHERE e.model = %(model)s"
+                                " ORDER BY {expr} <=> {q} LIMIT 10").format(expr=expr, q=q),
+                        {"model": model, "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+    return "\n".join(row[0] for row in plan)
+
+
+def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: str | None = None,
+               all_of_model: bool = False) -> int:
+    """Delete vectors of ``model`` so what they belong to is embedded again on its next run:
+    every vector of the model, or those of one portal's datasets, or of one dataset."""
+    if all_of_model:
+        return conn.execute("DELETE FROM embeddings WHERE model = %s", (model,)).rowcount
+    if portal_url is None and source_id is None:
+        raise ValueError("name what to invalidate: a portal, a dataset or a model")
+    with conn.transaction():
+        gone = conn.execute(
+            """
+            DELETE FROM embeddings e USING datasets d
+            WHERE e.model = %(model)s AND e.content_hash = d.content_hash
+              AND (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
+              AND (%(source)s::text IS NULL OR d.source_id = %(source)s)
+            RETURNING e.content_hash
+            """, {"model": model, "portal": portal_url, "source": source_id}).fetchall()
+        # Every dataset with those texts (in any portal) is pending again.
+        conn.execute("UPDATE datasets SET embedded_content_hash = NULL WHERE content_hash = ANY(%s)",
+                     ([row[0] for row in gone],))
+    return len(gone)
+
+
+def prune(conn) -> int:
+    """Delete vectors no dataset (nor a running run's staged record) has the text of."""
+    return conn.execute(
+        """
+        DELETE FROM embeddings e
+        WHERE NOT EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash)
+          AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.content_hash = e.content_hash)
+        """).rowcount
+
+
+def cache_stats(conn) -> dict:
+    models = conn.execute("SELECT model, dimension, count(*) FROM embeddings GROUP BY model, dimension"
+                          " ORDER BY model").fetchall()
+    size = conn.execute("SELECT pg_total_relation_size('embeddings')").fetchone()[0]
+    return {"models": [{"model": m, "dimension": d, "vectors": n} for m, d, n in models], "bytes": int(size)}

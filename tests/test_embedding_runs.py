@@ -1,0 +1,203 @@
+"""Embeddings in real runs: exact batching, the shared circuit breaker under a 429 storm, the
+content-addressed cache across portals and failed runs, fail-fast on a bad key. The real
+google-genai SDK talks HTTP to a local server that speaks Gemini's REST API."""
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from fake_gemini import FakeGemini
+from harvester import dataset as ds
+from harvester import pipeline
+from harvester.portal import Portal
+from harvester.store import db as store_db
+
+KEY = "AIza-test-key-for-harvester"
+
+
+@pytest.fixture
+def gemini(monkeypatch):
+    with FakeGemini(valid_keys={KEY}) as fake:
+        monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "gemini")
+        monkeypatch.setenv("GEMINI_API_KEY", KEY)
+        monkeypatch.setenv("GEMINI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("HARVESTER_EMBED_RETRY_DELAY_SECS", "0")
+        monkeypatch.delenv("AIRFLOW_CONN_GEMINI_DEFAULT", raising=False)
+        yield fake
+
+
+def distinct_records(samples, n):
+    """n real records whose embedded texts all differ."""
+    seen, out = set(), []
+    for pkg in samples("catalog-data-gov.jsonl") + samples("dados-gov-br.jsonl"):
+        rec = ds.normalize(pkg, "http://x")
+        if rec.ok and rec.content_hash not in seen:
+            seen.add(rec.content_hash)
+            out.append(pkg)
+        if len(out) == n:
+            return out
+    raise AssertionError("not enough distinct records")
+
+
+def batch_sizes(fake):
+    return [len(body["requests"]) for _, _, body in fake.requests]
+
+
+def last_run(db):
+    return db.execute("SELECT run_id, mode, status, stats, error FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()
+
+
+def test_250_new_texts_take_exactly_3_requests(harvest, portal_server, db, samples, gemini):
+    portal_server.set_records(distinct_records(samples, 250))
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert status == "committed"
+    assert (stats["embedding_requests"], stats["embedded"], stats["skipped"]) == (3, 250, 0)
+    assert batch_sizes(gemini) == [100, 100, 50]
+    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("gemini-embedding-001@768", 768)]
+    # Each text was sent once and only once.
+    assert len(gemini.texts) == len(set(gemini.texts)) == 250
+
+
+def test_invalid_key_fails_fast_without_showing_the_key(harvest, portal_server, db, samples, gemini, monkeypatch):
+    secret = "AIza-REVOKED-SECRET-31337"
+    monkeypatch.setenv("GEMINI_API_KEY", secret)
+    monkeypatch.setenv("HARVESTER_TASK_RETRIES", "2")
+    monkeypatch.setenv("HARVESTER_TASK_RETRY_DELAY_SECS", "1")
+    portal_server.set_records(samples("data-birmingham-gov-uk.jsonl"))
+    harvest.configure(portal_server.base_url)
+    dag_run = harvest.run()
+    assert dag_run.state == "failed"
+    _, _, status, stats, error = last_run(db)
+    assert status == "failed"
+    assert "Gemini rejected the API key" in error and secret not in error
+    assert len(gemini.requests) == 1, "a bad key is not retried"
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM circuit_breakers WHERE state <> 'closed'").fetchone()[0] == 0
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(run_id=dag_run.run_id, task_id="embed_changed").one()
+        assert ti.state == "failed" and ti.try_number == 1
+
+
+def test_a_failed_runs_vectors_are_reused_by_its_retry(harvest, portal_server, db, samples, gemini):
+    portal_server.set_records(distinct_records(samples, 250))
+    harvest.configure(portal_server.base_url)
+    gemini.fail_next(2, status=None)    # two batches go through...
+    gemini.fail_next(1, status=401)     # ...then the key is refused: the run fails
+    assert harvest.run().state == "failed"
+    assert last_run(db)[2] == "failed"
+    assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 200
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0
+
+    gemini.requests.clear()
+    assert harvest.run().state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert status == "committed"
+    assert (stats["embedding_requests"], stats["embedded"], stats["embeddings_reused"]) == (1, 50, 200)
+    assert stats["embedding_calls_saved"] == 2 and stats["embedding_tokens_saved"] > 0
+    assert batch_sizes(gemini) == [50]
+
+
+def test_a_cross_portal_duplicate_costs_no_request(database_url, samples, gemini, tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from harvester.cli import main
+    from harvester.demo_portal import DemoPortal
+
+    records = samples("data-birmingham-gov-uk.jsonl")
+    with DemoPortal(records) as first, DemoPortal(records) as second:
+        path = tmp_path / "portals.yaml"
+        path.write_text(yaml.safe_dump({"portals": [
+            {"name": "first", "url": first.base_url, "politeness_delay": 0},
+            {"name": "second", "url": second.base_url, "politeness_delay": 0}]}))
+        monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
+        assert main(["harvest", "first", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["embedded"] == len(records)
+        requests_before = len(gemini.requests)
+        assert main(["harvest", "second", "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+    assert len(gemini.requests) == requests_before
+    assert (stats["created"], stats["embedding_requests"], stats["embedded"]) == (len(records), 0, 0)
+    assert stats["embeddings_reused"] == len(records)
+    assert main(["stats", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    by_portal = {p["portal"]: p for p in report["portals"]}
+    assert by_portal["second"]["hit_rate"] == 1.0 and by_portal["first"]["hit_rate"] == 0.0
+    assert by_portal["second"]["with_vector"] == by_portal["second"]["datasets"] == len(records)
+    assert report["cache"]["models"] == [{"model": "gemini-embedding-001@768", "dimension": 768,
+                                         "vectors": len(records)}]
+
+
+def test_a_429_storm_opens_the_breaker_for_every_task_and_the_next_run_embeds(
+        harvest, portal_server, db, database_url, samples, gemini, monkeypatch, caplog):
+    """Two portals embed at once; the API answers 429 to everything. The shared breaker opens
+    after 5 failures for both, both runs commit with their datasets Skipped, and the next run
+    embeds them even though the portal reports no change."""
+    from harvester.demo_portal import DemoPortal
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("CB_FAILURE_THRESHOLD", "5")
+    monkeypatch.setenv("CB_RECOVERY_TIMEOUT_SECS", "1")
+    records = distinct_records(samples, 500)
+    portal_server.set_records(records[:250])
+    other_server = DemoPortal(records[250:]).__enter__()
+    portals = [Portal(name="test", url=portal_server.base_url, politeness_delay=0),
+               Portal(name="other", url=other_server.base_url, politeness_delay=0)]
+    gemini.fail_next(10_000, status=429, retry_after=0)
+    results, errors = {}, []
+    barrier = threading.Barrier(2)
+
+    def run(portal):
+        try:
+            with store_db.open_cli() as conn, store_db.open_cli() as reader:
+                run_id = pipeline.begin(conn, portal)["run_id"]
+                pipeline.fetch_modified(conn, portal, run_id, pipeline.client_for(portal))
+                pipeline.hash_compare(conn, portal, run_id)
+                barrier.wait(timeout=30)
+                provider = get_provider()
+                pipeline.embed_changed(conn, reader, portal, run_id, provider)
+                results[portal.name] = pipeline.upsert(conn, portal, run_id, provider.model, provider.max_batch)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    caplog.set_level(logging.WARNING, logger="harvester.store.breaker")
+    threads = [threading.Thread(target=run, args=(p,)) for p in portals]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        other_server.__exit__(None, None, None)
+    assert not errors, errors
+    # Five failures opened it; at most one call per task was already in flight.
+    assert 5 <= len(gemini.requests) <= 7
+    for name in ("test", "other"):
+        stats = results[name]
+        assert (stats["created"], stats["skipped"], stats["embedded"]) == (250, 250, 0)
+    state = db.execute("SELECT state, consecutive_failures FROM circuit_breakers").fetchone()
+    assert state[0] == "open" and state[1] >= 5
+    openings = [r for r in caplog.records if "CLOSED -> OPEN" in r.getMessage()]
+    assert len(openings) == 1 and openings[0].levelno == logging.WARNING
+    assert db.execute("SELECT count(*) FROM datasets WHERE embedded_content_hash IS DISTINCT FROM content_hash"
+                      ).fetchone()[0] == 500
+
+    # The API recovers; the breaker's recovery timeout (1s, doubled for a 429) passes.
+    gemini._fail.clear()
+    gemini.requests.clear()
+    time.sleep(2.2)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _ = last_run(db)
+    assert (mode, status, stats["fetched"], stats["created"]) == ("incremental", "committed", 0, 0)
+    assert (stats["embedded"], stats["embedding_requests"], stats["skipped"]) == (250, 3, 0)
+    assert db.execute("SELECT state FROM circuit_breakers").fetchone()[0] == "closed"
+    pending = dict(db.execute("SELECT portal_url, count(*) FILTER (WHERE embedded_content_hash IS DISTINCT FROM"
+                              " content_hash) FROM datasets GROUP BY portal_url").fetchall())
+    assert pending == {portals[0].url: 0, portals[1].url: 250}
