@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
 
 from harvester import tasks
 from harvester.portal import Portal, load_portals
@@ -23,7 +23,8 @@ Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
 * **hash_compare** classifies them against what we hold: created, updated, unchanged, failed.
 * **embed_changed** embeds only texts that have no vector yet (mapped over shards of them), through
   the embedding provider's shared circuit breaker; while it is open, datasets stay pending.
-* **upsert** commits everything in one transaction and moves the watermark.
+* **upsert** commits everything in one transaction (datasets, versions, changes, removals after a
+  clean full sync) and moves the watermark, then emits the `harvester://{name}/datasets` Asset event.
 
 Trigger with `full_sync` to re-list the whole portal. Backfills always run as full syncs.
 A failed run changes nothing users see; the next run starts from the same watermark.
@@ -41,9 +42,15 @@ def build(portal: Portal):
         dagrun_timeout=timedelta(hours=12),
         tags=["harvester", "ckan", portal.name],
         doc_md=DOC.format(name=portal.name, url=portal.url, lookback=portal.lookback),
-        params={"full_sync": Param(False, type="boolean", title="Full sync",
-                                   description="List every dataset of the portal instead of only those "
-                                               "modified since the last completed run.")},
+        params={
+            "full_sync": Param(False, type="boolean", title="Full sync",
+                               description="List every dataset of the portal instead of only those "
+                                           "modified since the last completed run."),
+            "force_removals": Param(False, type="boolean", title="Force removals",
+                                    description="On a full sync, mark datasets the portal no longer lists as "
+                                                f"removed even if they are more than {portal.max_removal_share:.0%} "
+                                                "of the portal (the guard against a half-broken portal)."),
+        },
         default_args={
             "retries": int(os.environ.get("HARVESTER_TASK_RETRIES", "3")),
             "retry_delay": timedelta(seconds=int(os.environ.get("HARVESTER_TASK_RETRY_DELAY_SECS", "30"))),
@@ -72,9 +79,9 @@ def build(portal: Portal):
         def embed_changed(work: dict):
             return tasks.embed_changed(portal, work)
 
-        @task
+        @task(outlets=[Asset(tasks.asset_uri(portal))])
         def upsert(run: dict):
-            return tasks.upsert(portal, run)
+            return tasks.upsert(portal, run)  # emits an Asset event: created, updated, removed, review
 
         run = begin()
         embed_changed.expand(work=hash_compare(fetch_modified(run))) >> upsert(run)

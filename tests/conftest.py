@@ -142,11 +142,11 @@ class Harvest:
         assert not bag.import_errors, bag.import_errors
         return bag.get_dag(f"harvest_{self.name}")
 
-    def run(self, full_sync: bool = False):
+    def run(self, full_sync: bool = False, **conf):
         from datetime import datetime, timezone
 
         dag = self.dag()
-        return dag.test(logical_date=datetime.now(timezone.utc), run_conf={"full_sync": full_sync})
+        return dag.test(logical_date=datetime.now(timezone.utc), run_conf={"full_sync": full_sync, **conf})
 
 
 @pytest.fixture

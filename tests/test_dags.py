@@ -26,7 +26,15 @@ def test_one_dag_per_enabled_portal(airflow_db, monkeypatch, tmp_path):
     ]}
     bag = _bag(ROOT / "dags", monkeypatch, portals, tmp_path)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["harvest_alpha", "harvest_gamma"]
+    assert sorted(bag.dag_ids) == ["harvest_alpha", "harvest_gamma", "review_changes"]
+    review = bag.get_dag("review_changes")
+    assert review.is_paused_upon_creation is True
+    assert {a.uri for a in review.timetable.asset_condition.objects} == {
+        "harvester://alpha/datasets", "harvester://gamma/datasets"}
+    alpha = bag.get_dag("harvest_alpha")
+    assert [a.uri for a in alpha.get_task("upsert").outlets] == ["harvester://alpha/datasets"]
+    force = alpha.params.get_param("force_removals")
+    assert force.value is False and force.schema["type"] == "boolean" and "20%" in force.description
     dag = bag.get_dag("harvest_alpha")
     assert {t.task_id for t in dag.tasks} >= {"fetch_modified", "hash_compare", "embed_changed", "upsert"}
     chain = ["begin", "fetch_modified", "hash_compare", "embed_changed", "upsert"]
@@ -53,7 +61,7 @@ def test_shipped_portals_file_parses(airflow_db, monkeypatch):
 def test_demo_portals_file_gives_harvest_demo(airflow_db, monkeypatch):
     monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(ROOT / "dags" / "portals.demo.yaml"))
     bag = _bag(ROOT / "dags", monkeypatch)
-    assert bag.import_errors == {} and bag.dag_ids == ["harvest_demo"]
+    assert bag.import_errors == {} and sorted(bag.dag_ids) == ["harvest_demo", "review_changes"]
 
 
 def test_bad_portals_file_is_an_import_error_naming_the_entry(airflow_db, monkeypatch, tmp_path):

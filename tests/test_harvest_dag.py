@@ -133,6 +133,15 @@ def test_data_gc_ca_snapshot_pair(harvest, portal_server, db, samples):
     before = {r["id"]: r for r in samples(GC_BEFORE)}
     updated = [r for r in samples(GC_AFTER) if r["id"] in before and r != before[r["id"]]]
     assert len(updated) == 6
+    changes = db.execute(
+        "SELECT d.source_id, c.change_type, c.changed_fields, c.old_version, c.new_version FROM dataset_changes c"
+        " JOIN datasets d ON d.id = c.dataset_id WHERE c.run_id = (SELECT max(run_id) FROM sync_runs)").fetchall()
+    assert sorted(c[1] for c in changes) == ["metadata_updated"] * 6 + ["new"] * 12
+    for source_id, change_type, fields, old, new in changes:
+        if change_type == "metadata_updated":
+            assert source_id in {r["id"] for r in updated}
+            assert set(fields) == {"resources"} and fields["resources"]["changed"] and (old, new) == (1, 2)
+    assert stats["removed"] == 0
     for rec in updated:
         fmt = db.execute("SELECT raw->'resources' FROM datasets WHERE source_id = %s", (rec["id"],)).fetchone()[0]
         assert [r["format"] for r in fmt] == [r["format"] for r in rec["resources"]]

@@ -48,8 +48,8 @@ def harvest_once(db, reader, portal, *, full=True, max_share=0.2, force=False, c
     run_id = pipeline.begin(db, portal, full_sync=full)["run_id"]
     client = CkanClient(portal.url, politeness_delay=0, max_retries=0)
     pipeline.fetch_modified(db, portal, run_id, client)
-    classified = pipeline.hash_compare(db, portal, run_id)
-    computed = history.compute_changes(db, reader, run_id, portal.url, config)
+    classified = pipeline.hash_compare(db, reader, portal, run_id)
+    computed = history.compute_changes(db, reader, run_id, portal.url, config)  # with this test's weights
     with db.transaction():
         run = runs.require_running(db, run_id)
         db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
@@ -290,7 +290,8 @@ def test_compute_changes_is_idempotent_and_required(db, reader, portal, portal_s
     portal_server.set_records(birmingham)
     run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
     pipeline.fetch_modified(db, portal, run_id, CkanClient(portal.url, politeness_delay=0, max_retries=0))
-    pipeline.hash_compare(db, portal, run_id)
+    pipeline.hash_compare(db, reader, portal, run_id)
+    history.clear(db, run_id)
     with pytest.raises(RuntimeError, match="10 created or updated records have no computed change"), \
             db.transaction():
         history.write_history(db, run_id, portal.url, datetime.now(timezone.utc))

@@ -87,7 +87,8 @@ def cmd_harvest(args) -> int:
     portal = _resolve_portal(args.portal)
     provider = get_provider()
     with db.open_cli() as conn, db.open_cli() as reader:
-        stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full)
+        stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full,
+                                 force_removals=args.force_removals)
     if args.json:
         _print_json(stats)
     else:
@@ -279,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("harvest", help="run one harvest of a portal now, without Airflow")
     p.add_argument("portal", help="the portal's name in portals.yaml")
     p.add_argument("--full", action="store_true", help="list every dataset, not only modified ones")
+    p.add_argument("--force-removals", action="store_true",
+                   help="on a full sync, remove unlisted datasets even past the portal's max_removal_share")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_harvest)
 
@@ -311,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
     p.add_argument("--model", help="invalidate every vector of this model")
     p.set_defaults(func=cmd_embeddings)
+
+    from . import history_cli
+
+    history_cli.register(sub)
 
     p = sub.add_parser("demo-portal", help="serve CKAN records from JSONL files as a local CKAN portal")
     p.add_argument("--data", action="append", required=True, help="a JSONL file of CKAN packages (repeatable)")

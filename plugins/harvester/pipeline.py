@@ -17,7 +17,7 @@ from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
 from .run import FULL, Progress, plan_run, summary
-from .store import datasets, runs, staging, vectors
+from .store import datasets, history, runs, staging, vectors
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +78,24 @@ def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dic
     return {"run_id": run_id, **counts}
 
 
-def hash_compare(conn, portal: Portal, run_id: int, model: str | None = None,
+def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = None,
                  settings: EmbedSettings | None = None) -> dict:
-    """Classify staged records against what we hold: created, updated, unchanged, failed. With the
-    provider's ``model``, also plan how many embed_changed tasks the pending texts need."""
+    """Classify staged records against what we hold (created, updated, unchanged, failed) and work
+    out each new and updated dataset's change (type, fields, significance) into staging;
+    ``reader`` is a second connection that streams them. With the provider's ``model``, also plan
+    how many embed_changed tasks the pending texts need."""
     runs.require_running(conn, run_id)
     counts = datasets.classify(conn, run_id, portal.url)
     runs.add_stats(conn, run_id, counts)
     out = {"run_id": run_id, **counts}
+    detected = history.compute_changes(conn, reader, run_id, portal.url, portal.significance)
+    out["review"] = detected.get("review", 0)
     if model is not None:
         pending = vectors.count_pending(conn, run_id, portal.url, model)
         shards = plan_shards(pending, settings or EmbedSettings.from_env())
         out["pending_texts"] = pending
         out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards} for i in range(shards)]
-    log.info("hash_compare done: %s", summary(out, ("created", "updated", "unchanged", "failed", "pending_texts")))
+    log.info("hash_compare done: %s", summary(out, ("created", "updated", "unchanged", "failed", "review", "pending_texts")))
     return out
 
 
@@ -107,16 +111,31 @@ def embed_changed(conn, reader, portal: Portal, run_id: int, provider: Embedding
     return {"run_id": run_id, "shard": shard, **counts}
 
 
-def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1) -> dict:
-    """One transaction: staging merged into datasets, vectors linked, the run's stats written, the
-    watermark moved to the run's start, the run's staging dropped."""
+def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
+           force_removals: bool = False) -> dict:
+    """One transaction: staging merged into datasets, vectors linked, versions and changes written,
+    datasets gone from a clean full sync marked removed, the run's stats written, the watermark
+    moved to the run's start, the run's staging dropped."""
     with conn.transaction():
         run = runs.require_running(conn, run_id)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
         reuse = vectors.reuse(conn, run_id, model, run.started_at)
         reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model)
-        stats = {**run.stats, **reuse, **merged}
+        written = history.write_history(conn, run_id, portal.url, run.started_at)
+        removals = {"removed": 0}
+        if run.mode == FULL:
+            # A run that reached upsert listed the whole portal: every page, nothing skipped.
+            removals = history.apply_removals(
+                conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
+                force=force_removals, removed_significance=portal.significance.removed,
+                review_threshold=portal.significance.review_threshold)
+        review = conn.execute("SELECT count(*) FROM dataset_changes WHERE run_id = %s AND requires_review",
+                              (run_id,)).fetchone()[0]
+        stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": int(review),
+                 "versions": written.get("versions", 0)}
+        if removals.get("removal_guard_tripped"):
+            stats["removals_withheld"] = removals.get("would_remove", 0)
         runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0))
         staging.clear(conn, run_id)
         final = runs.get(conn, run_id).stats
@@ -136,12 +155,12 @@ def abort(conn, run_id: int, error: str, status: str = "failed") -> bool:
 
 
 def harvest(conn, reader, portal: Portal, client: CkanClient, provider: EmbeddingProvider, *,
-            full_sync: bool = False, dag_run_id: str | None = None) -> dict:
+            full_sync: bool = False, force_removals: bool = False, dag_run_id: str | None = None) -> dict:
     """A whole run in one call (the CLI's `harvester harvest`); a failure marks the run failed."""
     run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync)["run_id"]
     try:
         fetch_modified(conn, portal, run_id, client)
-        hash_compare(conn, portal, run_id, provider.model)
+        hash_compare(conn, reader, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider)
         return upsert(conn, portal, run_id, provider.model, provider.max_batch)
     except BaseException as exc:

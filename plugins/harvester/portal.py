@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .changes import DEFAULT as DEFAULT_SIGNIFICANCE
+from .changes import SignificanceConfig
+
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
 PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "max_retries",
-         "timeout", "description"}
+         "timeout", "max_removal_share", "significance", "description"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -39,6 +42,8 @@ class Portal:
     politeness_delay: float = 0.2
     max_retries: int = 5
     timeout: float = 60.0
+    max_removal_share: float = 0.2
+    significance: SignificanceConfig = DEFAULT_SIGNIFICANCE
     description: str = ""
 
     @property
@@ -129,6 +134,12 @@ def _portal(entry: Any) -> Portal:
     timeout = entry.get("timeout", 60)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout {timeout!r} must be a number of seconds > 0")
+    share = entry.get("max_removal_share", 0.2)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"max_removal_share {share!r} must be a number from 0 to 1 (the share of a portal's "
+                         "datasets one full sync may remove)")
+    significance = SignificanceConfig.from_mapping(entry["significance"]) if "significance" in entry \
+        else DEFAULT_SIGNIFICANCE
     try:
         lookback = parse_duration(entry.get("lookback", "1h"))
     except ValueError as exc:
@@ -136,7 +147,7 @@ def _portal(entry: Any) -> Portal:
     return Portal(
         name=name, url=url, type=kind, schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
-        max_retries=retries, timeout=float(timeout),
+        max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
     )
 

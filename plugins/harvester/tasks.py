@@ -74,8 +74,8 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
     """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
     from . import pipeline
 
-    with _connection() as conn:
-        out = pipeline.hash_compare(conn, portal, run["run_id"], model=_provider().model)
+    with _connection() as conn, _connection() as reader:
+        out = pipeline.hash_compare(conn, reader, portal, run["run_id"], model=_provider().model)
     counts = {k: v for k, v in out.items() if k != "embed_shards"}
     return [{**counts, **work} for work in out["embed_shards"]]
 
@@ -94,12 +94,26 @@ def embed_changed(portal: Portal, work: dict) -> dict:
             _fail_fast(exc)
 
 
+def asset_uri(portal: Portal) -> str:
+    return f"harvester://{portal.name}/datasets"
+
+
 def upsert(portal: Portal, run: dict) -> dict:
+    """Commits the run, then tells downstream DAGs what changed through an Asset event."""
     from . import pipeline
 
+    ctx = _context()
     provider = _provider()
     with _connection() as conn:
-        return pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch)
+        stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
+                                force_removals=bool(ctx["params"].get("force_removals")))
+    events = ctx.get("outlet_events")
+    if events is not None:
+        from airflow.sdk import Asset
+
+        events[Asset(asset_uri(portal))].extra = {
+            "run_id": stats["run_id"], **{k: stats.get(k, 0) for k in ("created", "updated", "removed", "review")}}
+    return stats
 
 
 def _abort(portal: Portal, context, status: str) -> None:

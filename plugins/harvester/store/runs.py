@@ -49,6 +49,7 @@ def start(conn, *, portal_url: str, portal_name: str, dag_run_id: str | None, mo
             " WHERE portal_url = %s AND status = 'running' RETURNING run_id", (portal_url,)).fetchall()
         if stale:
             conn.execute("DELETE FROM staging_records WHERE run_id = ANY(%s)", ([r[0] for r in stale],))
+            conn.execute("DELETE FROM staging_changes WHERE run_id = ANY(%s)", ([r[0] for r in stale],))
         row = conn.execute(
             f"INSERT INTO sync_runs (portal_url, portal_name, dag_run_id, mode, status, since)"
             f" VALUES (%s, %s, %s, %s, 'running', %s) RETURNING {_COLUMNS}",
@@ -123,6 +124,7 @@ def abort(conn, run_id: int, status: str, error: str) -> bool:
         if row is None:
             return False
         conn.execute("DELETE FROM staging_records WHERE run_id = %s", (run_id,))
+        conn.execute("DELETE FROM staging_changes WHERE run_id = %s", (run_id,))
         conn.execute(
             "INSERT INTO portal_sync_status AS p (portal_url, portal_name, sync_status, updated_at)"
             " VALUES (%s, %s, %s, now())"
