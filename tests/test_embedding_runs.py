@@ -201,3 +201,23 @@ def test_a_429_storm_opens_the_breaker_for_every_task_and_the_next_run_embeds(
     pending = dict(db.execute("SELECT portal_url, count(*) FILTER (WHERE embedded_content_hash IS DISTINCT FROM"
                               " content_hash) FROM datasets GROUP BY portal_url").fetchall())
     assert pending == {portals[0].url: 0, portals[1].url: 250}
+
+
+def test_embed_changed_fans_out_over_shards_and_each_text_is_sent_once(harvest, portal_server, db, samples, gemini,
+                                                                        monkeypatch):
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    monkeypatch.setenv("HARVESTER_EMBED_SHARD_SIZE", "100")
+    portal_server.set_records(distinct_records(samples, 250))
+    harvest.configure(portal_server.base_url)
+    dag_run = harvest.run()
+    assert dag_run.state == "success"
+    with create_session() as session:
+        mapped = session.query(TaskInstance).filter_by(run_id=dag_run.run_id, task_id="embed_changed").all()
+        assert sorted(ti.map_index for ti in mapped) == [0, 1, 2]
+        assert {ti.state for ti in mapped} == {"success"}
+    _, _, status, stats, _ = last_run(db)
+    assert (status, stats["embedded"], stats["skipped"]) == ("committed", 250, 0)
+    assert stats["embedding_requests"] == len(gemini.requests) == 3
+    assert len(gemini.texts) == len(set(gemini.texts)) == 250
