@@ -27,6 +27,13 @@ def test_defaults():
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org/"}]})
     assert p.url == "https://x.org" and p.lookback == timedelta(hours=1) and p.page_size == 1000
     assert p.schedule == "@daily" and p.enabled and p.politeness_delay == 0.2
+    assert p.max_removal_share == 0.2 and p.significance.title == 0.3 and p.significance.review_threshold == 0.7
+
+
+def test_significance_overrides():
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "significance": {
+        "title": 0.5, "review_threshold": 0.5}}]})
+    assert (p.significance.title, p.significance.review_threshold, p.significance.content) == (0.5, 0.5, 0.4)
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -40,6 +47,10 @@ def test_defaults():
     ({"name": "x", "url": "https://x.org", "enabled": "yes"}, "enabled 'yes' must be true or false"),
     ({"name": "x", "url": "https://x.org", "shedule": "@daily"}, "unknown key(s) shedule; valid keys are:"),
     ({"name": "x", "url": "${NOT_SET_ANYWHERE_42}"}, "environment variable NOT_SET_ANYWHERE_42 is not set"),
+    ({"name": "x", "url": "https://x.org", "significance": {"titel": 0.5}},
+     "portals[0] (x): significance: unknown key(s) titel; valid keys are: content, date,"),
+    ({"name": "x", "url": "https://x.org", "significance": {"title": 1.5}}, "title 1.5 must be a number from 0 to 1"),
+    ({"name": "x", "url": "https://x.org", "max_removal_share": 2}, "max_removal_share 2 must be a number from 0 to 1"),
 ])
 def test_bad_entries_are_named(entry, message):
     good = {"name": "good", "url": "https://good.org"}
