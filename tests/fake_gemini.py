@@ -22,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+
+from local_http import LocalAPIServer
 
 FULL_DIMENSION = 3072
 MAX_BATCH = 100
@@ -59,32 +59,23 @@ def error_body(code: int, message: str | None = None, details: list | None = Non
     return {"error": body}
 
 
-class FakeGemini:
+class FakeGemini(LocalAPIServer):
+    name = "fake-gemini"
+
     def __init__(self, valid_keys=("AIza-fake-valid-key",), models=("gemini-embedding-001",)):
+        super().__init__()
         self.valid_keys = set(valid_keys)
         self.models = set(models)
-        self.requests: list[tuple[str, dict, object]] = []
         self.delay = 0.0  # seconds to wait before answering (timeouts)
-        self._fail: list[list] = []
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
     # -- control ------------------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None,
+    def fail_next(self, n: int = 1, status: int | None = 500, retry_after: float | str | None = None,
                   retry_delay: str | None = None, message: str | None = None) -> None:
         """The next ``n`` embedding requests answer ``status`` with Google's error body (None: they
         are answered normally, so failures can be queued after some successes).
         ``retry_after``: a Retry-After header; ``retry_delay`` (e.g. "7s"): a google.rpc.RetryInfo
         detail in the body, as Gemini sends on 429."""
-        with self._lock:
-            self._fail.append([n, status, retry_after, retry_delay, message])
+        self._queue_failure(n, status, retry_after, retry_delay, message)
 
     @property
     def texts(self) -> list[str]:
@@ -92,32 +83,7 @@ class FakeGemini:
         return [part["text"] for _, _, body in self.requests if isinstance(body, dict)
                 for req in body.get("requests", []) for part in req["content"]["parts"]]
 
-    def start(self) -> "FakeGemini":
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gemini", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
     # -- serving ------------------------------------------------------------------------------
-    def _next_failure(self):
-        with self._lock:
-            if not self._fail:
-                return None
-            entry = self._fail[0]
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self._fail.pop(0)
-            return entry[1:]
-
     def _answer(self, path: str, headers: dict, raw: bytes):
         """(status, extra headers, JSON body) for one request."""
         try:
@@ -175,34 +141,5 @@ class FakeGemini:
             embeddings.append({"values": pseudo_embedding(text, req.get("taskType"), req.get("outputDimensionality"))})
         return 200, {}, {"embeddings": embeddings}
 
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _reply(self, status, extra, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in extra.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                try:
-                    self._reply(*fake._answer(self.path, headers, raw))
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
-                    pass
-
-            def do_GET(self):
-                self._reply(404, {}, error_body(404, f"Path {self.path} was not found."))
-
-        return Handler
+    def _get(self, path: str):
+        return 404, {}, error_body(404, f"Path {path} was not found.")

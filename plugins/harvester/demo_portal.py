@@ -402,25 +402,13 @@ class _Parser:
         return self.primary(field)
 
     def primary(self, field):
-        self.ws()
-        if self.i >= len(self.s):
-            self.fail('Encountered "<EOF>".')
-        c = self.s[self.i]
-        if c == "(":
-            self.i += 1
-            node = self.or_expr(field)
-            self.ws()
-            if self.i >= len(self.s) or self.s[self.i] != ")":
-                self.fail('Encountered "<EOF>", was expecting ")".')
-            self.i += 1
-            return node
-        if self.s.startswith("*:*", self.i):
+        """A clause: ``*:*``, ``field:value``, or a value of the default field."""
+        c = self._peek()
+        if c not in '([{"' and self.s.startswith("*:*", self.i):
             self.i += 3
             return _All()
-        if c == '"':
-            return _Term(field, self.phrase(), True)
-        if c in "[{":
-            return self.range(field)
+        if c in '([{"':
+            return self._structured(field, c)
         term = self.term()
         if self.i < len(self.s) and self.s[self.i] == ":":
             self.i += 1
@@ -428,10 +416,20 @@ class _Parser:
         return _Term(field, term, False)
 
     def value(self, field):
+        """What follows ``field:``: a group, a phrase, a range or a term."""
+        c = self._peek()
+        if c in '([{"':
+            return self._structured(field, c)
+        return _Term(field, self.term(), False)
+
+    def _peek(self) -> str:
         self.ws()
         if self.i >= len(self.s):
             self.fail('Encountered "<EOF>".')
-        c = self.s[self.i]
+        return self.s[self.i]
+
+    def _structured(self, field, c):
+        """A parenthesised group, a quoted phrase or a range, for ``field``."""
         if c == "(":
             self.i += 1
             node = self.or_expr(field)
@@ -442,9 +440,7 @@ class _Parser:
             return node
         if c == '"':
             return _Term(field, self.phrase(), True)
-        if c in "[{":
-            return self.range(field)
-        return _Term(field, self.term(), False)
+        return self.range(field)
 
     def term(self) -> str:
         out = []

@@ -1,0 +1,95 @@
+"""What the local stand-ins for outside HTTP APIs share (test-only): a threaded server on
+127.0.0.1, the requests it received, and queued failures."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class LocalAPIServer:
+    """Subclasses answer ``_answer(path, headers, raw) -> (status, extra headers, body)`` for POSTs
+    and may answer GETs with ``_get(path)``; a str body is sent as text, anything else as JSON."""
+
+    name = "local-api"
+    content_type = "application/json; charset=UTF-8"
+
+    def __init__(self):
+        self.requests: list[tuple[str, dict, object]] = []
+        self._fail: list[list] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self):
+        threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _queue_failure(self, n: int, *details) -> None:
+        with self._lock:
+            self._fail.append([n, *details])
+
+    def _next_failure(self):
+        """The details of the next queued failure (its count used up), or None."""
+        with self._lock:
+            if not self._fail:
+                return None
+            entry = self._fail[0]
+            entry[0] -= 1
+            if entry[0] <= 0:
+                self._fail.pop(0)
+            return entry[1:]
+
+    def _answer(self, path: str, headers: dict, raw: bytes):  # pragma: no cover - subclasses answer
+        raise NotImplementedError
+
+    def _get(self, path: str):
+        return 404, {}, {"error": f"Path {path} was not found."}
+
+    def _handler(self):
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _reply(self, status, extra, body):
+                text = isinstance(body, str)
+                data = body.encode() if text else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; charset=utf-8" if text else api.content_type)
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    self._reply(*api._answer(self.path, headers, raw))
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
+                    pass
+
+            def do_GET(self):
+                self._reply(*api._get(self.path))
+
+        return Handler
