@@ -123,7 +123,7 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
         rows.append((content_hash, model, dimension, array))
     with conn.transaction(), conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, %s, %s)"
+            "INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, %s, %b)"
             " ON CONFLICT (content_hash, model) DO NOTHING", rows)
     return len(rows)
 
