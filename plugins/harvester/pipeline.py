@@ -16,7 +16,7 @@ from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable
 from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
-from .run import FULL, Progress, plan_run, summary
+from .run import FULL, SAVINGS_KEYS, STAT_KEYS, Progress, plan_run, summary
 from .store import datasets, history, runs, staging, vectors
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,8 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     if final.get("skipped"):
         log.warning("%d changed datasets have no vector yet (embedding deferred); the next run embeds them",
                     final["skipped"])
-    log.info("upsert committed run %s of %s (%s): %s", run_id, portal.name, run.mode, summary(final))
+    log.info("upsert committed run %s of %s (%s): %s", run_id, portal.name, run.mode,
+             summary(final, STAT_KEYS + SAVINGS_KEYS + ("review", "versions")))
     return {"run_id": run_id, **final}
 
 
