@@ -79,3 +79,20 @@ def test_vectors_of_the_wrong_dimension_are_refused(db):
     with pytest.raises(ValueError, match=r"returned a vector of shape \(3,\), expected \(4,\)"):
         vectors.write(db, "m", 4, ["h"], [[0.1, 0.2, 0.3]])
     assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 0
+
+
+def test_a_retried_upsert_of_a_committed_run_changes_nothing(db, portal_server, samples):
+    from harvester import pipeline
+    from harvester.store import db as store_db
+
+    portal_server.set_records(samples("data-gov-au.jsonl"))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    run_id = pipeline.begin(db, portal)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, pipeline.client_for(portal))
+    with store_db.connect_url(db.info.dsn) as reader:
+        pipeline.hash_compare(db, reader, portal, run_id)
+    first = pipeline.upsert(db, portal, run_id, "no-model")
+    watermark = runs.watermark(db, portal.url)
+    again = pipeline.upsert(db, portal, run_id, "no-model")
+    assert again == first and runs.watermark(db, portal.url) == watermark
+    assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == first["created"]

@@ -116,6 +116,11 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     """One transaction: staging merged into datasets, vectors linked, versions and changes written,
     datasets gone from a clean full sync marked removed, the run's stats written, the watermark
     moved to the run's start, the run's staging dropped."""
+    done = runs.get(conn, run_id)
+    if done.status == "committed":
+        # A retry of a task whose commit went through (the worker died after it): nothing to redo.
+        log.info("run %s of %s is already committed", run_id, portal.name)
+        return {"run_id": run_id, **done.stats}
     with conn.transaction():
         run = runs.require_running(conn, run_id)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
