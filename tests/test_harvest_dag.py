@@ -214,3 +214,24 @@ def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, sample
         for item in value if isinstance(value, list) else [value]:
             assert isinstance(item, dict) and "run_id" in item
             assert all(isinstance(v, int) or k == "mode" for k, v in item.items()), item
+
+
+@pytest.mark.parametrize("lookback, created, updated", [("1h", 5, 6), ("2h", 12, 6)])
+def test_data_gc_ca_incremental_needs_a_lookback_as_long_as_the_portals_lag(
+        harvest, portal_server, db, samples, lookback, created, updated):
+    """The real pair, as incremental runs would see it: the second snapshot's changes carry
+    metadata_modified values up to 85 minutes before the first snapshot was taken (15:50 UTC), so
+    the default one-hour overlap misses seven of the twelve new datasets and two hours catches all."""
+    from datetime import datetime, timezone
+
+    portal_server.set_records(samples(GC_BEFORE))
+    harvest.configure(portal_server.base_url, lookback=lookback)
+    assert harvest.run(full_sync=True).state == "success"
+    db.execute("UPDATE portal_sync_status SET last_successful_sync = %s",
+               (datetime(2013, 6, 17, 15, 50, tzinfo=timezone.utc),))
+    portal_server.set_records(samples(GC_AFTER))
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = runs(db)[-1]
+    assert (mode, status) == ("incremental", "committed")
+    assert (stats["created"], stats["updated"]) == (created, updated)
+    assert stats["fetched"] == stats["created"] + stats["updated"] + stats["unchanged"] < 501
