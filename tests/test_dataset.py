@@ -98,6 +98,13 @@ def test_long_text_is_truncated_deterministically():
     assert ds.content_hash(text) == ds.content_hash(ds.embedding_text("T", "x" * 30000))
 
 
+def test_an_edit_beyond_the_embedded_text_is_a_metadata_change():
+    long = {"id": "a", "name": "a", "title": "T", "notes": "x" * 9000}
+    edited = {**long, "notes": "x" * 8990 + "y" * 10}
+    a, b = ds.normalize(long, PORTAL), ds.normalize(edited, PORTAL)
+    assert a.content_hash == b.content_hash and a.metadata_hash != b.metadata_hash
+
+
 def test_missing_title_falls_back_to_name():
     rec = ds.normalize({"id": "abc", "name": "air-quality", "title": None, "notes": None}, PORTAL)
     assert rec.title == "air-quality" and rec.description == ""

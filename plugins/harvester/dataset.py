@@ -197,8 +197,11 @@ def tracked_metadata(pkg: Mapping) -> dict[str, Any]:
 
 
 def metadata_hash(pkg: Mapping) -> str:
-    canonical = json.dumps(tracked_metadata(pkg), sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                           default=str)
+    """Everything tracked besides the embedded text, plus the part of a long description beyond
+    the embedded text's cap: an edit there is still a change of the dataset (with no embedding)."""
+    description = clean_text(pkg.get("notes"))
+    tracked = {**tracked_metadata(pkg), "description_beyond_text_cap": description[MAX_TEXT_CHARS:]}
+    canonical = json.dumps(tracked, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return sha256_hex(canonical)
 
 
