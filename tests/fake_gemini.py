@@ -20,7 +20,6 @@ Retry-After header and RetryInfo detail, 500 INTERNAL, 503 UNAVAILABLE, ...).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 
@@ -86,12 +85,7 @@ class FakeGemini(LocalAPIServer):
     # -- serving ------------------------------------------------------------------------------
     def _answer(self, path: str, headers: dict, raw: bytes):
         """(status, extra headers, JSON body) for one request."""
-        try:
-            body = json.loads(raw or b"null")
-        except ValueError:
-            body = None
-        with self._lock:
-            self.requests.append((path, headers, body))
+        body = self._record(path, headers, raw)
         if self.delay:
             time.sleep(self.delay)
         match = _PATH.match(path.split("?", 1)[0])

@@ -14,7 +14,6 @@ an unknown model gets Ollama's 404 ``{"error": "model \\"x\\" not found, try pul
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 
@@ -51,12 +50,7 @@ class FakeOllama(LocalAPIServer):
         self._queue_failure(n, status, retry_after)
 
     def _answer(self, path: str, headers: dict, raw: bytes):
-        try:
-            body = json.loads(raw or b"null")
-        except ValueError:
-            body = None
-        with self._lock:
-            self.requests.append((path, headers, body))
+        body = self._record(path, headers, raw)
         failure = self._next_failure()
         if path != "/api/embed":
             return 404, {}, "404 page not found"

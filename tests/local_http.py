@@ -40,6 +40,16 @@ class LocalAPIServer:
     def __exit__(self, *exc):
         self.stop()
 
+    def _record(self, path: str, headers: dict, raw: bytes):
+        """Parse a request's JSON body (None if it is not JSON) and remember the request."""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            body = None
+        with self._lock:
+            self.requests.append((path, headers, body))
+        return body
+
     def _queue_failure(self, n: int, *details) -> None:
         with self._lock:
             self._fail.append([n, *details])
