@@ -46,7 +46,14 @@ def cmd_db(args) -> int:
 
     server = embedded()
     if args.action == "start":
-        print(server.start())
+        from .store.vector_check import ensure_vector_works
+
+        url = server.start()
+        print(url)
+        with db.connect_url(url) as conn:
+            conn.autocommit = True
+            # a pgvector this CPU cannot run: say so now (main prints it), not at the first harvest
+            ensure_vector_works(conn, server.logfile)
     elif args.action == "stop":
         print("stopped" if server.stop() else "not running")
     elif args.action == "url":
@@ -338,10 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .embeddings import EmbeddingError
     from .portal import PortalConfigError
     from .store.server import EmbeddedServerError
+    from .store.vector_check import VectorExtensionError
 
     try:
         return args.func(args) or 0
-    except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, LookupError) as exc:
+    except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, VectorExtensionError,
+            LookupError) as exc:
         print(f"harvester: error: {exc}", file=sys.stderr)
         return 2
 

@@ -23,8 +23,12 @@ def _context():
 @contextlib.contextmanager
 def _connection():
     from .store import db
+    from .store.vector_check import VectorExtensionError
 
-    conn = db.open_task()
+    try:
+        conn = db.open_task()
+    except VectorExtensionError as exc:  # pgvector cannot run on the server: retries would crash it again
+        _fail_fast(exc)
     try:
         yield conn
     finally:

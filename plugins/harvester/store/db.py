@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from .migrations import migrate
@@ -75,13 +76,29 @@ def airflow_connection(conn_id: str = CONN_ID):
     return PostgresHook(postgres_conn_id=conn_id).get_conn()
 
 
+def embedded_log(conn) -> Path | None:
+    """The embedded server's log when `conn` is connected to it (127.0.0.1, the port it was given)."""
+    from .server import embedded
+
+    server = embedded()
+    try:
+        port = int(server.port_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return server.logfile if conn.info.host in ("127.0.0.1", "localhost") and conn.info.port == port else None
+
+
 def prepare(conn):
     """Autocommit on (atomic work uses explicit transactions), migrations applied, pgvector
-    types registered: the connection is ready for the store."""
+    checked (once per process and server: see vector_check.py) and its types registered: the
+    connection is ready for the store."""
     from pgvector.psycopg import register_vector
+
+    from .vector_check import ensure_vector_works
 
     conn.autocommit = True
     migrate(conn)
+    ensure_vector_works(conn, embedded_log(conn))
     register_vector(conn)
     return conn
 
