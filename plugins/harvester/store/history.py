@@ -148,6 +148,7 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
                         counts["baseline"] += 1
                     else:
                         counts["unchanged_snapshot"] += 1
+    conn.execute("ANALYZE staging_changes")  # the upsert joins it: plan on its real size
     out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
     log.info("compute_changes run %s: %s", run_id, ", ".join(f"{k}={v}" for k, v in out.items()))
     return out
