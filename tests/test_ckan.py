@@ -385,3 +385,63 @@ def test_credentials_are_sent_but_never_logged(portal, caplog):
         assert secret not in caplog.text
         assert secret not in str(info.value)
     assert str(info.value) == f"http://***@{host} package_show: HTTP 404 Not Found Error: Not found"
+
+
+# -- reconciliation's calls ------------------------------------------------------------------------
+def test_count_is_one_request_of_no_rows(portal, gc_records):
+    client = make_client(portal.base_url)
+    assert client.count() == len(gc_records)
+    (action, params), = portal.requests
+    assert action == "package_search" and params["rows"] == "0" and "fq" not in params
+    assert client.requests_made == 1 and client.bytes_received > 0
+
+
+def test_identifier_listing_keyset_pages_with_ties_and_few_bytes(gc_records):
+    ordered = sorted(gc_records, key=key)
+    extra = copies(ordered[100], 17, ordered[100]["metadata_modified"], "tie")
+    with DemoPortal(records=gc_records + extra) as p:
+        full = make_client(p.base_url)
+        whole = listing(full, page_size=7)
+        slim = make_client(p.base_url)
+        ids = [r for page in slim.iter_pages(None, page_size=7, fields=("id", "metadata_modified")) for r in page]
+        assert [r["id"] for r in ids] == [r["id"] for r in whole]          # same order, nothing skipped
+        assert all(set(r) == {"id", "metadata_modified"} for r in ids)
+        assert ids[0]["metadata_modified"].endswith("Z")                     # Solr's date format
+        assert {parse_ckan_timestamp(r["metadata_modified"]) for r in ids} == \
+            {parse_ckan_timestamp(r["metadata_modified"]).replace(microsecond=parse_ckan_timestamp(
+                r["metadata_modified"]).microsecond // 1000 * 1000) for r in whole}
+        assert all(params.get("fl") == "id,metadata_modified" for _, params in p.requests[-slim.requests_made:])
+        assert slim.bytes_received * 20 < full.bytes_received, (slim.bytes_received, full.bytes_received)
+    with pytest.raises(ValueError, match="must include 'id' and 'metadata_modified'"):
+        next(make_client("http://127.0.0.1:9").iter_pages(None, fields=("id",)))
+
+
+def test_fetch_by_ids_in_batches(portal, gc_records):
+    client = make_client(portal.base_url)
+    wanted = [r["id"] for r in gc_records[:25]] + ["no-such-dataset"]
+    pages = list(client.fetch_by_ids(wanted, per_request=10))
+    got = [r["id"] for page in pages for r in page]
+    assert sorted(got) == sorted(wanted[:25]) and [len(p) for p in pages] == [10, 10, 5]
+    fqs = [params["fq"] for _, params in portal.requests]
+    assert len(fqs) == 3 and all(fq.startswith('id:("') for fq in fqs)
+    assert [gc_records[0] == r for page in pages for r in page if r["id"] == gc_records[0]["id"]] == [True]
+
+
+@pytest.mark.parametrize("fault", ["reject_fq", "ignore_fq"])
+def test_fetch_by_ids_falls_back_to_package_show(portal, gc_records, fault, caplog):
+    setattr(portal, fault, True)
+    client = make_client(portal.base_url)
+    wanted = [r["id"] for r in gc_records[100:104]] + ["no-such-dataset"]   # not the catalogue's first
+    with caplog.at_level(logging.WARNING, logger="harvester.ckan"):
+        got = [r["id"] for page in client.fetch_by_ids(wanted, per_request=3) for r in page]
+    assert got == wanted[:4]
+    actions = [action for action, _ in portal.requests]
+    assert actions == ["package_search"] + ["package_show"] * 5   # asked once, then one by one
+    assert len([r for r in caplog.records if "package_show, one request each" in r.getMessage()]) == 1
+
+
+def test_ids_with_quotes_are_escaped(gc_records):
+    odd = dict(gc_records[0], id='odd "quoted" \\ id', name="odd-id")
+    with DemoPortal(records=[odd] + gc_records[1:3]) as p:
+        got = [r["id"] for page in make_client(p.base_url).fetch_by_ids([odd["id"], gc_records[1]["id"]]) for r in page]
+        assert sorted(got) == sorted([odd["id"], gc_records[1]["id"]])

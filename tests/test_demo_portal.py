@@ -408,3 +408,33 @@ def test_cli_prints_base_url_and_serves():
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+# -- fl ----------------------------------------------------------------------------------------------
+def test_fl_returns_only_those_fields_with_solr_dates(portal, gc_records):
+    result = search(portal, fl="id,metadata_modified", sort="metadata_modified asc, id asc", rows=1000)
+    assert result["count"] == len(gc_records) and all(set(r) == {"id", "metadata_modified"} for r in result["results"])
+    by_id = {r["id"]: r for r in gc_records}
+    for doc in result["results"]:
+        assert ms(doc["metadata_modified"]) == ms(by_id[doc["id"]]["metadata_modified"])
+        assert doc["metadata_modified"].endswith("Z")
+    assert search(portal, fl="id metadata_modified", rows=3)["results"] == search(portal, fl="id,metadata_modified",
+                                                                                    rows=3)["results"]
+    # like CKAN: fl=id alone gives bare ids
+    assert all(isinstance(x, str) for x in search(portal, fl="id", rows=5)["results"])
+
+
+def test_solr_date_text_drops_a_zero_fraction():
+    from harvester.demo_portal import _solr_date_text
+
+    assert _solr_date_text(utc_ms(2013, 6, 17, 11, 32, 5)) == "2013-06-17T11:32:05Z"
+    assert _solr_date_text(utc_ms(2013, 6, 17, 11, 32, 5, 300000)) == "2013-06-17T11:32:05.300Z"
+
+
+def test_ignore_fl_and_ignore_fq(portal, gc_records):
+    portal.ignore_fl = True
+    assert search(portal, fl="id,metadata_modified", rows=2)["results"][0]["title"]
+    portal.ignore_fq = True
+    assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == len(gc_records)
+    portal.clear_faults()
+    assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == 1

@@ -20,6 +20,13 @@ A portal that rejects the ``fq`` raises ``FilterRejected`` for a modified-since 
 caller falls back to a full sync); a full listing (``since=None``) then carries on without any
 ``fq``: plain ``start`` offsets in the same sort, with the same overlap check and de-duplication
 (and later full listings on the same client start that way).
+
+Reconciliation uses two more calls: ``iter_pages(fields=("id", "metadata_modified"))`` lists only
+those fields (``fl``; about 80 bytes a dataset instead of several KB), keyset-paged the same way,
+and ``fetch_by_ids`` fetches chosen records in full, ``package_search`` with ``fq=id:("a" OR ...)``
+(``package_show`` one by one where the portal refuses or ignores that filter). ``count()`` is one
+``rows=0`` request. ``requests_made`` and ``bytes_received`` count every request and every body byte
+as it came over the wire (compressed, if the portal compresses).
 """
 from __future__ import annotations
 
@@ -118,6 +125,21 @@ def _scrub_text(text: str) -> str:
     return _USERINFO_RE.sub("***@", text)
 
 
+def _solr_phrase(value: str) -> str:
+    """A value as a quoted Solr phrase (backslashes and quotes escaped)."""
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _wire_bytes(resp: requests.Response) -> int:
+    """The body's size as received (compressed, if it came compressed)."""
+    raw = getattr(resp, "raw", None)
+    try:
+        told = raw.tell() if raw is not None else 0
+    except (AttributeError, OSError, ValueError):
+        told = 0
+    return told if isinstance(told, int) and told > 0 else len(resp.content or b"")
+
+
 def _record_key(rec: dict) -> datetime:
     dt = parse_ckan_timestamp(rec.get("metadata_modified"))
     return _MAX_KEY if dt is None else to_ms(dt)
@@ -155,6 +177,10 @@ def _error_text(body: Any) -> tuple[str | None, str]:
     return etype, ", ".join(fields) or "(no message)"
 
 
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _snippet(resp: requests.Response) -> str:
     text = " ".join((resp.text or "")[:200].split())
     return text[:120] or "(empty body)"
@@ -179,7 +205,8 @@ class _ApiKeyAuth(requests.auth.AuthBase):
 class CkanClient:
     """One CKAN portal's Action API (``<base_url>/api/3/action/...``).
 
-    ``requests_made`` counts every HTTP request sent, retries included. ``total`` is the ``count``
+    ``requests_made`` counts every HTTP request sent, retries included; ``bytes_received`` the
+    bytes of every response body received, as they came over the wire. ``total`` is the ``count``
     of the latest listing's first answer (how many records it expected), None before.
     """
 
@@ -204,9 +231,11 @@ class CkanClient:
         if api_key and self.portal != base:
             log.warning("%s: an api_key is given, so the user:password in the URL is not used", self.portal)
         self.requests_made = 0
+        self.bytes_received = 0
         self.total: int | None = None
         self._last_request: float | None = None
         self._fq_rejected = False
+        self._ids_fq_rejected = False
         self._sleep = time.sleep
 
     def __repr__(self) -> str:
@@ -221,22 +250,38 @@ class CkanClient:
         return self._call("package_show", {"id": id_or_name})
 
     def package_search(self, *, fq: str | None = None, start: int = 0, rows: int = 1000,
-                       sort: str = LISTING_SORT, q: str = "*:*") -> dict:
+                       sort: str = LISTING_SORT, q: str = "*:*", fl: str | None = None) -> dict:
         """One raw ``package_search`` (``{"count", "results", ...}``)."""
         params: dict[str, Any] = {"q": q, "sort": sort, "rows": rows, "start": start}
         if fq:
             params["fq"] = fq
+        if fl:
+            params["fl"] = fl
         result = self._call("package_search", params, fq=fq)
         if not isinstance(result, dict) or not isinstance(result.get("results"), list):
             raise CkanError(f"{self.portal} package_search: unexpected result shape",
                             portal=self.portal, action="package_search")
         return result
 
-    def iter_pages(self, since: datetime | None = None, page_size: int = 1000) -> Iterator[list[dict]]:
+    def count(self) -> int:
+        """How many datasets the portal lists (one ``package_search`` with ``rows=0``)."""
+        count = self.package_search(rows=0)["count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise CkanError(f"{self.portal} package_search: no usable count in the answer ({count!r})",
+                            portal=self.portal, action="package_search")
+        return count
+
+    def iter_pages(self, since: datetime | None = None, page_size: int = 1000,
+                   fields: tuple[str, ...] | None = None) -> Iterator[list[dict]]:
         """Yield pages of raw package dicts, oldest ``metadata_modified`` first: every dataset
         (``since=None``) or those modified at or after ``since`` (naive means UTC). Each dataset
         comes once per listing, except one modified during the listing, which comes again with
-        its new version at the end. Empty pages are not yielded."""
+        its new version at the end. Empty pages are not yielded. ``fields`` asks for only those
+        fields (``fl``; they must include ``id`` and ``metadata_modified``, which paging needs);
+        a portal may ignore it and send whole records."""
+        if fields is not None and not {"id", "metadata_modified"} <= set(fields):
+            raise ValueError(f"fields {fields!r} must include 'id' and 'metadata_modified' (paging needs them)")
+        fl = ",".join(fields) if fields else None
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         if since is not None and not isinstance(since, datetime):
@@ -264,8 +309,11 @@ class CkanClient:
             fq = fq_for(boundary)
             fq_boundary = boundary
             try:
-                result = self.package_search(fq=fq, start=start, rows=rows)
+                result = self.package_search(fq=fq, start=start, rows=rows, fl=fl)
                 page = result["results"]
+                if fl and any(not isinstance(r, dict) for r in page):
+                    raise CkanError(f"{self.portal} package_search: fl={fl!r} answered with something other "
+                                    "than records", portal=self.portal, action="package_search")
                 keys = [_record_key(r) for r in page]
                 self._check_order(keys, fq, fq_boundary)
             except FilterRejected as exc:
@@ -335,6 +383,50 @@ class CkanClient:
                 pos = new_pos
         log.info("%s: listing done, %d records in %d requests so far", self.portal, yielded, self.requests_made)
 
+    def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[dict]]:
+        """Yield the records of ``ids`` in full, a page per request: ``package_search`` with
+        ``fq=id:("a" OR "b" ...)`` (at most ``per_request`` ids, keeping URLs short). A portal that
+        refuses that filter, or ignores it (answers with records not asked for), is asked with
+        ``package_show`` one id at a time instead, for the rest of this client's life. Ids the
+        portal no longer shows (deleted or hidden since they were listed) are left out."""
+        if per_request < 1:
+            raise ValueError("per_request must be at least 1")
+        for i in range(0, len(ids), per_request):
+            batch = ids[i:i + per_request]
+            if not self._ids_fq_rejected:
+                try:
+                    yield self._search_ids(batch)
+                    continue
+                except FilterRejected as exc:
+                    self._ids_fq_rejected = True
+                    log.warning("%s: fetching records by id with package_show, one request each (%s)",
+                                self.portal, _shorten(str(exc)))
+            page = [rec for rec in (self._show_or_none(x) for x in batch) if rec is not None]
+            if page:
+                yield page
+
+    def _search_ids(self, batch: list[str]) -> list[dict]:
+        fq = "id:(" + " OR ".join(_solr_phrase(x) for x in batch) + ")"
+        result = self.package_search(fq=fq, start=0, rows=len(batch))
+        wanted = set(batch)
+        page = result["results"]
+        strays = [r.get("id") if isinstance(r, dict) else r for r in page
+                  if not isinstance(r, dict) or r.get("id") not in wanted]
+        if strays:
+            raise FilterRejected(f"{self.portal} package_search: the portal ignored fq id:(...) (answered with "
+                                 f"{len(strays)} records not asked for)", portal=self.portal, action="package_search")
+        return page
+
+    def _show_or_none(self, id_: str) -> dict | None:
+        try:
+            rec = self.package_show(id_)
+        except CkanError as exc:
+            if exc.status in (403, 404):  # deleted or hidden since it was listed
+                log.info("%s: %s is no longer shown (HTTP %s)", self.portal, id_, exc.status)
+                return None
+            raise
+        return rec if isinstance(rec, dict) else None
+
     def _check_order(self, keys: list[datetime], fq: str | None, fq_boundary: datetime | None) -> None:
         if fq is not None and any(k < fq_boundary or k is _MAX_KEY for k in keys):
             raise FilterRejected(f"{self.portal} package_search: the portal ignored fq {fq!r} "
@@ -371,6 +463,7 @@ class CkanClient:
                 last = f"connection error ({type(exc).__name__}: {_scrub_text(str(exc))[:200]})"
             else:
                 status = resp.status_code
+                self.bytes_received += _wire_bytes(resp)
                 if status != 429 and status < 500:
                     return self._result(action, resp, fq)
                 last = f"HTTP {status}"

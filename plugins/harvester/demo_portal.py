@@ -4,7 +4,8 @@ It speaks CKAN's wire format (``/api/3/action/<action>``, the ``help``/``success
 envelope, CKAN's error bodies and status codes) and emulates the parts of Solr that a harvester
 relies on: ``fq`` with date ranges (``[`` / ``{`` bounds, ``NOW`` and date math, millisecond
 precision like Solr's date fields), ``field:value`` terms, ``AND``/``OR``/``NOT``; ``sort`` on
-several keys; ``rows`` (default 10, capped at 1000) and ``start``.
+several keys; ``rows`` (default 10, capped at 1000) and ``start``; ``fl`` (only the fields asked
+for, dates written as Solr writes them).
 
 Error answers follow CKAN's ``ckan/views/api.py``:
 
@@ -591,6 +592,9 @@ class DemoPortal:
       ``Retry-After`` header, 1 s unless given); ``clear_faults()`` undoes all of these;
     * ``reject_fq = True``: every ``package_search`` with an ``fq`` answers like CKAN when Solr
       refuses the filter (HTTP 409 ``Search Error``);
+    * ``ignore_fl = True``: ``package_search`` answers with whole records even when ``fl`` asks for
+      some fields (as portals whose search extension drops ``fl`` do);
+    * ``ignore_fq = True``: ``package_search`` answers as if no ``fq`` was given;
     * ``fail_actions = {"package_search"}`` (or ``{"package_search": 503}``, or ``{"*"}``): a
       total outage of those actions (status 500 unless given);
     * ``response_delay``: seconds to wait before answering (for client timeouts);
@@ -623,6 +627,8 @@ class DemoPortal:
         self._sort_cache: dict[tuple, tuple[int, list[_Entry], list[int] | None]] = {}
         self._fail_queue: list[list] = []  # [remaining, {"status", "retry_after", "action"}]
         self.reject_fq = False
+        self.ignore_fl = False
+        self.ignore_fq = False
         self.fail_actions: set[str] | dict[str, int] = set()
         self.response_delay = 0.0
         self.on_request: Callable[[str, dict], None] | None = None
@@ -693,6 +699,8 @@ class DemoPortal:
         with self._lock:
             self._fail_queue = []
             self.reject_fq = False
+            self.ignore_fl = False
+            self.ignore_fq = False
             self.fail_actions = set()
             self.response_delay = 0.0
 
@@ -814,7 +822,7 @@ class DemoPortal:
         rows = min(rows, ROWS_MAX)
         q = str(params.get("q") or "").strip()
         fq = params.get("fq")
-        fq = "" if fq is None else str(fq)
+        fq = "" if fq is None or self.ignore_fq else str(fq)
         sort = params.get("sort")
         sort = DEFAULT_SORT if sort in (None, "rank") else str(sort)
         solr_query = {
@@ -845,6 +853,13 @@ class DemoPortal:
         view, dated = self._sorted_view(keys)
         candidates: list[_Entry] = view
         node = fq_node if isinstance(q_node, _All) else _And([q_node, fq_node])
+        ids = _id_terms(node)
+        if ids is not None:
+            # fast path for fetching records by id: look them up instead of scanning the catalogue
+            with self._lock:
+                found = {id(e) for e in (self._entries.get(x) for x in ids) if e is not None}
+            candidates = [e for e in view if id(e) in found]
+            node = _All()
         if isinstance(node, _Range) and node.field == "metadata_modified" and dated is not None:
             # fast path for keyset paging: bisect the ascending metadata_modified order
             lo = 0 if node.lo is None else (bisect.bisect_left(dated, node.lo) if node.lo_incl
@@ -858,8 +873,13 @@ class DemoPortal:
         else:
             matched = [e for e in candidates if self._visible(e, params) and node.match(e)]
         page = matched[start:start + rows]
+        fields = _fl_fields(params.get("fl"))
+        if fields and not self.ignore_fl:
+            results = ", ".join(json.dumps(_solr_doc(e, fields)) for e in page)
+        else:
+            results = ", ".join(e.json for e in page)
         return ('{"count": %d, "sort": %s, "facets": {}, "results": [%s], "search_facets": {}}'
-                % (len(matched), json.dumps(sort), ", ".join(e.json for e in page)))
+                % (len(matched), json.dumps(sort), results))
 
     def _find(self, id_or_name: str) -> _Entry | None:
         with self._lock:
@@ -902,6 +922,46 @@ class DemoPortal:
         })
 
     ACTIONS = ("package_search", "package_show", "package_list", "status_show")
+
+
+def _fl_fields(fl: Any) -> list[str] | None:
+    """``fl`` as Solr reads it (comma- or space-separated); None for none or ``*`` (whole records)."""
+    if fl is None:
+        return None
+    text = " ".join(fl) if isinstance(fl, list) else str(fl)
+    fields = [f for f in re.split(r"[\s,]+", text) if f]
+    return None if not fields or "*" in fields else fields
+
+
+def _solr_date_text(ms: int) -> str:
+    """Epoch milliseconds as Solr writes a date (Java's Instant: ``...:05Z``, ``...:05.300Z``)."""
+    dt = _EPOCH + timedelta(milliseconds=ms)
+    frac = f".{dt.microsecond // 1000:03d}" if dt.microsecond else ""
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + frac + "Z"
+
+
+def _solr_doc(e: _Entry, fields: list[str]) -> Any:
+    """A record as Solr returns it for ``fl``: only those stored fields, dates in Solr's format.
+    Like CKAN, ``fl=id`` (or ``name``) alone gives a bare value instead of a dict."""
+    doc: dict[str, Any] = {}
+    for field in fields:
+        if field in DATE_FIELDS:
+            ms = e.mm if field == "metadata_modified" else e.mc
+            if ms is not None:
+                doc[field] = _solr_date_text(ms)
+        elif field in e.record and not isinstance(e.record[field], (dict, list)):
+            doc[field] = e.record[field]
+    if fields in (["id"], ["name"]):
+        return doc.get(fields[0])
+    return doc
+
+
+def _id_terms(node: _Node) -> list[str] | None:
+    """The ids of an ``id:(...)`` filter made only of exact id terms, else None."""
+    terms = node.parts if isinstance(node, _Or) else [node]
+    if all(isinstance(t, _Term) and t.field == "id" and not t.wild for t in terms):
+        return [t.value for t in terms]
+    return None
 
 
 def _natural(params: dict, key: str, default: int) -> int:
