@@ -1,6 +1,6 @@
 """One DAG per enabled portal in portals.yaml: harvest_<name>.
 
-begin -> fetch_modified -> hash_compare -> embed_changed -> upsert. All logic is in the harvester
+begin -> fetch_modified -> reconcile -> hash_compare -> embed_changed -> upsert. All logic is in the harvester
 package (plugins/harvester); this file only wires tasks to it. A bad portals.yaml fails this file's
 import with a message naming the bad entry, and leaves other DAG files alone.
 """
@@ -13,6 +13,7 @@ from airflow.sdk import Asset, Param, dag, task
 
 from harvester import tasks
 from harvester.portal import Portal, load_portals
+from harvester.run import format_duration
 
 DOC = """
 ### Harvest {name}
@@ -20,13 +21,17 @@ Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
 
 * **fetch_modified** lists datasets modified since the last completed run (minus a {lookback} overlap),
   or all of them on a full sync, into a per-run staging table.
+* **reconcile** asks the portal for its count (one request); when it disagrees with ours, when asked
+  (`reconcile`) or {reconcile_every}, lists every identifier (ids and modification times only),
+  fetches what we lack or hold stale, and lets upsert remove what the portal no longer lists.
 * **hash_compare** classifies them against what we hold: created, updated, unchanged, failed.
 * **embed_changed** embeds only texts that have no vector yet (mapped over shards of them), through
   the embedding provider's shared circuit breaker; while it is open, datasets stay pending.
 * **upsert** commits everything in one transaction (datasets, versions, changes, removals after a
-  clean full sync) and moves the watermark, then emits the `harvester://{name}/datasets` Asset event.
+  clean full sync or reconciliation) and moves the watermark, then emits the `harvester://{name}/datasets` Asset event.
 
-Trigger with `full_sync` to re-list the whole portal. Backfills always run as full syncs.
+Trigger with `reconcile` to compare the whole portal cheaply, with `full_sync` to re-read every record.
+Backfills always run as full syncs.
 A failed run changes nothing users see; the next run starts from the same watermark.
 """
 
@@ -41,13 +46,20 @@ def build(portal: Portal):
         max_active_runs=1,
         dagrun_timeout=timedelta(hours=12),
         tags=["harvester", "ckan", portal.name],
-        doc_md=DOC.format(name=portal.name, url=portal.url, lookback=portal.lookback),
+        doc_md=DOC.format(name=portal.name, url=portal.url, lookback=format_duration(portal.lookback),
+                          reconcile_every="when the last one is older than " + format_duration(portal.reconcile_every)
+                          if portal.reconcile_every is not None else "(reconcile_every is off)"),
         params={
             "full_sync": Param(False, type="boolean", title="Full sync",
                                description="List every dataset of the portal instead of only those "
                                            "modified since the last completed run."),
+            "reconcile": Param(False, type="boolean", title="Reconcile",
+                               description="Also list every identifier of the portal (ids and modification "
+                                           "times only, a small fraction of a full sync), fetch what we lack or "
+                                           "hold stale and remove what the portal no longer lists."),
             "force_removals": Param(False, type="boolean", title="Force removals",
-                                    description="On a full sync, mark datasets the portal no longer lists as "
+                                    description="On a full sync or a reconciliation, mark datasets the portal no "
+                                                "longer lists as "
                                                 f"removed even if they are more than {portal.max_removal_share:.0%} "
                                                 "of the portal (the guard against a half-broken portal)."),
         },
@@ -70,6 +82,10 @@ def build(portal: Portal):
             return tasks.fetch_modified(portal, run)
 
         @task
+        def reconcile(run: dict):
+            return tasks.reconcile(portal, run)
+
+        @task
         def hash_compare(run: dict):
             return tasks.hash_compare(portal, run)  # the shards embed_changed maps over
 
@@ -84,7 +100,7 @@ def build(portal: Portal):
             return tasks.upsert(portal, run)  # emits an Asset event: created, updated, removed, review
 
         run = begin()
-        embed_changed.expand(work=hash_compare(fetch_modified(run))) >> upsert(run)
+        embed_changed.expand(work=hash_compare(reconcile(fetch_modified(run)))) >> upsert(run)
 
     return harvest()
 

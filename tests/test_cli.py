@@ -79,3 +79,21 @@ def test_db_commands_manage_an_embedded_server(tmp_path):
     finally:
         assert run("db", "stop").stdout.strip() == "stopped"
     assert "not running" in run("db", "status").stdout
+
+
+def test_harvest_reconcile_from_the_shell(database_url, portal_server, samples, tmp_path, monkeypatch, capsys):
+    records = samples("data-gov-au.jsonl")
+    portal_server.set_records(records)
+    configure(tmp_path, monkeypatch, portal_server.base_url)
+    assert main(["harvest", "clitest"]) == 0
+    portal_server.remove_record(records[0]["id"])
+    capsys.readouterr()
+
+    assert main(["harvest", "clitest", "--reconcile", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["reconcile_listed"], stats["reconcile_removed"], stats["removed"]) == (len(records) - 1, 1, 1)
+    assert main(["runs", "-p", "clitest"]) == 0
+    out = capsys.readouterr().out
+    assert "reconcile_listed" in out and "portal_bytes" in out and "run 2 reconciled: reconcile was requested" in out
+    assert main(["runs", "-p", "clitest", "--json"]) == 0
+    assert [r["reconciled"] for r in json.loads(capsys.readouterr().out)] == [None, "reconcile was requested"]

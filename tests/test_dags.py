@@ -37,14 +37,16 @@ def test_one_dag_per_enabled_portal(airflow_db, monkeypatch, tmp_path):
     assert force.value is False and force.schema["type"] == "boolean" and "20%" in force.description
     dag = bag.get_dag("harvest_alpha")
     assert {t.task_id for t in dag.tasks} >= {"fetch_modified", "hash_compare", "embed_changed", "upsert"}
-    chain = ["begin", "fetch_modified", "hash_compare", "embed_changed", "upsert"]
+    chain = ["begin", "fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert"]
     for upstream, downstream in zip(chain, chain[1:]):
         assert upstream in dag.get_task(downstream).upstream_task_ids
     assert dag.get_task("upsert").upstream_task_ids == {"begin", "embed_changed"}
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.dagrun_timeout is not None and dag.doc_md and "harvester" in dag.tags
-    param = dag.params.get_param("full_sync")
-    assert param.value is False and param.schema["type"] == "boolean" and param.description
+    for name in ("full_sync", "reconcile"):
+        param = dag.params.get_param(name)
+        assert param.value is False and param.schema["type"] == "boolean" and param.description
+    assert "when the last one is older than 1d" in dag.doc_md
     assert dag.get_task("embed_changed").pool == "embedding_api"
     assert dag.get_task("fetch_modified").retry_exponential_backoff
     assert bag.get_dag("harvest_gamma").schedule is None

@@ -16,6 +16,10 @@ def runs(db):
     return db.execute("SELECT run_id, mode, status, stats, started_at, error FROM sync_runs ORDER BY run_id").fetchall()
 
 
+def reconcile_reason(db, run_id):
+    return db.execute("SELECT reconcile_reason FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()[0]
+
+
 def last_stats(db):
     return runs(db)[-1][3]
 
@@ -62,10 +66,13 @@ def test_full_sync_then_incremental_with_no_change(harvest, portal_server, db, s
     stats = second[3]
     assert stats["created"] == stats["updated"] == 0
     assert stats["embedding_requests"] == stats["embedded"] == 0
-    # Only what was modified since the watermark (minus the lookback) was asked for.
-    searches = [params for action, params in portal_server.requests if action == "package_search"]
-    assert searches and all("metadata_modified:[" in params.get("fq", "") for params in searches)
-    assert stats["fetched"] == 0
+    # Only what was modified since the watermark (minus the lookback) was asked for, plus one request
+    # for the portal's count, which matches ours: no reconciliation.
+    listing, count = [params for action, params in portal_server.requests if action == "package_search"]
+    assert "metadata_modified:[" in listing["fq"] and "fl" not in listing
+    assert count["rows"] == "0" and "fq" not in count
+    assert stats["fetched"] == 0 and stats["portal_requests"] == 2 and stats["portal_count"] == n
+    assert "reconcile_listed" not in stats and reconcile_reason(db, second[0]) is None
     assert [(r[0], r[1], r[2], r[3]) for r in snapshot(db)] == [(r[0], r[1], r[2], r[3]) for r in before]
     assert watermark(db)[:2] == (second[4], "incremental")
 
@@ -209,29 +216,8 @@ def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, sample
     with create_session() as session:
         rows = session.query(XComModel).filter(XComModel.run_id == dag_run.run_id).all()
         values = [XComModel.deserialize_value(x) for x in rows]
-    assert len(values) == 5
+    assert len(values) == 6   # begin, fetch_modified, reconcile, hash_compare, embed_changed, upsert
     for value in values:
         for item in value if isinstance(value, list) else [value]:
             assert isinstance(item, dict) and "run_id" in item
             assert all(isinstance(v, int) or k == "mode" for k, v in item.items()), item
-
-
-@pytest.mark.parametrize("lookback, created, updated", [("1h", 5, 6), ("2h", 12, 6)])
-def test_data_gc_ca_incremental_needs_a_lookback_as_long_as_the_portals_lag(
-        harvest, portal_server, db, samples, lookback, created, updated):
-    """The real pair, as incremental runs would see it: the second snapshot's changes carry
-    metadata_modified values up to 85 minutes before the first snapshot was taken (15:50 UTC), so
-    the default one-hour overlap misses seven of the twelve new datasets and two hours catches all."""
-    from datetime import datetime, timezone
-
-    portal_server.set_records(samples(GC_BEFORE))
-    harvest.configure(portal_server.base_url, lookback=lookback)
-    assert harvest.run(full_sync=True).state == "success"
-    db.execute("UPDATE portal_sync_status SET last_successful_sync = %s",
-               (datetime(2013, 6, 17, 15, 50, tzinfo=timezone.utc),))
-    portal_server.set_records(samples(GC_AFTER))
-    assert harvest.run().state == "success"
-    _, mode, status, stats, _, _ = runs(db)[-1]
-    assert (mode, status) == ("incremental", "committed")
-    assert (stats["created"], stats["updated"]) == (created, updated)
-    assert stats["fetched"] == stats["created"] + stats["updated"] + stats["unchanged"] < 501

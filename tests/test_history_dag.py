@@ -1,5 +1,5 @@
 """Dataset history through real Airflow runs: change types and significance (with per-portal
-weights), removals after a clean full sync only, the mass-removal guard, restores, the Asset event
+weights), removals after a clean full sync, the mass-removal guard, restores, the Asset event
 and the review consumer, and the CLI over what the DAG wrote."""
 import copy
 import json
@@ -82,17 +82,13 @@ def test_per_portal_weights_and_review(harvest, portal_server, db, samples, caps
     assert "100%" in out and "50%" in out and "Version 1 -> 2" in out
 
 
-def test_removal_only_after_a_full_sync_and_restore(harvest, portal_server, db, samples):
+def test_removal_after_a_full_sync_and_restore(harvest, portal_server, db, samples):
     records = samples(BIRMINGHAM)
     portal_server.set_records(records)
     harvest.configure(portal_server.base_url)
     assert harvest.run().state == "success"
     gone = records[0]
     portal_server.remove_record(gone["id"])
-
-    assert harvest.run().state == "success"          # incremental: never removes
-    assert last_stats(db)["removed"] == 0
-    assert db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NOT NULL").fetchone()[0] == 0
 
     assert harvest.run(full_sync=True).state == "success"
     assert last_stats(db)["removed"] == 1

@@ -25,7 +25,8 @@ def test_demo_config_expands_the_portal_url(monkeypatch):
 
 def test_defaults():
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org/"}]})
-    assert p.url == "https://x.org" and p.lookback == timedelta(hours=1) and p.page_size == 1000
+    assert p.url == "https://x.org" and p.lookback == timedelta(hours=2) and p.page_size == 1000
+    assert p.reconcile_every == timedelta(hours=24) and p.full_sync_every is None
     assert p.schedule == "@daily" and p.enabled and p.politeness_delay == 0.2
     assert p.max_removal_share == 0.2 and p.significance.title == 0.3 and p.significance.review_threshold == 0.7
 
@@ -51,6 +52,12 @@ def test_significance_overrides():
      "portals[0] (x): significance: unknown key(s) titel; valid keys are: content, date,"),
     ({"name": "x", "url": "https://x.org", "significance": {"title": 1.5}}, "title 1.5 must be a number from 0 to 1"),
     ({"name": "x", "url": "https://x.org", "max_removal_share": 2}, "max_removal_share 2 must be a number from 0 to 1"),
+    ({"name": "x", "url": "https://x.org", "reconcile_every": "daily"},
+     "portals[0] (x): reconcile_every 'daily' is not a duration; use seconds or a number with s, m, h or d, e.g. '1h'; "
+     "or null / 'off' to switch it off"),
+    ({"name": "x", "url": "https://x.org", "full_sync_every": 0},
+     "portals[0] (x): full_sync_every 0 must be longer than zero; leave it out or use null to switch it off"),
+    ({"name": "x", "url": "https://x.org", "full_sync_every": "-3d"}, "full_sync_every '-3d' is not a duration"),
 ])
 def test_bad_entries_are_named(entry, message):
     good = {"name": "good", "url": "https://good.org"}
@@ -74,3 +81,18 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("portals: [\n")
     with pytest.raises(PortalConfigError, match="is not valid YAML"):
         load_portals(bad)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("6h", timedelta(hours=6)), (0, timedelta(0)), (None, None), ("off", None), ("never", None)])
+def test_reconcile_every(value, expected):
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "reconcile_every": value}]})
+    assert p.reconcile_every == expected
+
+
+def test_full_sync_every_and_shipped_lookback():
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "full_sync_every": "30d"}]})
+    assert p.full_sync_every == timedelta(days=30)
+    shipped = (ROOT / "dags" / "portals.yaml").read_text()
+    assert "lookback: 2h" in shipped and "lookback          overlap" in shipped
+    assert all(p.lookback == timedelta(hours=2) for p in load_portals(ROOT / "dags" / "portals.yaml"))

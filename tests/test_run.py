@@ -1,7 +1,9 @@
 """Run planning, stats and progress lines (pure)."""
 from datetime import datetime, timedelta, timezone
 
-from harvester.run import STAT_KEYS, Progress, complete_stats, plan_run
+import pytest
+
+from harvester.run import STAT_KEYS, Progress, complete_stats, count_drift, format_duration, plan_run
 
 WM = datetime(2026, 1, 2, 3, 0, tzinfo=timezone.utc)
 
@@ -41,3 +43,56 @@ def test_progress_line_reports_rate_and_eta():
     now[0] = 10.0
     progress.advance(30)
     assert lines == ["embed: 50/100 (50%), 5.0/s, ETA 10s"]
+
+
+NOW = WM + timedelta(hours=3)
+DAY = timedelta(hours=24)
+
+
+def test_reconcile_when_asked_or_due_never_on_full_syncs():
+    plan = plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(hours=2), now=NOW)
+    assert plan.reconcile is None
+    assert plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), reconcile=True,
+                    now=NOW).reconcile == "reconcile was requested"
+    due = plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), now=NOW,
+                   last_reconciliation=NOW - timedelta(hours=25, minutes=3), reconcile_every=DAY)
+    assert due.reconcile == "the last reconciliation was 1d 1h ago (reconcile_every 1d)"
+    assert plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), now=NOW,
+                    last_reconciliation=NOW - timedelta(hours=23), reconcile_every=DAY).reconcile is None
+    assert plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), now=NOW, last_reconciliation=None,
+                    reconcile_every=DAY).reconcile == "no reconciliation recorded yet (reconcile_every 1d)"
+    assert plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), now=NOW,
+                    reconcile_every=timedelta(0)).reconcile == "reconcile_every is 0: every run reconciles"
+    assert plan_run(WM, full_sync=False, backfill=False, lookback=timedelta(0), now=NOW, last_reconciliation=None,
+                    reconcile_every=None).reconcile is None
+    full = plan_run(WM, full_sync=True, backfill=False, lookback=timedelta(0), reconcile=True, now=NOW)
+    assert (full.mode, full.reconcile) == ("full", None)
+
+
+def test_full_sync_every():
+    kw = dict(full_sync=False, backfill=False, lookback=timedelta(0), now=NOW, full_sync_every=timedelta(days=30))
+    assert plan_run(WM, last_full_sync=NOW - timedelta(days=29), **kw).mode == "incremental"
+    plan = plan_run(WM, last_full_sync=NOW - timedelta(days=30, hours=2), **kw)
+    assert (plan.mode, plan.reason) == ("full", "the last full sync was 30d 2h ago (full_sync_every 30d)")
+    assert plan_run(WM, last_full_sync=None, **kw).reason == "no full sync recorded yet (full_sync_every 30d)"
+
+
+@pytest.mark.parametrize("total, live, new, unusable, drift", [
+    (501, 489, 12, 0, None),
+    (501, 489, 5, 0, "the portal lists 501 datasets; we hold 489 live and this run brings 5 new: "
+                     "7 more on the portal than this run explains"),
+    (9, 10, 0, 0, "the portal lists 9 datasets; we hold 10 live and this run brings 0 new: "
+                  "1 fewer on the portal than this run explains"),
+    (11, 10, 0, 1, None),
+    (10, 10, 0, 1, "the portal lists 10 datasets; we hold 10 live and this run brings 0 new, and 1 it lists "
+                   "that cannot be used: 1 fewer on the portal than this run explains"),
+])
+def test_count_drift(total, live, new, unusable, drift):
+    assert count_drift(total, live, new, unusable) == drift
+
+
+@pytest.mark.parametrize("delta, text", [
+    (timedelta(0), "0s"), (timedelta(seconds=40), "40s"), (timedelta(minutes=90), "1h 30m"),
+    (timedelta(hours=2), "2h"), (timedelta(days=30, hours=2, minutes=5), "30d 2h")])
+def test_format_duration(delta, text):
+    assert format_duration(delta) == text

@@ -95,7 +95,7 @@ def cmd_harvest(args) -> int:
     provider = get_provider()
     with db.open_cli() as conn, db.open_cli() as reader:
         stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full,
-                                 force_removals=args.force_removals)
+                                 reconcile=args.reconcile, force_removals=args.force_removals)
     if args.json:
         _print_json(stats)
     else:
@@ -105,28 +105,34 @@ def cmd_harvest(args) -> int:
 
 # -- runs -------------------------------------------------------------------------------------
 def cmd_runs(args) -> int:
-    from .run import STAT_KEYS
+    from .run import RECONCILE_KEYS, STAT_KEYS
     from .store import db
 
     portal = _resolve_portal(args.portal)
     with db.open_cli() as conn:
         rows = conn.execute(
-            "SELECT run_id, portal_name, mode, status, started_at, finished_at, stats, error FROM sync_runs"
+            "SELECT run_id, portal_name, mode, status, started_at, finished_at, stats, error, reconcile_reason"
+            " FROM sync_runs"
             " WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)"
             " ORDER BY started_at DESC, run_id DESC LIMIT %(limit)s",
             {"portal": portal.url if portal else None, "limit": args.limit}).fetchall()
     rows = list(reversed(rows))
     if args.json:
         _print_json([{"run_id": r[0], "portal": r[1], "mode": r[2], "status": r[3], "started_at": r[4],
-                      "finished_at": r[5], "stats": r[6], "error": r[7]} for r in rows])
+                      "finished_at": r[5], "stats": r[6], "error": r[7], "reconciled": r[8]} for r in rows])
         return 0
+    reconciled = any(r[8] for r in rows)
     # One column per run, one row per figure: readable in any terminal.
     _table("Harvest runs", ["", *[f"run {r[0]}" for r in rows]],
            [("portal", *[r[1] for r in rows]), ("mode", *[r[2] for r in rows]), ("status", *[r[3] for r in rows]),
             ("started", *[r[4] for r in rows]),
             ("took", *[f"{(r[5] - r[4]).total_seconds():.1f}s" if r[5] else "-" for r in rows]),
-            *[(key, *[r[6].get(key, 0) for r in rows]) for key in STAT_KEYS]])
+            ("reconciled", *["yes" if r[8] else ("-" if r[2] == "incremental" else "full listing") for r in rows]),
+            *[(key, *[r[6].get(key, 0) for r in rows]) for key in STAT_KEYS
+              + (RECONCILE_KEYS if reconciled else ())]])
     for r in rows:
+        if r[8]:
+            print(f"run {r[0]} reconciled: {r[8]}")
         if r[7]:
             print(f"run {r[0]}: {r[7]}")
     return 0
@@ -287,8 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("harvest", help="run one harvest of a portal now, without Airflow")
     p.add_argument("portal", help="the portal's name in portals.yaml")
     p.add_argument("--full", action="store_true", help="list every dataset, not only modified ones")
+    p.add_argument("--reconcile", action="store_true",
+                   help="also list every identifier (ids and modification times only), fetch what we lack or hold "
+                        "stale and remove what the portal no longer lists")
     p.add_argument("--force-removals", action="store_true",
-                   help="on a full sync, remove unlisted datasets even past the portal's max_removal_share")
+                   help="on a full sync or a reconciliation, remove unlisted datasets even past the portal's "
+                        "max_removal_share")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_harvest)
 

@@ -1,4 +1,4 @@
-"""One harvest run as plain functions: begin, fetch_modified, hash_compare, embed_changed, upsert.
+"""One harvest run as plain functions: begin, fetch_modified, reconcile, hash_compare, embed_changed, upsert.
 
 Connections are in autocommit mode; what must be atomic runs in an explicit transaction.
 Each takes what it works with (a portal, a run id, a database connection, a CKAN client, an
@@ -7,29 +7,37 @@ through the caller (in Airflow, never through XCom). Airflow-free: tasks.py wire
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 
 from . import dataset as ds
-from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable
+from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable, to_ms
 from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
-from .run import FULL, SAVINGS_KEYS, STAT_KEYS, Progress, plan_run, summary
-from .store import datasets, history, runs, staging, vectors
+from .run import FULL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary
+from .store import datasets, history, listing, runs, staging, vectors
+
+# What a reconciliation lists of every dataset.
+LISTING_FIELDS = ("id", "metadata_modified")
 
 log = logging.getLogger(__name__)
 
 
 def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: bool = False,
-          backfill: bool = False) -> dict:
-    """Open a run: decide full or incremental from the watermark, record it as running."""
-    plan = plan_run(runs.watermark(conn, portal.url), full_sync=full_sync, backfill=backfill,
-                    lookback=portal.lookback)
+          backfill: bool = False, reconcile: bool = False) -> dict:
+    """Open a run: decide full or incremental from the watermark (and whether an incremental run
+    reconciles), record it as running."""
+    past = runs.status(conn, portal.url)
+    plan = plan_run(past.watermark, full_sync=full_sync, backfill=backfill, lookback=portal.lookback,
+                    reconcile=reconcile, last_full_sync=past.last_full_sync, full_sync_every=portal.full_sync_every,
+                    last_reconciliation=past.last_reconciliation, reconcile_every=portal.reconcile_every)
     run = runs.start(conn, portal_url=portal.url, portal_name=portal.name, dag_run_id=dag_run_id,
-                     mode=plan.mode, since=plan.since)
-    log.info("run %s of %s: %s sync, %s", run.run_id, portal.name, run.mode, plan.reason)
+                     mode=plan.mode, since=plan.since, reconcile_reason=plan.reconcile)
+    log.info("run %s of %s: %s sync, %s%s", run.run_id, portal.name, run.mode, plan.reason,
+             f"; reconciles: {run.reconcile_reason}" if run.reconcile_reason else "")
     return {"run_id": run.run_id, "mode": run.mode}
 
 
@@ -56,26 +64,129 @@ def _stage_listing(conn, portal: Portal, run_id: int, client: CkanClient, since)
     return {"fetched": fetched, "failed": failed}
 
 
+@contextlib.contextmanager
+def _portal_traffic(conn, run_id: int, client: CkanClient):
+    """Add the step's requests and bytes received to the run's stats, whether it succeeds or not:
+    every attempt's calls to the portal count."""
+    requests0, bytes0 = client.requests_made, client.bytes_received
+    try:
+        yield
+    finally:
+        runs.add_counts(conn, run_id, {"portal_requests": client.requests_made - requests0,
+                                       "portal_bytes": client.bytes_received - bytes0})
+
+
 def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dict:
     """Stream the portal's modified records (all of them on a full sync) into staging, page by page."""
     run = runs.require_running(conn, run_id)
     started = time.monotonic()
-    try:
-        counts = _stage_listing(conn, portal, run_id, client, run.since if run.mode != FULL else None)
-    except PortalUnavailable:
-        raise  # transient: let the task retry rather than hammer a struggling portal with a full listing
-    except CkanError as exc:
-        if run.mode == FULL:
-            raise
-        why = "the portal rejected the modified-since filter" if isinstance(exc, FilterRejected) else "the incremental request failed"
-        log.warning("%s (%s); falling back to a full sync of %s", why, exc, portal.name)
-        runs.set_mode(conn, run_id, FULL, None)
-        counts = _stage_listing(conn, portal, run_id, client, None)
-    counts["portal_requests"] = client.requests_made
+    with _portal_traffic(conn, run_id, client):
+        try:
+            counts = _stage_listing(conn, portal, run_id, client, run.since if run.mode != FULL else None)
+        except PortalUnavailable:
+            raise  # transient: let the task retry rather than hammer a struggling portal with a full listing
+        except CkanError as exc:
+            if run.mode == FULL:
+                raise
+            why = "the portal rejected the modified-since filter" if isinstance(exc, FilterRejected) else "the incremental request failed"
+            log.warning("%s (%s); falling back to a full sync of %s", why, exc, portal.name)
+            runs.set_mode(conn, run_id, FULL, None)
+            counts = _stage_listing(conn, portal, run_id, client, None)
     runs.add_stats(conn, run_id, counts)
-    log.info("fetch_modified done in %.1fs: %s", time.monotonic() - started,
-             summary(counts, ("fetched", "failed", "portal_requests")))
+    log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
+             summary(counts, ("fetched", "failed")), client.requests_made, client.bytes_received)
     return {"run_id": run_id, **counts}
+
+
+def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_request: int = 100) -> dict:
+    """Make sure the run ends with an exact copy of the portal, cheaply.
+
+    A full sync listed everything already: nothing to do. An incremental run that is not due to
+    reconcile asks the portal for its count (one ``rows=0`` request); when that is what we hold
+    live plus what this run brings, it is done. Otherwise (or when due, or asked) it lists every
+    identifier with its metadata_modified only, fetches in full what we lack or hold stale, and
+    leaves the datasets the portal no longer lists to upsert, which removes them under the guard."""
+    run = runs.require_running(conn, run_id)
+    if run.mode == FULL:
+        log.info("run %s of %s is a full sync: it listed the whole portal, nothing to reconcile", run_id, portal.name)
+        return {"run_id": run_id, "reconciled": 0}
+    started = time.monotonic()
+    with _portal_traffic(conn, run_id, client):
+        reason = run.reconcile_reason
+        if reason is None:
+            total = client.count()
+            live = datasets.live_count(conn, portal.url)
+            new = listing.new_in_run(conn, run_id, portal.url)
+            reason = count_drift(total, live, new, runs.status(conn, portal.url).listing_unusable)
+            runs.add_stats(conn, run_id, {"portal_count": total})
+            if reason is None:
+                log.info("reconcile: the portal lists %d datasets, as we hold (%d live, %d new in this run); "
+                         "no reconciliation due", total, live, new)
+                return {"run_id": run_id, "reconciled": 0}
+            log.warning("reconcile: %s; reconciling now", reason)
+            runs.set_reconcile(conn, run_id, reason)
+        else:
+            log.info("reconcile: %s", reason)
+        counts = _reconcile(conn, portal, run_id, client, ids_per_request)
+    runs.add_stats(conn, run_id, counts)
+    log.info("reconcile done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
+             summary(counts, ("reconcile_listed", "reconcile_missing", "reconcile_stale", "reconcile_fetched")),
+             client.requests_made, client.bytes_received)
+    return {"run_id": run_id, "reconciled": 1, **counts}
+
+
+_reconcile_step = reconcile  # harvest()'s `reconcile` flag shadows the step's name
+
+
+def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_request: int) -> dict:
+    listing.clear(conn, run_id)
+    seq = listing.next_seq(conn, run_id)
+    unusable = whole_records = 0
+    progress = Progress(f"reconcile {portal.name}: listing identifiers", None, log)
+    for page in client.iter_pages(None, page_size=portal.page_size, fields=LISTING_FIELDS):
+        progress.total = client.total or progress.total
+        rows = []
+        for rec in page:
+            source_id = rec.get("id") if isinstance(rec, dict) else None
+            if isinstance(source_id, str) and source_id.strip():
+                modified = ds.parse_timestamp(rec.get("metadata_modified"))
+                rows.append((source_id.strip(), to_ms(modified) if modified else None))
+            else:
+                unusable += 1
+        listing.write(conn, run_id, rows)
+        full = [rec for rec in page if isinstance(rec, dict) and set(rec) - set(LISTING_FIELDS)]
+        if full:
+            # The portal ignored fl: it sent whole records, so use them (a full listing, only heavier).
+            if not whole_records:
+                log.warning("reconcile: %s ignored fl=%s and sends whole records; reconciling from them as from "
+                            "a full listing (same outcome, more bytes)", portal.name, ",".join(LISTING_FIELDS))
+            whole_records += len(full)
+            seq += staging.write(conn, run_id, seq, [ds.normalize(rec, portal.url) for rec in full])
+        progress.advance(len(page))
+    if unusable:
+        log.warning("reconcile: %d listed records have no id and cannot be harvested", unusable)
+    found = listing.compare(conn, run_id, portal.url)
+    fetched = 0
+    to_fetch = found["missing"] + found["stale"]
+    if to_fetch:
+        log.info("reconcile: %d listed ids we do not hold and %d held with another metadata_modified; fetching them",
+                 found["missing"], found["stale"])
+    progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
+    for ids in listing.iter_to_fetch(conn, run_id):
+        for page in client.fetch_by_ids(ids, per_request=ids_per_request):
+            records = [ds.normalize(pkg, portal.url) for pkg in page]
+            seq += staging.write(conn, run_id, seq, records)
+            for rec in records:
+                if not rec.ok:
+                    log.warning("record failed: %s", rec.error)
+            fetched += len(records)
+            progress.advance(len(records))
+    if not whole_records and fetched < to_fetch:
+        log.info("reconcile: %d of the ids to fetch were no longer shown by the portal (deleted or hidden since "
+                 "the listing); the next reconciliation sees them again", to_fetch - fetched)
+    return {"reconcile_listed": found["listed"], "reconcile_missing": found["missing"],
+            "reconcile_stale": found["stale"], "reconcile_fetched": fetched + whole_records,
+            "reconcile_unusable": unusable}
 
 
 def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = None,
@@ -129,8 +240,9 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model)
         written = history.write_history(conn, run_id, portal.url, run.started_at)
         removals = {"removed": 0}
-        if run.mode == FULL:
-            # A run that reached upsert listed the whole portal: every page, nothing skipped.
+        if run.lists_whole_portal:
+            # A full sync or a reconciliation that reached upsert listed the whole portal: every
+            # page, nothing skipped.
             removals = history.apply_removals(
                 conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
                 force=force_removals, removed_significance=portal.significance.removed,
@@ -139,16 +251,22 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
                               (run_id,)).fetchone()[0]
         stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": int(review),
                  "versions": written.get("versions", 0)}
+        if run.reconcile_reason is not None:
+            stats["reconcile_removed"] = removals.get("removed", 0)
         if removals.get("removal_guard_tripped"):
             stats["removals_withheld"] = removals.get("would_remove", 0)
-        runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0))
+        unusable = stats.get("reconcile_unusable", 0) if run.mode != FULL else stats.get("failed", 0)
+        runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0), listing_unusable=unusable)
         staging.clear(conn, run_id)
+        listing.drop(conn, run_id)
         final = runs.get(conn, run_id).stats
     if final.get("skipped"):
         log.warning("%d changed datasets have no vector yet (embedding deferred); the next run embeds them",
                     final["skipped"])
-    log.info("upsert committed run %s of %s (%s): %s", run_id, portal.name, run.mode,
-             summary(final, STAT_KEYS + SAVINGS_KEYS + ("review", "versions")))
+    keys = STAT_KEYS + SAVINGS_KEYS + ("review", "versions")
+    log.info("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
+             ", reconciled" if run.reconcile_reason else "",
+             summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
     return {"run_id": run_id, **final}
 
 
@@ -161,11 +279,13 @@ def abort(conn, run_id: int, error: str, status: str = "failed") -> bool:
 
 
 def harvest(conn, reader, portal: Portal, client: CkanClient, provider: EmbeddingProvider, *,
-            full_sync: bool = False, force_removals: bool = False, dag_run_id: str | None = None) -> dict:
+            full_sync: bool = False, reconcile: bool = False, force_removals: bool = False,
+            dag_run_id: str | None = None) -> dict:
     """A whole run in one call (the CLI's `harvester harvest`); a failure marks the run failed."""
-    run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync)["run_id"]
+    run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync, reconcile=reconcile)["run_id"]
     try:
         fetch_modified(conn, portal, run_id, client)
+        _reconcile_step(conn, portal, run_id, client)
         hash_compare(conn, reader, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider)
         return upsert(conn, portal, run_id, provider.model, provider.max_batch)

@@ -20,7 +20,12 @@ DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.y
 PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "max_retries",
-         "timeout", "max_removal_share", "significance", "description"}
+         "timeout", "max_removal_share", "significance", "description", "reconcile_every", "full_sync_every"}
+# The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
+# appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
+DEFAULT_LOOKBACK = timedelta(hours=2)
+DEFAULT_RECONCILE_EVERY = timedelta(hours=24)
+_OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -37,7 +42,7 @@ class Portal:
     type: str = "ckan"
     schedule: str | None = "@daily"
     enabled: bool = True
-    lookback: timedelta = timedelta(hours=1)
+    lookback: timedelta = DEFAULT_LOOKBACK
     page_size: int = 1000
     politeness_delay: float = 0.2
     max_retries: int = 5
@@ -45,6 +50,11 @@ class Portal:
     max_removal_share: float = 0.2
     significance: SignificanceConfig = DEFAULT_SIGNIFICANCE
     description: str = ""
+    # A run reconciles (lists every identifier and compares) when the last one that listed the
+    # whole portal is older than this; zero: every run; None: only when asked or when counts disagree.
+    reconcile_every: timedelta | None = DEFAULT_RECONCILE_EVERY
+    # A run is a full sync when the last full sync is older than this; None (default): never by age.
+    full_sync_every: timedelta | None = None
 
     @property
     def dag_id(self) -> str:
@@ -69,6 +79,22 @@ def parse_duration(value: Any) -> timedelta:
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")
     return timedelta(seconds=seconds)
+
+
+def _optional_duration(entry: dict, key: str, default: timedelta | None, *, zero_ok: bool) -> timedelta | None:
+    """A duration setting that may be switched off with null or 'off'."""
+    if key not in entry:
+        return default
+    value = entry[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF):
+        return None
+    try:
+        duration = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{key} {exc}; or null / 'off' to switch it off") from None
+    if not zero_ok and not duration:
+        raise ValueError(f"{key} {value!r} must be longer than zero; leave it out or use null to switch it off")
+    return duration
 
 
 def _expand_env(text: str) -> str:
@@ -141,14 +167,17 @@ def _portal(entry: Any) -> Portal:
     significance = SignificanceConfig.from_mapping(entry["significance"]) if "significance" in entry \
         else DEFAULT_SIGNIFICANCE
     try:
-        lookback = parse_duration(entry.get("lookback", "1h"))
+        lookback = parse_duration(entry["lookback"]) if "lookback" in entry else DEFAULT_LOOKBACK
     except ValueError as exc:
         raise ValueError(f"lookback {exc}") from None
+    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY, zero_ok=True)
+    full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
     return Portal(
         name=name, url=url, type=kind, schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
+        reconcile_every=reconcile_every, full_sync_every=full_sync_every,
     )
 
 

@@ -1,17 +1,20 @@
-"""A harvest run: its mode, its stats, and how they read in a log. Pure: no IO."""
+"""A harvest run: its mode, whether it reconciles, its stats, and how they read in a log. Pure: no IO."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Mapping
 
 STAT_KEYS = (
     "fetched", "created", "updated", "unchanged", "failed", "skipped", "removed",
-    "embedding_requests", "embedded", "embeddings_reused", "portal_requests",
+    "embedding_requests", "embedded", "embeddings_reused", "portal_requests", "portal_bytes",
 )
 # Also recorded: what the cache saved (estimates).
 SAVINGS_KEYS = ("embedding_calls_saved", "embedding_tokens_saved")
+# Recorded by runs that reconcile: identifiers the portal listed, ids we lacked or held with another
+# metadata_modified (both then fetched in full), and datasets no longer listed that were removed.
+RECONCILE_KEYS = ("reconcile_listed", "reconcile_missing", "reconcile_stale", "reconcile_removed")
 
 FULL = "full"
 INCREMENTAL = "incremental"
@@ -22,19 +25,79 @@ class RunPlan:
     mode: str
     since: datetime | None
     reason: str
+    # Why this run reconciles with the portal's full list of identifiers; None: it does not (an
+    # incremental run may still decide to, when the portal's count disagrees with ours).
+    reconcile: str | None = None
 
 
-def plan_run(watermark: datetime | None, *, full_sync: bool, backfill: bool, lookback: timedelta) -> RunPlan:
-    """Full on the first run, when asked, and for backfills; otherwise incremental from the
-    watermark minus the lookback overlap (records modified while the last run was listing)."""
+def format_duration(delta: timedelta) -> str:
+    """``1d 2h``, ``25m``, ``40s``: the two largest units, for logs and messages."""
+    seconds = max(0, int(delta.total_seconds()))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size or (unit == "s" and not parts):
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return " ".join(parts[:2])
+
+
+def _due(last: datetime | None, every: timedelta, now: datetime, what: str, setting: str) -> str | None:
+    if last is None:
+        return f"no {what} recorded yet ({setting} {format_duration(every)})"
+    age = now - last
+    if age >= every:
+        return f"the last {what} was {format_duration(age)} ago ({setting} {format_duration(every)})"
+    return None
+
+
+def plan_run(watermark: datetime | None, *, full_sync: bool, backfill: bool, lookback: timedelta,
+             reconcile: bool = False, now: datetime | None = None,
+             last_full_sync: datetime | None = None, full_sync_every: timedelta | None = None,
+             last_reconciliation: datetime | None = None,
+             reconcile_every: timedelta | None = None) -> RunPlan:
+    """Full on the first run, when asked, for backfills and when ``full_sync_every`` has passed
+    since the last full sync; otherwise incremental from the watermark minus the lookback overlap
+    (records modified while the last run was listing). An incremental run also reconciles when asked
+    or when ``reconcile_every`` has passed since the last run that listed the whole portal
+    (``reconcile_every`` of zero: every run; None: never on a schedule). A full sync lists the whole
+    portal anyway, so it never needs to reconcile."""
+    now = now or datetime.now(timezone.utc)
     if full_sync:
         return RunPlan(FULL, None, "full_sync was requested")
     if backfill:
         return RunPlan(FULL, None, "backfill runs are full syncs")
     if watermark is None:
         return RunPlan(FULL, None, "first run of this portal (no watermark yet)")
+    if full_sync_every is not None:
+        due = _due(last_full_sync, full_sync_every, now, "full sync", "full_sync_every")
+        if due:
+            return RunPlan(FULL, None, due)
     since = watermark - lookback
-    return RunPlan(INCREMENTAL, since, f"modified since {since.isoformat()} (watermark minus {lookback} lookback)")
+    reason = f"modified since {since.isoformat()} (watermark minus {format_duration(lookback)} lookback)"
+    why = None
+    if reconcile:
+        why = "reconcile was requested"
+    elif reconcile_every is not None:
+        if reconcile_every <= timedelta(0):
+            why = "reconcile_every is 0: every run reconciles"
+        else:
+            why = _due(last_reconciliation, reconcile_every, now, "reconciliation", "reconcile_every")
+    return RunPlan(INCREMENTAL, since, reason, why)
+
+
+def count_drift(portal_total: int, live: int, new_in_run: int, unusable: int = 0) -> str | None:
+    """Why the portal's own count says our copy drifted, or None when this incremental run explains
+    it: the portal should list exactly the datasets we hold live, plus those this run brings that
+    we do not hold live yet, plus the records it lists that cannot be used (``unusable``: no id,
+    counted at the last complete listing)."""
+    expected = live + new_in_run + unusable
+    if portal_total == expected:
+        return None
+    gap = portal_total - expected
+    side = "more" if gap > 0 else "fewer"
+    extra = f", and {unusable} it lists that cannot be used" if unusable else ""
+    return (f"the portal lists {portal_total} datasets; we hold {live} live and this run brings {new_in_run} "
+            f"new{extra}: {abs(gap)} {side} on the portal than this run explains")
 
 
 def complete_stats(stats: Mapping[str, int] | None) -> dict[str, int]:

@@ -47,7 +47,7 @@ def begin(portal: Portal) -> dict:
     dag_run = ctx["dag_run"]
     with _connection() as conn:
         return pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(ctx["params"].get("full_sync")),
-                              backfill=_is_backfill(dag_run))
+                              backfill=_is_backfill(dag_run), reconcile=bool(ctx["params"].get("reconcile")))
 
 
 def fetch_modified(portal: Portal, run: dict) -> dict:
@@ -55,6 +55,15 @@ def fetch_modified(portal: Portal, run: dict) -> dict:
 
     with _connection() as conn:
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
+
+
+def reconcile(portal: Portal, run: dict) -> dict:
+    """Checks the portal's count (one request) and, when due, asked or the counts disagree,
+    reconciles: every identifier listed and compared, what we lack or hold stale fetched."""
+    from . import pipeline
+
+    with _connection() as conn:
+        return pipeline.reconcile(conn, portal, run["run_id"], pipeline.client_for(portal))
 
 
 def _provider():

@@ -10,7 +10,8 @@ OUTCOMES = ("created", "updated", "unchanged", "failed")
 def classify(conn, run_id: int, portal_url: str) -> dict[str, int]:
     """Set each staged record's outcome: failed (unusable), duplicate (an older copy of a record
     fetched twice in the run), created, updated (content or metadata changed, or a removed dataset
-    back again) or unchanged. Returns the counts per outcome."""
+    back again) or unchanged. Returns the counts per outcome, and ``fetched``: usable records the
+    run fetched in full (by its listing and by a reconciliation), duplicates included."""
     params = {"run": run_id, "portal": portal_url}
     # Fresh statistics after the bulk load: planned on an empty staging table's, the self-joins
     # below become nested loops that take minutes on a 20k-record run instead of a second.
@@ -19,7 +20,9 @@ def classify(conn, run_id: int, portal_url: str) -> dict[str, int]:
         _classify(conn, params)
     counts = dict(conn.execute(
         "SELECT outcome, count(*) FROM staging_records WHERE run_id = %(run)s GROUP BY outcome", params).fetchall())
-    return {key: int(counts.get(key, 0)) for key in OUTCOMES}
+    out = {key: int(counts.get(key, 0)) for key in OUTCOMES}
+    out["fetched"] = int(sum(counts.values())) - out["failed"]
+    return out
 
 
 def _classify(conn, params: dict) -> None:

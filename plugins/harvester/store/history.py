@@ -230,7 +230,8 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
 def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max_share: float = 0.2,
                    force: bool = False, removed_significance: float = ch.DEFAULT.removed,
                    review_threshold: float = ch.DEFAULT.review_threshold) -> dict[str, int]:
-    """Inside the upsert's transaction, after ``datasets.merge``, only after a clean full sync:
+    """Inside the upsert's transaction, after ``datasets.merge``, only after a clean full sync or
+    reconciliation:
     every live dataset of the portal whose id is not among the run's staged records gets
     ``removed_at = seen_at`` and a ``removed`` change (``removed_significance``, review when it
     reaches ``review_threshold``). Its current version stays current.
@@ -238,19 +239,25 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
     The guard: when the datasets to remove are more than ``max_share`` of the portal's live
     datasets (counted after the merge), nothing is removed and a WARNING says so, unless
     ``force``. Returns ``removed``, ``would_remove`` and ``removal_guard_tripped`` (0 or 1).
-    Raises ValueError for a run that is not a full sync: an incremental listing says nothing
-    about what is gone."""
+    A reconciling run (``sync_runs.reconcile_reason`` set) listed every identifier of the portal
+    into ``staging_listing`` (store/listing.py): a dataset in neither that listing nor the run's
+    staged records is gone, under the same guard.
+
+    Raises ValueError for a run that neither was a full sync nor reconciled: an incremental
+    listing says nothing about what is gone."""
     if not 0 <= max_share <= 1:
         raise ValueError(f"max_share {max_share!r} must be a number from 0 to 1")
-    row = conn.execute("SELECT mode FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()
+    row = conn.execute("SELECT mode, reconcile_reason FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()
     if row is None:
         raise LookupError(f"no run with run_id {run_id}")
-    if row[0] != "full":
-        raise ValueError(f"run {run_id} is an {row[0]} sync: only a full sync can tell which datasets are gone")
+    if row[0] != "full" and row[1] is None:
+        raise ValueError(f"run {run_id} is an {row[0]} sync that did not reconcile: only a full sync or a "
+                         "reconciliation can tell which datasets are gone")
     params = {"run": run_id, "portal": portal_url, "seen": seen_at}
     gone_where = """
         d.portal_url = %(portal)s AND d.removed_at IS NULL
         AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.run_id = %(run)s AND s.source_id = d.source_id)
+        AND NOT EXISTS (SELECT 1 FROM staging_listing l WHERE l.run_id = %(run)s AND l.source_id = d.source_id)
     """
     live, would_remove = conn.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {gone_where}) FROM datasets d"
@@ -261,10 +268,10 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
     share = would_remove / live
     if share > max_share and not force:
         log.warning(
-            "removal guard: this full sync of %s did not list %d of its %d live datasets (%.1f%%, more than"
-            " the allowed %.1f%%), so none was removed; if the portal really dropped them, run a full sync"
-            " with force_removals", portal_url, would_remove, live, share * 100,
-            max_share * 100)
+            "removal guard: this %s of %s did not list %d of its %d live datasets (%.1f%%, more than"
+            " the allowed %.1f%%), so none was removed; if the portal really dropped them, trigger a run"
+            " with force_removals (and full_sync or reconcile)", "full sync" if row[0] == "full" else "reconciliation",
+            portal_url, would_remove, live, share * 100, max_share * 100)
         return {**out, "removal_guard_tripped": 1}
     change = ch.removal(ch.SignificanceConfig(removed=removed_significance, review_threshold=review_threshold))
     removed = conn.execute(

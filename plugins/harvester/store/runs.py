@@ -20,19 +20,39 @@ class RunRow:
     since: datetime | None
     started_at: datetime
     stats: dict
+    reconcile_reason: str | None = None
+
+    @property
+    def lists_whole_portal(self) -> bool:
+        """A full sync or a reconciliation: the run knows every dataset the portal lists."""
+        return self.mode == "full" or self.reconcile_reason is not None
 
 
-_COLUMNS = "run_id, portal_url, portal_name, dag_run_id, mode, status, since, started_at, stats"
+_COLUMNS = "run_id, portal_url, portal_name, dag_run_id, mode, status, since, started_at, stats, reconcile_reason"
+
+
+@dataclass(frozen=True)
+class PortalStatus:
+    """What a run's plan needs of the portal's past: the watermark and when it was last listed whole."""
+
+    watermark: datetime | None = None
+    last_full_sync: datetime | None = None
+    last_reconciliation: datetime | None = None
+    listing_unusable: int = 0
 
 
 def watermark(conn, portal_url: str) -> datetime | None:
-    row = conn.execute("SELECT last_successful_sync FROM portal_sync_status WHERE portal_url = %s",
-                       (portal_url,)).fetchone()
-    return row[0] if row else None
+    return status(conn, portal_url).watermark
+
+
+def status(conn, portal_url: str) -> PortalStatus:
+    row = conn.execute("SELECT last_successful_sync, last_full_sync, last_reconciliation, listing_unusable"
+                       " FROM portal_sync_status WHERE portal_url = %s", (portal_url,)).fetchone()
+    return PortalStatus(*row) if row else PortalStatus()
 
 
 def start(conn, *, portal_url: str, portal_name: str, dag_run_id: str | None, mode: str,
-          since: datetime | None) -> RunRow:
+          since: datetime | None, reconcile_reason: str | None = None) -> RunRow:
     """Open a run. A retry of the same DAG run reuses its running row; any other running row of the
     portal is a run that died without a word (only one may run at a time) and is marked failed."""
     with conn.transaction():
@@ -48,12 +68,11 @@ def start(conn, *, portal_url: str, portal_name: str, dag_run_id: str | None, mo
             " error = 'abandoned: a newer run of this portal started while this one was still marked running'"
             " WHERE portal_url = %s AND status = 'running' RETURNING run_id", (portal_url,)).fetchall()
         if stale:
-            conn.execute("DELETE FROM staging_records WHERE run_id = ANY(%s)", ([r[0] for r in stale],))
-            conn.execute("DELETE FROM staging_changes WHERE run_id = ANY(%s)", ([r[0] for r in stale],))
+            _drop_staging(conn, [r[0] for r in stale])
         row = conn.execute(
-            f"INSERT INTO sync_runs (portal_url, portal_name, dag_run_id, mode, status, since)"
-            f" VALUES (%s, %s, %s, %s, 'running', %s) RETURNING {_COLUMNS}",
-            (portal_url, portal_name, dag_run_id, mode, since)).fetchone()
+            f"INSERT INTO sync_runs (portal_url, portal_name, dag_run_id, mode, status, since, reconcile_reason)"
+            f" VALUES (%s, %s, %s, %s, 'running', %s, %s) RETURNING {_COLUMNS}",
+            (portal_url, portal_name, dag_run_id, mode, since, reconcile_reason)).fetchone()
     return RunRow(*row)
 
 
@@ -81,6 +100,16 @@ def set_mode(conn, run_id: int, mode: str, since: datetime | None) -> None:
     conn.execute("UPDATE sync_runs SET mode = %s, since = %s WHERE run_id = %s", (mode, since, run_id))
 
 
+def set_reconcile(conn, run_id: int, reason: str) -> None:
+    """The run reconciles after all (the portal's count disagreed with ours)."""
+    conn.execute("UPDATE sync_runs SET reconcile_reason = %s WHERE run_id = %s", (reason, run_id))
+
+
+def _drop_staging(conn, run_ids: list[int]) -> None:
+    for table in ("staging_records", "staging_changes", "staging_listing"):
+        conn.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", (run_ids,))
+
+
 def add_stats(conn, run_id: int, stats: dict) -> None:
     """Merge a step's counts into the run's stats (a step's retry overwrites its own keys)."""
     conn.execute("UPDATE sync_runs SET stats = stats || %s WHERE run_id = %s", (Jsonb(stats), run_id))
@@ -98,17 +127,27 @@ def add_counts(conn, run_id: int, counts: dict[str, int]) -> None:
                  (*params, run_id))
 
 
-def commit(conn, run: RunRow, stats: dict, datasets_synced: int) -> None:
-    """Inside the caller's transaction: the run committed and the watermark moved to its start."""
+def commit(conn, run: RunRow, stats: dict, datasets_synced: int, listing_unusable: int | None = None) -> None:
+    """Inside the caller's transaction: the run committed and the watermark moved to its start; a
+    run that listed the whole portal also records when (and ``listing_unusable``: records it listed
+    that cannot be used)."""
     conn.execute("UPDATE sync_runs SET status = 'committed', finished_at = now(), stats = %s WHERE run_id = %s",
                  (Jsonb(complete_stats(stats)), run.run_id))
+    whole = run.lists_whole_portal
     conn.execute(
         "INSERT INTO portal_sync_status AS p (portal_url, portal_name, last_successful_sync, last_sync_mode,"
-        " sync_status, datasets_synced, updated_at) VALUES (%s, %s, %s, %s, 'completed', %s, now())"
+        " sync_status, datasets_synced, last_full_sync, last_reconciliation, listing_unusable, updated_at)"
+        " VALUES (%(url)s, %(name)s, %(start)s, %(mode)s, 'completed', %(synced)s, %(full)s, %(whole)s,"
+        " coalesce(%(unusable)s, 0), now())"
         " ON CONFLICT (portal_url) DO UPDATE SET portal_name = EXCLUDED.portal_name,"
         " last_successful_sync = EXCLUDED.last_successful_sync, last_sync_mode = EXCLUDED.last_sync_mode,"
-        " sync_status = 'completed', datasets_synced = EXCLUDED.datasets_synced, updated_at = now()",
-        (run.portal_url, run.portal_name, run.started_at, run.mode, datasets_synced))
+        " sync_status = 'completed', datasets_synced = EXCLUDED.datasets_synced,"
+        " last_full_sync = coalesce(EXCLUDED.last_full_sync, p.last_full_sync),"
+        " last_reconciliation = coalesce(EXCLUDED.last_reconciliation, p.last_reconciliation),"
+        " listing_unusable = coalesce(%(unusable)s, p.listing_unusable), updated_at = now()",
+        {"url": run.portal_url, "name": run.portal_name, "start": run.started_at, "mode": run.mode,
+         "synced": datasets_synced, "full": run.started_at if run.mode == "full" else None,
+         "whole": run.started_at if whole else None, "unusable": listing_unusable if whole else None})
 
 
 def abort(conn, run_id: int, status: str, error: str) -> bool:
@@ -123,8 +162,7 @@ def abort(conn, run_id: int, status: str, error: str) -> bool:
             (status, error[:4000], run_id)).fetchone()
         if row is None:
             return False
-        conn.execute("DELETE FROM staging_records WHERE run_id = %s", (run_id,))
-        conn.execute("DELETE FROM staging_changes WHERE run_id = %s", (run_id,))
+        _drop_staging(conn, [run_id])
         conn.execute(
             "INSERT INTO portal_sync_status AS p (portal_url, portal_name, sync_status, updated_at)"
             " VALUES (%s, %s, %s, now())"
