@@ -51,6 +51,10 @@ def test_portals_lists_the_file(capsys):
     assert main(["portals", "--file", str(ROOT / "dags" / "portals.yaml"), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert len(listed) >= 5 and {"canada", "humdata"} <= {p["name"] for p in listed}
+    canada = next(p for p in listed if p["name"] == "canada")
+    assert (canada["lookback"], canada["reconcile_every"], canada["full_sync_every"]) == ("2h", "1d", None)
+    assert main(["portals", "--file", str(ROOT / "dags" / "portals.yaml")]) == 0
+    assert "reconcile" in capsys.readouterr().out
 
 
 def test_db_commands_manage_an_embedded_server(tmp_path):

@@ -74,14 +74,21 @@ def cmd_db(args) -> int:
 
 # -- portals ----------------------------------------------------------------------------------
 def cmd_portals(args) -> int:
+    from .run import format_duration
+
+    def every(delta):
+        return None if delta is None else format_duration(delta)
+
     portals = portal_config.load_portals(args.file)
     if args.json:
         _print_json([{"name": p.name, "url": p.url, "enabled": p.enabled, "schedule": p.schedule,
-                      "dag_id": p.dag_id} for p in portals])
+                      "dag_id": p.dag_id, "lookback": every(p.lookback), "reconcile_every": every(p.reconcile_every),
+                      "full_sync_every": every(p.full_sync_every)} for p in portals])
         return 0
     _table(f"Portals ({portal_config.portals_file() if not args.file else args.file})",
-           ["name", "url", "enabled", "schedule", "dag"],
-           [(p.name, p.url, "yes" if p.enabled else "no", p.schedule or "-", p.dag_id) for p in portals])
+           ["name", "url", "enabled", "schedule", "dag", "lookback", "reconcile", "full sync"],
+           [(p.name, p.url, "yes" if p.enabled else "no", p.schedule or "-", p.dag_id, every(p.lookback),
+             every(p.reconcile_every) or "off", every(p.full_sync_every) or "off") for p in portals])
     return 0
 
 
