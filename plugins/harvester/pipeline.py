@@ -47,21 +47,27 @@ def client_for(portal: Portal, **overrides) -> CkanClient:
     return CkanClient(portal.url, **settings)
 
 
+def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple[int, int]:
+    """Normalize fetched packages and COPY them into staging from ``seq`` on, logging the ones that
+    cannot be used; returns (how many were staged, how many of them failed)."""
+    records = [ds.normalize(pkg, portal.url) for pkg in packages]
+    staging.write(conn, run_id, seq, records)
+    bad = [r for r in records if not r.ok]
+    for rec in bad:
+        log.warning("record failed: %s", rec.error)
+    return len(records), len(bad)
+
+
 def _stage_listing(conn, portal: Portal, run_id: int, client: CkanClient, since) -> dict:
     staging.clear(conn, run_id)
     progress = Progress(f"fetch_modified {portal.name}", None, log)
-    seq = fetched = failed = 0
+    seq = failed = 0
     for page in client.iter_pages(since, page_size=portal.page_size):
         progress.total = getattr(client, "total", None) or progress.total
-        records = [ds.normalize(pkg, portal.url) for pkg in page]
-        seq += staging.write(conn, run_id, seq, records)
-        bad = [r for r in records if not r.ok]
-        for rec in bad:
-            log.warning("record failed: %s", rec.error)
-        failed += len(bad)
-        fetched += len(records) - len(bad)
-        progress.advance(len(records))
-    return {"fetched": fetched, "failed": failed}
+        staged, bad = _stage(conn, portal, run_id, seq, page)
+        seq, failed = seq + staged, failed + bad
+        progress.advance(staged)
+    return {"fetched": seq - failed, "failed": failed}
 
 
 @contextlib.contextmanager
@@ -116,7 +122,7 @@ def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_
         if reason is None:
             total = client.count()
             live = datasets.live_count(conn, portal.url)
-            new = listing.new_in_run(conn, run_id, portal.url)
+            new = datasets.new_in_run(conn, run_id, portal.url)
             reason = count_drift(total, live, new, runs.status(conn, portal.url).listing_unusable)
             runs.add_stats(conn, run_id, {"portal_count": total})
             if reason is None:
@@ -160,8 +166,8 @@ def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_re
             if not whole_records:
                 log.warning("reconcile: %s ignored fl=%s and sends whole records; reconciling from them as from "
                             "a full listing (same outcome, more bytes)", portal.name, ",".join(LISTING_FIELDS))
-            whole_records += len(full)
-            seq += staging.write(conn, run_id, seq, [ds.normalize(rec, portal.url) for rec in full])
+            staged, _ = _stage(conn, portal, run_id, seq, full)
+            seq, whole_records = seq + staged, whole_records + staged
         progress.advance(len(page))
     if unusable:
         log.warning("reconcile: %d listed records have no id and cannot be harvested", unusable)
@@ -174,13 +180,9 @@ def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_re
     progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
     for ids in listing.iter_to_fetch(conn, run_id):
         for page in client.fetch_by_ids(ids, per_request=ids_per_request):
-            records = [ds.normalize(pkg, portal.url) for pkg in page]
-            seq += staging.write(conn, run_id, seq, records)
-            for rec in records:
-                if not rec.ok:
-                    log.warning("record failed: %s", rec.error)
-            fetched += len(records)
-            progress.advance(len(records))
+            staged, _ = _stage(conn, portal, run_id, seq, page)
+            seq, fetched = seq + staged, fetched + staged
+            progress.advance(staged)
     if not whole_records and fetched < to_fetch:
         log.info("reconcile: %d of the ids to fetch were no longer shown by the portal (deleted or hidden since "
                  "the listing); the next reconciliation sees them again", to_fetch - fetched)

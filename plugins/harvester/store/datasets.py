@@ -104,3 +104,15 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str) -> dict[str, 
 def live_count(conn, portal_url: str) -> int:
     return conn.execute("SELECT count(*) FROM datasets WHERE portal_url = %s AND removed_at IS NULL",
                         (portal_url,)).fetchone()[0]
+
+
+def new_in_run(conn, run_id: int, portal_url: str) -> int:
+    """Distinct usable records this run staged that are not live datasets yet (new or restored):
+    what this run adds to the portal's live count."""
+    return conn.execute(
+        """
+        SELECT count(DISTINCT s.source_id) FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.error IS NULL
+          AND NOT EXISTS (SELECT 1 FROM datasets d WHERE d.portal_url = %(portal)s AND d.source_id = s.source_id
+                            AND d.removed_at IS NULL)
+        """, {"run": run_id, "portal": portal_url}).fetchone()[0]

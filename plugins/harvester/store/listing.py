@@ -45,18 +45,6 @@ def write(conn, run_id: int, rows: Iterable[tuple[str, datetime | None]]) -> int
     return n
 
 
-def new_in_run(conn, run_id: int, portal_url: str) -> int:
-    """Distinct usable records this run staged that are not live datasets yet (new or restored):
-    what this run adds to the portal's live count."""
-    return conn.execute(
-        """
-        SELECT count(DISTINCT s.source_id) FROM staging_records s
-        WHERE s.run_id = %(run)s AND s.error IS NULL
-          AND NOT EXISTS (SELECT 1 FROM datasets d WHERE d.portal_url = %(portal)s AND d.source_id = s.source_id
-                            AND d.removed_at IS NULL)
-        """, {"run": run_id, "portal": portal_url}).fetchone()[0]
-
-
 def compare(conn, run_id: int, portal_url: str) -> dict[str, int]:
     """Mark each listed id missing or stale (see the module's docstring) and count: ``listed``
     (distinct ids), ``missing``, ``stale``."""
