@@ -221,3 +221,75 @@ def test_embed_changed_fans_out_over_shards_and_each_text_is_sent_once(harvest, 
     assert (status, stats["embedded"], stats["skipped"]) == ("committed", 250, 0)
     assert stats["embedding_requests"] == len(gemini.requests) == 3
     assert len(gemini.texts) == len(set(gemini.texts)) == 250
+
+
+# -- Ollama: an outage defers embeddings exactly like a Gemini outage --------------------------------
+@pytest.fixture
+def ollama(monkeypatch):
+    from fake_ollama import FakeOllama
+
+    with FakeOllama(models={"nomic-embed-text": 768}) as fake:
+        monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "ollama")
+        monkeypatch.setenv("OLLAMA_URL", fake.url)
+        monkeypatch.setenv("HARVESTER_EMBED_RETRY_DELAY_SECS", "0")
+        for name in ("OLLAMA_EMBEDDING_MODEL", "OLLAMA_EMBEDDING_DIMENSION", "OLLAMA_MAX_BATCH"):
+            monkeypatch.delenv(name, raising=False)  # the dimension is learnt by a probe request
+        yield fake
+
+
+def pending_datasets(db):
+    return db.execute("SELECT count(*) FROM datasets WHERE embedded_content_hash IS DISTINCT FROM content_hash"
+                      ).fetchone()[0]
+
+
+def test_an_ollama_outage_opens_the_breaker_at_the_dimension_probe_and_the_run_commits(
+        harvest, portal_server, db, samples, ollama, monkeypatch):
+    monkeypatch.setenv("CB_FAILURE_THRESHOLD", "2")
+    monkeypatch.setenv("CB_RECOVERY_TIMEOUT_SECS", "1")
+    records = samples("data-birmingham-gov-uk.jsonl")
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    ollama.fail_next(10_000, status=503)
+    assert harvest.run().state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert status == "committed"
+    # Two failed probes opened the shared breaker; the third attempt was never sent.
+    assert (stats["created"], stats["skipped"], stats["embedded"], stats["embedding_requests"]) == (len(records),
+                                                                                                 len(records), 0, 2)
+    assert len(ollama.requests) == 2
+    assert db.execute("SELECT provider, model, state FROM circuit_breakers").fetchall() == [
+        ("ollama", "ollama/nomic-embed-text", "open")]
+    assert pending_datasets(db) == len(records)
+
+    # Ollama recovers; once the breaker lets probes through, the next run embeds what was left.
+    ollama._fail.clear()
+    ollama.requests.clear()
+    time.sleep(1.2)
+    assert harvest.run().state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert (status, stats["fetched"], stats["embedded"], stats["skipped"]) == ("committed", 0, len(records), 0)
+    assert stats["embedding_requests"] == len(ollama.requests) == 2  # the probe and one batch
+    assert db.execute("SELECT state FROM circuit_breakers").fetchone()[0] == "closed"
+    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("ollama/nomic-embed-text", 768)]
+    assert pending_datasets(db) == 0
+
+
+def test_an_unreachable_ollama_leaves_the_texts_pending_and_the_run_commits(harvest, portal_server, db, samples,
+                                                                             ollama, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("OLLAMA_URL", f"http://127.0.0.1:{port}")  # nothing listens there
+    records = samples("data-birmingham-gov-uk.jsonl")
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run().state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert (status, stats["created"], stats["skipped"], stats["embedded"]) == ("committed", len(records),
+                                                                               len(records), 0)
+    assert stats["embedding_requests"] == 3  # HARVESTER_EMBED_ATTEMPTS probes, each counted by the breaker
+    assert db.execute("SELECT state, consecutive_failures FROM circuit_breakers WHERE provider = 'ollama'"
+                      ).fetchone() == ("closed", 3)
+    assert pending_datasets(db) == len(records)

@@ -57,7 +57,7 @@ def test_search_uses_the_hnsw_index(demo, db):
 
     query = LocalProvider().embed_query("air quality")
     plan = vectors.explain_search(db, MODEL_NAME, 384, query)
-    assert "Index Scan using embeddings_hnsw_sentence_transformers_all_minilm_l6_v2" in plan, plan
+    assert f"Index Scan using {vectors.index_name(MODEL_NAME)}" in plan, plan
 
 
 def test_removed_datasets_are_not_found(demo, db, capsys):
@@ -84,6 +84,25 @@ def test_invalidate_and_prune(demo, db, capsys):
 
     assert main(["embeddings", "invalidate", "--portal", "demo", "--dataset", source_id]) == 2
     assert "exactly one of --portal, --dataset, --model" in capsys.readouterr().err
+
+
+def test_invalidating_a_model_marks_only_the_datasets_it_leaves_without_a_vector_pending(demo, db, capsys):
+    def embedded():
+        assert main(["datasets", "--limit", "1000", "--json"]) == 0
+        return {r["embedded"] for r in json.loads(capsys.readouterr().out)}
+
+    assert embedded() == {True}
+    # An earlier model's vectors go: the datasets keep those of the active model.
+    db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
+               " SELECT content_hash, 'earlier-model', dimension, embedding FROM embeddings")
+    assert main(["embeddings", "invalidate", "--model", "earlier-model"]) == 0
+    capsys.readouterr()
+    assert embedded() == {True}
+    # The active model's vectors go: no dataset has a vector any more.
+    assert main(["embeddings", "invalidate", "--model", MODEL_NAME]) == 0
+    capsys.readouterr()
+    assert embedded() == {False}
+    assert db.execute("SELECT count(*) FROM datasets WHERE embedded_content_hash IS NOT NULL").fetchone()[0] == 0
 
 
 def test_switching_model_keeps_search_working_until_the_new_vectors_are_complete(demo, db, capsys, monkeypatch):

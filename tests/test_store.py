@@ -71,8 +71,9 @@ def test_each_model_gets_its_own_hnsw_index(db):
     defs = dict(db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
                            " AND indexname LIKE 'embeddings_hnsw_%'").fetchall())
     assert len(defs) == 2
-    assert "vector(384)" in defs["embeddings_hnsw_small_model"] and "'small-model'" in defs["embeddings_hnsw_small_model"]
-    assert "halfvec(3072)" in defs["embeddings_hnsw_big_model_3072"]
+    small, big = defs[vectors.index_name("small-model")], defs[vectors.index_name("big-model@3072")]
+    assert "vector(384)" in small and "'small-model'" in small
+    assert "halfvec(3072)" in big
 
 
 def test_vectors_of_the_wrong_dimension_are_refused(db):

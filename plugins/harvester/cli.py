@@ -186,7 +186,7 @@ def _search_model(conn, portal_url, provider):
 
 
 def cmd_search(args) -> int:
-    from .embeddings import get_provider
+    from .embeddings import TerminalEmbeddingError, get_provider
     from .store import db, vectors
 
     portal = _resolve_portal(args.portal)
@@ -195,6 +195,10 @@ def cmd_search(args) -> int:
         query_vector = provider.embed_query(args.query)
         rows = vectors.search(conn, provider.model, provider.dimension, query_vector,
                               portal_url=portal.url if portal else None, limit=args.limit)
+        try:
+            vectors.check_dimension(conn, provider.model, provider.dimension)
+        except vectors.DimensionMismatch as exc:
+            raise TerminalEmbeddingError(str(exc)) from None
         names = {p.url: p.name for p in portal_config.load_portals()} if rows else {}
     results = [{"rank": i, "score": round(float(r[0]), 4), "portal": names.get(r[1], r[1]), "title": r[2],
                 "url": r[3], "id": r[4]} for i, r in enumerate(rows, 1)]
@@ -250,7 +254,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_embeddings(args) -> int:
-    from .embeddings import get_provider
+    from .embeddings import EmbeddingError, get_provider
     from .store import db, vectors
 
     with db.open_cli() as conn:
@@ -262,7 +266,11 @@ def cmd_embeddings(args) -> int:
             print("harvester: error: invalidate takes exactly one of --portal, --dataset, --model", file=sys.stderr)
             return 2
         if args.model:
-            n = vectors.invalidate(conn, args.model, all_of_model=True)
+            try:
+                active = get_provider().model
+            except EmbeddingError:  # no usable provider configured: every dataset that lost its vector is pending
+                active = None
+            n = vectors.invalidate(conn, args.model, all_of_model=True, active_model=active)
             print(f"invalidated {n} vectors of model {args.model}")
             return 0
         model = get_provider().model

@@ -8,11 +8,13 @@ An authentication error is not the provider being unwell: it fails the task at o
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from . import dataset as ds
 from .breaker import BreakerConfig
@@ -22,6 +24,7 @@ from .store import runs, vectors
 from .store.breaker import SharedBreaker
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,16 +71,17 @@ class BreakerOpen(Exception):
     """The breaker rejected a call: stop calling for this run."""
 
 
-def _call(provider: EmbeddingProvider, breaker: SharedBreaker, texts: list[str], settings: EmbedSettings,
-          counts: dict) -> list | None:
-    """One batch: vectors, or None when it kept failing. Raises BreakerOpen and terminal errors."""
+def _call(breaker: SharedBreaker, request: Callable[[], T], what: str, settings: EmbedSettings,
+          counts: dict) -> T | None:
+    """One provider call (``request``; ``what`` names it in logs): its result, or None when it kept
+    failing. Raises BreakerOpen and terminal errors."""
     for attempt in range(1, settings.attempts + 1):
         decision = breaker.admit()
         if not decision.allowed:
             raise BreakerOpen(f"circuit breaker {breaker.name} is {decision.state}: retry in {decision.retry_in:.0f}s")
         counts["embedding_requests"] += 1
         try:
-            result = provider.embed_documents(texts)
+            result = request()
         except TerminalEmbeddingError:
             raise
         except EmbeddingError as exc:
@@ -85,8 +89,7 @@ def _call(provider: EmbeddingProvider, breaker: SharedBreaker, texts: list[str],
             breaker.record_failure(rate_limited=rate_limited, error_text=str(exc), probe=decision.probe)
             wait = min(settings.max_delay, exc.retry_after if rate_limited and exc.retry_after else
                        settings.retry_delay * attempt)
-            log.warning("embedding batch of %d texts failed (attempt %d of %d): %s", len(texts), attempt,
-                        settings.attempts, exc)
+            log.warning("%s failed (attempt %d of %d): %s", what, attempt, settings.attempts, exc)
             if attempt < settings.attempts:
                 time.sleep(wait)
             continue
@@ -95,28 +98,57 @@ def _call(provider: EmbeddingProvider, breaker: SharedBreaker, texts: list[str],
     return None
 
 
+def _dimension(provider: EmbeddingProvider, breaker: SharedBreaker, settings: EmbedSettings,
+               counts: dict) -> int | None:
+    """The provider's vector size; when reading it calls the provider (Ollama's probe), that call
+    goes through the breaker like any batch: None when it kept failing. Raises BreakerOpen."""
+    if not getattr(provider, "dimension_needs_call", False):
+        return provider.dimension
+    return _call(breaker, lambda: provider.dimension, f"reading the vector size of {provider.model}", settings,
+                 counts)
+
+
 def embed_pending(conn, reader, portal_url: str, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
                   breaker_config: BreakerConfig | None = None, label: str = "") -> dict:
     """Embed one shard of the portal's pending texts. Returns this call's counts; they are also
-    added to the run's stats as they happen."""
+    added to the run's stats as they happen. Vectors of the provider's model already stored with
+    another dimension raise TerminalEmbeddingError (retrying cannot help)."""
     settings = settings or EmbedSettings.from_env()
     breaker = SharedBreaker(conn, provider.name, provider.model, breaker_config or BreakerConfig.from_env())
-    vectors.ensure_index(conn, provider.model, provider.dimension)
-    total = vectors.count_pending(conn, run_id, portal_url, provider.model, shard, shards)
-    backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
-    progress = Progress(f"embed_changed {label}shard {shard + 1}/{shards} ({provider.model})", total, log)
     counts = {"embedding_requests": 0, "embedded": 0}
     left_pending = 0
     stopped: str | None = None
+    total = vectors.count_pending(conn, run_id, portal_url, provider.model, shard, shards)
+    dimension = None
+    if total:  # nothing to embed: no model to load, no probe to send
+        try:
+            dimension = _dimension(provider, breaker, settings, counts)
+        except BreakerOpen as exc:
+            stopped = str(exc)
+        finally:
+            if counts["embedding_requests"]:
+                runs.add_counts(conn, run_id, {"embedding_requests": counts["embedding_requests"]})
+        if dimension is None:
+            stopped = stopped or f"reading the vector size of {provider.model} kept failing"
+            log.warning("%s; leaving the texts pending for the next run", stopped)
+        else:
+            try:
+                vectors.ensure_index(conn, provider.model, dimension)
+            except vectors.DimensionMismatch as exc:
+                raise TerminalEmbeddingError(f"nothing was embedded: {exc}") from None
+    backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
+    progress = Progress(f"embed_changed {label}shard {shard + 1}/{shards} ({provider.model})", total, log)
     for batch in vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
                                       shard=shard, shards=shards, backlog_limit=backlog):
-        if stopped:
+        if stopped or dimension is None:  # (None: none were pending a moment ago; the next run sees them)
             left_pending += len(batch)
             continue
         before = counts["embedding_requests"]
+        texts = [ds.embedding_text(r[1], r[2]) for r in batch]
         try:
-            result = _call(provider, breaker, [ds.embedding_text(r[1], r[2]) for r in batch], settings, counts)
+            result = _call(breaker, functools.partial(provider.embed_documents, texts),
+                           f"embedding batch of {len(texts)} texts", settings, counts)
         except BreakerOpen as exc:
             stopped = str(exc)
             left_pending += len(batch)
@@ -127,7 +159,7 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
         if result is None:
             left_pending += len(batch)
             continue
-        stored = vectors.write(conn, provider.model, provider.dimension, [r[0] for r in batch], result)
+        stored = vectors.write(conn, provider.model, dimension, [r[0] for r in batch], result)
         counts["embedded"] += stored
         runs.add_counts(conn, run_id, {"embedded": stored})
         progress.advance(len(batch))

@@ -28,12 +28,6 @@ def get_provider(name: str | None = None) -> EmbeddingProvider:
 
 def provider_for_model(model: str) -> EmbeddingProvider:
     """The provider that made vectors stored under ``model`` (to embed a query in the same space)."""
-    from .local import MODEL_NAME
-
-    if model == MODEL_NAME:
-        from .local import LocalProvider
-
-        return LocalProvider()
     if model.startswith("ollama/"):
         from .ollama import OllamaProvider
 
@@ -43,6 +37,31 @@ def provider_for_model(model: str) -> EmbeddingProvider:
         from .gemini import GeminiProvider
 
         return GeminiProvider(model=name, dimension=int(dimension))
+    return _local_provider_for(model)
+
+
+def _local_provider_for(model: str) -> EmbeddingProvider:
+    """A local sentence-transformers model: the configured one (HARVESTER_LOCAL_MODEL) if it is
+    that model, the bundled all-MiniLM-L6-v2, or a model name in the Hugging Face cache."""
+    from . import local
+
+    try:
+        configured = local.LocalProvider()
+    except TerminalEmbeddingError:  # no local model configured or installed
+        configured = None
+    if configured is not None and configured.model == model:
+        return configured
+    if model == local.MODEL_NAME:
+        return local.LocalProvider(local.bundled_path() or model)
+    if model.startswith(local.LOCAL_PREFIX):
+        loads = f"loads {configured.model!r}" if configured is not None else "is not set"
+        raise TerminalEmbeddingError(
+            f"vectors of model {model!r} were made by a local model directory named "
+            f"{model[len(local.LOCAL_PREFIX):]!r}, but {local.ENV} {loads}: set {local.ENV} to that directory "
+            "to embed queries in the same space")
+    owner, slash, repo = model.partition("/")
+    if slash and owner and repo and not any(c.isspace() for c in model):
+        return local.LocalProvider(model)  # a model name: loaded from the Hugging Face cache
     raise TerminalEmbeddingError(f"no provider is known for vectors of model {model!r}")
 
 

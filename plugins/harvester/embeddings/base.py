@@ -34,6 +34,8 @@ class EmbeddingProvider(Protocol):
     model: str         # the model's identity in the embeddings table (text + model -> one vector)
     dimension: int
     max_batch: int     # texts per request
+    # Optional: ``dimension_needs_call`` (bool), true while reading ``dimension`` would call the
+    # provider (Ollama's probe), so the caller makes that read through its circuit breaker.
 
     def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
         """One L2-normalized vector per text, in order: a single request of at most max_batch texts."""

@@ -73,6 +73,11 @@ class OllamaProvider:
         return f"OllamaProvider(model={self.model!r}, url={_redact(self.url)!r})"
 
     @property
+    def dimension_needs_call(self) -> bool:
+        """Reading ``dimension`` sends a request (the probe): the caller guards it like any call."""
+        return self._dimension is None
+
+    @property
     def dimension(self) -> int:
         """The vector size: configured, or learnt from one probe request on first use."""
         if self._dimension is None:

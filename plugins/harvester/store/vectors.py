@@ -6,7 +6,9 @@ and one can replace another without dropping data.
 """
 from __future__ import annotations
 
+import hashlib
 import re
+import shlex
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -15,9 +17,29 @@ from psycopg import sql
 HNSW_MAX_VECTOR_DIMS = 2000
 
 
+def _slug(model: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
+
+
 def index_name(model: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")[:40]
-    return f"embeddings_hnsw_{slug}"
+    """The model's HNSW index: a readable slug and a hash of the exact model name, so two models
+    whose slugs agree (a shared long prefix, "a-b" and "a.b") never share a name; at most 63
+    characters, PostgreSQL's limit."""
+    digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:10]
+    return f"embeddings_hnsw_{_slug(model)[:36]}_{digest}"
+
+
+class DimensionMismatch(ValueError):
+    """Vectors stored under a model have another size than the model now gives."""
+
+    def __init__(self, model: str, stored: int, new: int):
+        self.model, self.stored, self.new = model, stored, new
+        super().__init__(
+            f"vectors of model {model!r} in the database have {stored} dimensions, but the model now gives "
+            f"{new}: one model's vectors must all have one size. If the model really changed, drop its old "
+            f"vectors with `harvester embeddings invalidate --model {shlex.quote(model)}` (its datasets are "
+            f"embedded again by the next runs) or give the new model a name of its own; otherwise configure "
+            f"the model that made the stored vectors again")
 
 
 def index_expression(dimension: int) -> sql.Composable:
@@ -29,16 +51,66 @@ def opclass(dimension: int) -> str:
     return "vector_cosine_ops" if dimension <= HNSW_MAX_VECTOR_DIMS else "halfvec_cosine_ops"
 
 
+def _model_indexes(conn, model: str) -> list[tuple[str, str, int]]:
+    """(schema, name, dimension) of each HNSW index on embeddings whose predicate is exactly
+    ``model = <model>``, whatever its name."""
+    return conn.execute(
+        """
+        SELECT n.nspname, c.relname, a.atttypmod
+        FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indexrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'
+        JOIN pg_attribute a ON a.attrelid = i.indexrelid AND a.attnum = 1
+        WHERE i.indrelid = 'embeddings'::regclass
+          AND pg_get_expr(i.indpred, i.indrelid) = '(model = ' || quote_literal(%s::text) || '::text)'
+        ORDER BY c.relname = %s DESC, c.relname
+        """, (model, index_name(model))).fetchall()
+
+
+def _other_dimension(conn, model: str, dimension: int) -> int | None:
+    row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s AND dimension <> %s LIMIT 1",
+                       (model, dimension)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def check_dimension(conn, model: str, dimension: int) -> None:
+    """Raise DimensionMismatch if vectors of ``model`` with another dimension are stored. Cheap
+    when the model has its index of ``dimension`` (every stored vector fits it); otherwise one
+    look at the table."""
+    indexes = _model_indexes(conn, model)
+    if indexes and all(size == dimension for _, _, size in indexes):
+        return
+    stored = _other_dimension(conn, model, dimension)
+    if stored is not None:
+        raise DimensionMismatch(model, stored, dimension)
+
+
 def ensure_index(conn, model: str, dimension: int) -> None:
-    """Create the model's HNSW index if it does not exist yet (idempotent)."""
+    """Make sure the model's HNSW index exists, of ``dimension`` (idempotent). An index of the model
+    under an earlier version's name is renamed, not built twice; one of another size is dropped
+    when no vector of that size is left (``harvester embeddings invalidate --model``). Raises
+    DimensionMismatch when vectors of the model with another dimension are stored."""
+    name = index_name(model)
     statement = sql.SQL(
         "CREATE INDEX IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
-    ).format(name=sql.Identifier(index_name(model)), expr=index_expression(dimension),
+    ).format(name=sql.Identifier(name), expr=index_expression(dimension),
              ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
     with conn.transaction():
         # Tasks of several portals may start with a new model at once: one creates the index.
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (index_name(model),))
-        conn.execute(statement)
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        check_dimension(conn, model, dimension)
+        fitting = None
+        for schema, index, size in _model_indexes(conn, model):
+            if size != dimension:  # no vector of that size is left: the index would refuse new ones
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
+            elif fitting is None:
+                fitting = (schema, index)
+        if fitting is None:
+            conn.execute(statement)
+        elif fitting[1] != name:  # the name an earlier version gave it
+            conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting),
+                                                                      sql.Identifier(name)))
 
 
 _PENDING = """
@@ -184,11 +256,28 @@ def explain_search(conn, model: str, dimension: int, query_vector) -> str:
 
 
 def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: str | None = None,
-               all_of_model: bool = False) -> int:
+               all_of_model: bool = False, active_model: str | None = None) -> int:
     """Delete vectors of ``model`` so what they belong to is embedded again on its next run:
-    every vector of the model, or those of one portal's datasets, or of one dataset."""
+    every vector of the model, or those of one portal's datasets, or of one dataset. Datasets
+    whose text lost its vector are marked pending (not embedded) again; with ``all_of_model``,
+    those whose text still has a vector of ``active_model`` (the model runs link datasets to)
+    stay embedded."""
     if all_of_model:
-        return conn.execute("DELETE FROM embeddings WHERE model = %s", (model,)).rowcount
+        # One statement: the UPDATE sees the table as it was before the DELETE, hence the
+        # e.model <> model (a vector of the model being deleted does not count).
+        return conn.execute(
+            """
+            WITH gone AS (
+                DELETE FROM embeddings WHERE model = %(model)s RETURNING content_hash
+            ), unlinked AS (
+                UPDATE datasets d SET embedded_content_hash = NULL
+                FROM gone
+                WHERE d.content_hash = gone.content_hash AND d.embedded_content_hash IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash
+                                    AND e.model = %(active)s AND e.model <> %(model)s)
+            )
+            SELECT count(*) FROM gone
+            """, {"model": model, "active": active_model}).fetchone()[0]
     if portal_url is None and source_id is None:
         raise ValueError("name what to invalidate: a portal, a dataset or a model")
     with conn.transaction():

@@ -1,0 +1,84 @@
+"""Each model's partial HNSW index: a unique name per model (however long, whatever its slug),
+indexes of databases made by earlier versions renamed rather than built twice, and a model whose
+dimension changed refused while its old vectors are stored."""
+import re
+
+import numpy as np
+import pytest
+from psycopg import sql
+
+from harvester.store import vectors
+
+# Two models whose names agree on more than the 40 characters earlier versions kept of the slug.
+BASE = "organisation/multilingual-embedding-model-v2-base"
+LARGE = "organisation/multilingual-embedding-model-v2-large"
+
+
+def legacy_name(model: str) -> str:
+    """What earlier versions called the index: the slug cut to 40 characters."""
+    return "embeddings_hnsw_" + re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")[:40]
+
+
+def indexes(db) -> dict[str, str]:
+    """index name -> the model of its predicate."""
+    rows = db.execute(
+        "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = 'embeddings'::regclass AND i.indpred IS NOT NULL").fetchall()
+    return {name: predicate.split("'")[1] for name, predicate in rows}
+
+
+def unit_vectors(n: int, dimension: int, seed: int = 0):
+    rows = np.random.default_rng(seed).standard_normal((n, dimension)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
+    assert legacy_name(BASE) == legacy_name(LARGE)
+    for model in (BASE, LARGE, "a-b", "a.b"):
+        vectors.ensure_index(db, model, 8)
+    found = indexes(db)
+    assert sorted(found.values()) == sorted([BASE, LARGE, "a-b", "a.b"])
+    for model in (BASE, LARGE, "a-b", "a.b"):
+        name = vectors.index_name(model)
+        assert found[name] == model and len(name) <= 63  # not cut short by PostgreSQL
+
+    vectors.write(db, LARGE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    plan = vectors.explain_search(db, LARGE, 8, unit_vectors(1, 8)[0])
+    assert f"Index Scan using {vectors.index_name(LARGE)}" in plan, plan
+
+
+def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
+    # A database made by an earlier version: BASE's index holds the name LARGE would have had.
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+                       " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)), sql.Literal(BASE)))
+    oid = db.execute("SELECT %s::regclass::oid", (legacy_name(BASE),)).fetchone()[0]
+
+    vectors.ensure_index(db, LARGE, 8)  # LARGE gets an index of its own; BASE's is left as it is
+    assert indexes(db) == {legacy_name(BASE): BASE, vectors.index_name(LARGE): LARGE}
+
+    vectors.ensure_index(db, BASE, 8)  # BASE's index takes its new name: the same index, not a second one
+    assert indexes(db) == {vectors.index_name(BASE): BASE, vectors.index_name(LARGE): LARGE}
+    assert db.execute("SELECT %s::regclass::oid", (vectors.index_name(BASE),)).fetchone()[0] == oid
+
+
+def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invalidated(db):
+    model = "local/my-model"
+    vectors.ensure_index(db, model, 16)
+    vectors.write(db, model, 16, ["h1", "h2"], unit_vectors(2, 16))
+
+    with pytest.raises(vectors.DimensionMismatch) as info:
+        vectors.ensure_index(db, model, 24)
+    message = str(info.value)
+    assert "'local/my-model'" in message and "have 16 dimensions" in message and "now gives 24" in message
+    assert "harvester embeddings invalidate --model local/my-model" in message
+    with pytest.raises(vectors.DimensionMismatch):
+        vectors.check_dimension(db, model, 24)
+    vectors.check_dimension(db, model, 16)
+
+    assert vectors.invalidate(db, model, all_of_model=True) == 2
+    vectors.ensure_index(db, model, 24)  # the index of 16 dimensions would refuse the new vectors: replaced
+    vectors.write(db, model, 24, ["h1"], unit_vectors(1, 24))
+    definitions = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
+                             " AND strpos(indexdef, %s) > 0", (f"'{model}'",)).fetchall()
+    assert len(definitions) == 1 and definitions[0][0] == vectors.index_name(model)
+    assert "vector(24)" in definitions[0][1]
