@@ -225,6 +225,11 @@ def test_airflow_init_migrates_and_creates_the_embedding_pool(config: dict):
     assert init["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
     script = "\n".join(init["command"])
     assert re.search(r"airflow pools set embedding_api 4 \"[^\"]+\"", script), script
+    # The harvester schema, each migration in its own transaction; under `set -e`, so a failing
+    # migration fails airflow-init and nothing that depends on it starts.
+    migrate = re.search(r"^(?:\w+=\S*\s+)*(?:/entrypoint\s+)?harvester db migrate$", script, re.M)
+    assert migrate, script
+    assert 0 <= script.find("set -e") < migrate.start(), script
     for name in set(AIRFLOW_SERVICES) - {"airflow-init"}:
         depends_on = config["services"][name]["depends_on"]
         assert depends_on["airflow-init"]["condition"] == "service_completed_successfully", name
@@ -235,6 +240,8 @@ def test_harvester_settings(config: dict):
         env = service["environment"]
         assert env["HARVESTER_PORTALS_FILE"] == "/opt/airflow/dags/portals.yaml", name
         assert env["HARVESTER_EMBEDDING_PROVIDER"], name
+        # Never the embedded PostgreSQL (fsync off) in a deployment: no harvester_db is an error.
+        assert env["HARVESTER_EMBEDDED_DB"] == "off", name
 
 
 # --- the data database ---------------------------------------------------------------------

@@ -221,3 +221,23 @@ def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, sample
         for item in value if isinstance(value, list) else [value]:
             assert isinstance(item, dict) and "run_id" in item
             assert all(isinstance(v, int) or k == "mode" for k, v in item.items()), item
+
+
+def test_datasets_synced_is_the_number_of_live_datasets_held(harvest, portal_server, db, samples):
+    def live():
+        return db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()[0]
+
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    assert harvest.run(full_sync=True).state == "success"
+    assert watermark(db)[3] == live() == len(records)
+
+    assert harvest.run().state == "success"        # a quiet incremental run: nothing fetched
+    assert last_stats(db)["fetched"] == 0
+    assert watermark(db)[3] == live() == len(records)
+
+    portal_server.set_records(records[1:])         # one dataset gone: the full sync removes it
+    assert harvest.run(full_sync=True).state == "success"
+    assert last_stats(db)["removed"] == 1
+    assert watermark(db)[3] == live() == len(records) - 1

@@ -1,7 +1,8 @@
 """The `harvester` command: the database, portals, runs and datasets, without a scheduler.
 
 Database: HARVESTER_DATABASE_URL, else the Airflow connection harvester_db
-(AIRFLOW_CONN_HARVESTER_DB), else the embedded PostgreSQL under .harvester/.
+(AIRFLOW_CONN_HARVESTER_DB), else the embedded PostgreSQL under .harvester/ (an error instead
+with HARVESTER_EMBEDDED_DB=off).
 """
 from __future__ import annotations
 

@@ -258,7 +258,8 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         if removals.get("removal_guard_tripped"):
             stats["removals_withheld"] = removals.get("would_remove", 0)
         unusable = stats.get("reconcile_unusable", 0) if run.mode != FULL else stats.get("failed", 0)
-        runs.commit(conn, run, stats, datasets_synced=stats.get("fetched", 0), listing_unusable=unusable)
+        # datasets_synced: the live datasets held for the portal now (after the merge and removals).
+        runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable)
         staging.clear(conn, run_id)
         listing.drop(conn, run_id)
         final = runs.get(conn, run_id).stats

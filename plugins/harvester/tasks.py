@@ -21,13 +21,17 @@ def _context():
 
 
 @contextlib.contextmanager
-def _connection():
+def _connection(migrate: bool = False):
+    """A connection to harvester_db. Only begin migrates; the other tasks check the schema is current.
+    A configuration error (harvester_db malformed, or undefined while HARVESTER_EMBEDDED_DB=off; the
+    schema behind) and a pgvector that cannot run fail the task without retries; a secrets backend or
+    database that did not answer fails it with retries (store/db.py)."""
     from .store import db
     from .store.vector_check import VectorExtensionError
 
     try:
-        conn = db.open_task()
-    except VectorExtensionError as exc:  # pgvector cannot run on the server: retries would crash it again
+        conn = db.open_task(migrate=migrate)
+    except (VectorExtensionError, db.DatabaseConfigError) as exc:  # retries would meet the same
         _fail_fast(exc)
     try:
         yield conn

@@ -1,23 +1,48 @@
 """Connections to the harvester database: which one, and opened ready for use.
 
 DAG tasks use the Airflow connection ``harvester_db`` through PostgresHook. The CLI uses
-HARVESTER_DATABASE_URL, else that same connection, else the embedded server. With none
-configured, both fall back to the embedded PostgreSQL (store/server.py).
+HARVESTER_DATABASE_URL, else that same connection (AIRFLOW_CONN_HARVESTER_DB), else the embedded
+server. The embedded PostgreSQL (store/server.py: a local server run with fsync off) is used only
+when no ``harvester_db`` is defined at all (a task says so in a WARNING), and never with
+HARVESTER_EMBEDDED_DB=off. Any other problem with the connection fails, naming it and why:
+
+* DatabaseConfigError: the configuration is wrong (a value that does not parse, not a PostgreSQL
+  URI, not defined while the embedded server is off, a schema behind the code). Retrying cannot
+  help: tasks fail at once, without retries.
+* DatabaseLookupError: looking the connection up or connecting failed (a secrets backend raised,
+  the server did not answer). That may pass: tasks fail and are retried.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from .migrations import migrate
+from . import migrations
 
 log = logging.getLogger(__name__)
 
 CONN_ID = "harvester_db"
 URL_ENV = "HARVESTER_DATABASE_URL"
+EMBEDDED_ENV = "HARVESTER_EMBEDDED_DB"
+# What a PostgreSQL URI may start with (Airflow reads postgresql:// as connection type postgres).
+POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
+
+
+class DatabaseConfigError(RuntimeError):
+    """The database configuration is wrong; retrying cannot help."""
+
+
+class DatabaseLookupError(RuntimeError):
+    """Looking the database connection up, or connecting, failed; it may pass."""
+
+
+def conn_env(conn_id: str = CONN_ID) -> str:
+    """The environment variable that defines Airflow connection ``conn_id``."""
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
 
 
 def redact(url: str) -> str:
@@ -29,28 +54,96 @@ def redact(url: str) -> str:
     return url
 
 
+_JSON_PASSWORD = re.compile(r'("password"\s*:\s*)"(?:[^"\\]|\\.)*"')
+
+
+def _redact_value(value: str) -> str:
+    """A connection's value (a URI or Airflow's JSON form) fit for a log or an error message."""
+    value = value.strip()
+    if value.startswith("{"):
+        return _JSON_PASSWORD.sub(r'\1"***"', value)
+    try:
+        return redact(value)
+    except ValueError:  # not even a URL: show nothing of it that could be a secret
+        return f"<{len(value)} characters that are not a URI>"
+
+
+def _scrub(text: str, value: str) -> str:
+    """``text`` (an error message) with ``value`` and its password in it replaced by the redacted form."""
+    text = text.replace(value, _redact_value(value))
+    try:
+        password = urlsplit(value.strip()).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+def embedded_allowed() -> bool:
+    """HARVESTER_EMBEDDED_DB: on (the default) or off (no fallback to the embedded server)."""
+    raw = os.environ.get(EMBEDDED_ENV, "")
+    value = raw.strip().lower()
+    if value in ("", "on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise DatabaseConfigError(f"{EMBEDDED_ENV}={raw!r} is neither on nor off")
+
+
+def _embedded_url(why: str, level: int) -> str:
+    """The embedded server's URL (started if need be), unless HARVESTER_EMBEDDED_DB=off."""
+    if not embedded_allowed():
+        raise DatabaseConfigError(
+            f"{why}, and {EMBEDDED_ENV}=off rules the embedded PostgreSQL out: define the Airflow connection "
+            f"{CONN_ID} (e.g. {conn_env()}=postgresql://user:password@host:5432/harvester)")
+    log.log(level, "%s: using the embedded PostgreSQL, a local server run with fsync off, not meant for "
+            "production (define the connection %s, or set %s=off to make this an error)", why, CONN_ID, EMBEDDED_ENV)
+    from .server import embedded
+
+    return embedded().start()
+
+
+def _postgres_url(url: str, source: str) -> str:
+    """``url`` with the scheme libpq wants; DatabaseConfigError naming ``source`` and the redacted
+    URL when it is no PostgreSQL URI."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in POSTGRES_SCHEMES:
+        raise DatabaseConfigError(f"{source} is not a PostgreSQL URI ({_redact_value(url)}): expected "
+                                  "postgresql://user:password@host:5432/database")
+    parts = urlsplit(url)
+    if "," not in parts.netloc:  # libpq's multi-host form has no single port to check
+        try:
+            parts.port
+        except ValueError as exc:
+            raise DatabaseConfigError(f"{source} ({_redact_value(url)}) has a bad port: {exc}") from None
+    return "postgresql://" + rest
+
+
 def _url_from_airflow_env(conn_id: str) -> str | None:
-    raw = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+    raw = os.environ.get(conn_env(conn_id))
     if not raw:
         return None
     if raw.lstrip().startswith("{"):
         from airflow.sdk import Connection
 
-        return Connection(conn_id=conn_id, **json.loads(raw)).get_uri()
+        try:
+            return Connection(conn_id=conn_id, **json.loads(raw)).get_uri()
+        except (ValueError, TypeError) as exc:
+            raise DatabaseConfigError(
+                f"{conn_env(conn_id)} (the connection {conn_id}) does not parse ({_redact_value(raw)}): "
+                f"{type(exc).__name__}: {_scrub(str(exc), raw)}") from None
     return raw
 
 
 def cli_database_url() -> str:
-    """The CLI's database: HARVESTER_DATABASE_URL, the harvester_db connection, or the embedded server."""
-    url = os.environ.get(URL_ENV) or _url_from_airflow_env(CONN_ID)
+    """The CLI's database: HARVESTER_DATABASE_URL, the harvester_db connection, or the embedded
+    server (the laptop path, said at INFO; an error with HARVESTER_EMBEDDED_DB=off)."""
+    if os.environ.get(URL_ENV):
+        return _postgres_url(os.environ[URL_ENV], URL_ENV)
+    url = _url_from_airflow_env(CONN_ID)
     if url:
-        scheme, rest = url.split("://", 1)
-        if scheme in ("postgres", "postgresql+psycopg", "postgresql+psycopg2"):
-            url = "postgresql://" + rest
-        return url
-    from .server import embedded
-
-    return embedded().start()
+        return _postgres_url(url, f"{conn_env()} (the connection {CONN_ID})")
+    return _embedded_url(f"neither {URL_ENV} nor {conn_env()} is set", logging.INFO)
 
 
 def connect_url(url: str):
@@ -59,21 +152,72 @@ def connect_url(url: str):
     return psycopg.connect(url)
 
 
-def airflow_connection(conn_id: str = CONN_ID):
-    """The harvester_db connection through PostgresHook, or the embedded server when it is not defined."""
+def _lookup(conn_id: str):
+    """The Airflow connection ``conn_id``, None when no secrets backend defines it. Any other
+    failure raises DatabaseConfigError or DatabaseLookupError naming the connection and why."""
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
     try:
-        from airflow.sdk import Connection
+        return Connection.get(conn_id)
+    except AirflowNotFoundException:
+        pass
+    except Exception as exc:  # e.g. AirflowSecretsBackendAccessDenied
+        raise DatabaseLookupError(f"could not look up the Airflow connection {conn_id}: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    # Airflow also says "not defined" when a secrets backend raised or a value did not parse (it
+    # logs those at DEBUG and asks the next backend): ask each backend again to tell them apart.
+    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
 
-        Connection.get(conn_id)
-    except Exception as exc:  # AirflowNotFoundException, or no Airflow at all
-        log.info("Airflow connection %r is not defined (%s); using the embedded PostgreSQL", conn_id,
-                 type(exc).__name__)
-        from .server import embedded
+    for backend in ensure_secrets_backend_loaded():
+        found = _ask_backend(backend, conn_id)
+        if found is not None:
+            return found
+    return None
 
-        return connect_url(embedded().start())
+
+def _ask_backend(backend, conn_id: str):
+    """What one secrets backend holds for ``conn_id`` (None: nothing), its failures named: a value
+    that does not parse is a configuration error, the backend failing may pass."""
+    from airflow.secrets.environment_variables import EnvironmentVariablesBackend
+
+    where = (f"{conn_env(conn_id)} (the Airflow connection {conn_id})"
+             if isinstance(backend, EnvironmentVariablesBackend)
+             else f"the Airflow connection {conn_id} in the secrets backend {type(backend).__name__}")
+    try:
+        try:
+            value = backend.get_conn_value(conn_id)
+        except NotImplementedError:  # a backend that implements get_connection only
+            return backend.get_connection(conn_id)
+    except Exception as exc:
+        raise DatabaseLookupError(f"could not look up {where}: {type(exc).__name__}: {exc}") from None
+    if not value:
+        return None
+    try:
+        return backend.deserialize_connection(conn_id=conn_id, value=value)
+    except Exception as exc:
+        raise DatabaseConfigError(f"{where} does not parse ({_redact_value(value)}): "
+                                  f"{type(exc).__name__}: {_scrub(str(exc), value)}") from None
+
+
+def airflow_connection(conn_id: str = CONN_ID):
+    """The database of the Airflow connection ``conn_id``, through PostgresHook. The embedded
+    server only when no secrets backend defines the connection (with a WARNING), and not even
+    then with HARVESTER_EMBEDDED_DB=off."""
+    conn = _lookup(conn_id)
+    if conn is None:
+        return connect_url(_embedded_url(f"no Airflow connection {conn_id} is defined", logging.WARNING))
+    uri = _redact_value(conn.get_uri())
+    if (conn.conn_type or "").lower() not in POSTGRES_SCHEMES:
+        raise DatabaseConfigError(f"the Airflow connection {conn_id} is not a PostgreSQL connection (type "
+                                  f"{conn.conn_type!r}: {uri}): expected postgresql://user:password@host:5432/database")
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-    return PostgresHook(postgres_conn_id=conn_id).get_conn()
+    try:
+        return PostgresHook(postgres_conn_id=conn_id).get_conn()
+    except Exception as exc:
+        raise DatabaseLookupError(f"could not connect to the database of the Airflow connection {conn_id} "
+                                  f"({uri}): {type(exc).__name__}: {exc}") from exc
 
 
 def embedded_log(conn) -> Path | None:
@@ -88,18 +232,35 @@ def embedded_log(conn) -> Path | None:
     return server.logfile if conn.info.host in ("127.0.0.1", "localhost") and conn.info.port == port else None
 
 
-def prepare(conn):
-    """Autocommit on (atomic work uses explicit transactions), migrations applied, pgvector
-    checked (once per process and server: see vector_check.py) and its types registered: the
-    connection is ready for the store."""
+def require_current_schema(conn) -> None:
+    """DatabaseConfigError when migrations are pending (one query; waits for a migration under way)."""
+    missing = migrations.pending(conn)
+    if missing:
+        where = f"{conn.info.host or 'localhost'}:{conn.info.port}/{conn.info.dbname}"
+        raise DatabaseConfigError(
+            f"the harvester database {where} lacks migrations {', '.join(missing)}: run `harvester db migrate` "
+            "(Docker Compose: `docker compose up airflow-init`); a harvest run's begin task applies them too")
+
+
+def prepare(conn, *, migrate: bool = True):
+    """Autocommit on (atomic work uses explicit transactions), pending migrations applied (or, with
+    ``migrate=False``, the schema checked to be current), pgvector checked (once per process and
+    server: see vector_check.py) and its types registered: the connection is ready for the store."""
     from pgvector.psycopg import register_vector
 
     from .vector_check import ensure_vector_works
 
-    conn.autocommit = True
-    migrate(conn)
-    ensure_vector_works(conn, embedded_log(conn))
-    register_vector(conn)
+    try:
+        conn.autocommit = True
+        if migrate:
+            migrations.migrate(conn)
+        else:
+            require_current_schema(conn)
+        ensure_vector_works(conn, embedded_log(conn))
+        register_vector(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -107,5 +268,7 @@ def open_cli():
     return prepare(connect_url(cli_database_url()))
 
 
-def open_task():
-    return prepare(airflow_connection())
+def open_task(migrate: bool = False):
+    """A task's connection. Only a run's begin task migrates (``migrate=True``); the others check
+    that the schema is current."""
+    return prepare(airflow_connection(), migrate=migrate)

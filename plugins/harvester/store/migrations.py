@@ -26,22 +26,61 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
     return files
 
 
+class MigrationError(RuntimeError):
+    """A migration failed: it was rolled back, the ones before it stay applied."""
+
+
 def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
-    """Apply pending migrations, each in its own transaction; return the names applied."""
-    applied_now: list[str] = []
+    """Apply pending migrations in order, each in its own transaction, and return the names applied.
+    A failing migration is rolled back and named (MigrationError); those before it stay applied and
+    recorded. A session advisory lock keeps two processes from migrating at once. Call it with no
+    transaction open (an autocommit connection, or one idle)."""
+    files = migration_files(sql_dir)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-        for version, path in migration_files(sql_dir):
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    try:
+        with conn.transaction():
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+        applied_now: list[str] = []
+        for version, path in files:
             if version in done:
                 continue
             log.info("applying migration %s", path.name)
-            conn.execute(path.read_text(encoding="utf-8"))
-            conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, path.name))
+            try:
+                with conn.transaction():
+                    conn.execute(path.read_text(encoding="utf-8"))
+                    conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                                 (version, path.name))
+            except Exception as exc:
+                before = f"; applied before it: {', '.join(applied_now)}" if applied_now else ""
+                raise MigrationError(f"migration {path.name} failed and was rolled back{before}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
             applied_now.append(path.name)
+    finally:
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+        except Exception:  # the session is gone, and its lock with it: keep the original error
+            log.debug("could not release the migration lock", exc_info=True)
+    log.info("schema migrations: %s", f"applied {', '.join(applied_now)}" if applied_now
+             else f"up to date ({len(files)} applied)")
     return applied_now
+
+
+def pending(conn, sql_dir: Path = SQL_DIR) -> list[str]:
+    """The names of the migrations not applied yet. Waits for a migration under way (the shared
+    side of migrate's lock), then reads schema_migrations once."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (_LOCK_KEY,))
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+    except psycopg.errors.UndefinedTable:  # an empty database
+        done = set()
+    return [path.name for version, path in migration_files(sql_dir) if version not in done]
