@@ -1,6 +1,7 @@
 """The CKAN client against the demo portal over real HTTP: keyset listing, retries, errors."""
 from __future__ import annotations
 
+import base64
 import email.utils
 import logging
 import os
@@ -358,6 +359,46 @@ def test_timeout(portal):
                                "(last: timeout after 0.1s (ReadTimeout))")
 
 
+# Answers with status 200 that CKAN did not write: a proxy's or a captive portal's page, a truncated
+# body, an envelope without success. (body for fail_next, what the error says of the last attempt)
+NOT_CKAN = {
+    "html page": (None, "HTTP 200, not a JSON answer (text/html;charset=utf-8): "
+                        "<html><body><h1>HTTP 200</h1></body></html>"),
+    "broken json": ('{"help": "x", "success": tr', "HTTP 200, not a JSON answer (application/json;charset=utf-8): "
+                                                   '{"help": "x", "success": tr'),
+    "success false": ({"help": "x", "success": False, "error": {"__type": "Internal Server Error",
+                                                                "message": "Internal Server Error"}},
+                      "HTTP 200 with success: false, Internal Server Error: Internal Server Error"),
+    "no envelope": ({"count": 3}, 'HTTP 200, not a CKAN action answer: {"count": 3}'),
+}
+
+
+@pytest.mark.parametrize("body, last", NOT_CKAN.values(), ids=list(NOT_CKAN))
+def test_answers_not_from_ckan_are_retried_like_5xx(portal, body, last):
+    portal.fail_next(2, 200, body=body)
+    client = make_client(portal.base_url)
+    assert client.status()["ckan_version"] == "2.10.4"
+    assert client.requests_made == 3 == len(portal.requests)
+    # when the retries are spent: PortalUnavailable (transient), never a FilterRejected
+    portal.fail_next(3, 200, body=body, action="package_search")
+    client = make_client(portal.base_url, max_retries=2)
+    with pytest.raises(PortalUnavailable) as info:
+        listing(client, since=datetime(2013, 6, 1))
+    assert str(info.value) == f"{portal.base_url} package_search: portal unavailable after 3 attempts (last: {last})"
+    assert client.requests_made == 3
+
+
+def test_ckan_errors_other_than_a_refused_filter_are_not_filter_rejected(portal):
+    portal.fail_next(1, 403, action="package_search", body={
+        "help": "x", "success": False, "error": {"__type": "Authorization Error", "message": "Access denied"}})
+    client = make_client(portal.base_url)
+    with pytest.raises(CkanError) as info:
+        listing(client, since=datetime(2013, 6, 1))
+    assert type(info.value) is CkanError and not info.value.transient
+    assert str(info.value) == f"{portal.base_url} package_search: HTTP 403 Authorization Error: Access denied"
+    assert client.requests_made == 1
+
+
 # -- politeness and secrets ----------------------------------------------------------------------
 def test_politeness_delay(portal):
     client = make_client(portal.base_url, politeness_delay=0.2)
@@ -385,6 +426,46 @@ def test_credentials_are_sent_but_never_logged(portal, caplog):
         assert secret not in caplog.text
         assert secret not in str(info.value)
     assert str(info.value) == f"http://***@{host} package_show: HTTP 404 Not Found Error: Not found"
+
+
+def test_basic_auth_from_the_url_or_given(portal):
+    host = portal.base_url.removeprefix("http://")
+    client = make_client(f"http://harvest:p%40ss%2Fw@{host}/api/3")
+    assert client.base_url == portal.base_url and client.portal == f"http://***@{host}"
+    client.status()
+    assert portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"harvest:p@ss/w").decode()
+    client = make_client(portal.base_url, basic_auth=("robot", "Pw-9f8e7d"))
+    client.status()
+    assert portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"robot:Pw-9f8e7d").decode()
+    assert client.portal == portal.base_url and "Pw-9f8e7d" not in repr(client) + repr(vars(client))
+    assert "include_private" not in portal.requests[-1][1]
+    # an API token is what CKAN reads: it wins over basic auth
+    client = make_client(portal.base_url, basic_auth=("robot", "Pw-9f8e7d"), api_key="KEY-55aa")
+    client.status()
+    assert portal.request_headers[-1]["Authorization"] == "KEY-55aa"
+
+
+def test_api_key_lists_private_datasets(gc_records):
+    private = [dict(r, private=True) for r in gc_records[:7]]
+    public = gc_records[7:]
+    with DemoPortal(records=private + public) as portal:
+        portal.api_tokens = {"TOKEN-of-an-editor"}
+        for anonymous in (make_client(portal.base_url), make_client(portal.base_url, api_key="TOKEN-wrong")):
+            assert {r["id"] for r in listing(anonymous)} == {r["id"] for r in public}
+            assert anonymous.count() == len(public)
+            with pytest.raises(CkanError) as info:
+                anonymous.package_show(private[0]["id"])
+            assert info.value.status == 403
+        client = make_client(portal.base_url, api_key="TOKEN-of-an-editor")
+        portal.requests.clear()
+        assert {r["id"] for r in listing(client, page_size=100)} == {r["id"] for r in private + public}
+        assert {r["id"] for r in listing(client, since=datetime(2000, 1, 1))} == {r["id"] for r in private + public}
+        assert client.count() == len(private) + len(public)
+        assert all(params.get("include_private") == "true" for action, params in portal.requests)
+        assert portal.request_headers[-1]["Authorization"] == "TOKEN-of-an-editor"
+        ids = [r["id"] for r in private]
+        assert sorted(r["id"] for page in client.fetch_by_ids(ids) for r in page) == sorted(ids)
+        assert client.package_show(ids[0])["private"] is True
 
 
 # -- reconciliation's calls ------------------------------------------------------------------------

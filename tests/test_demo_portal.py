@@ -438,3 +438,38 @@ def test_ignore_fl_and_ignore_fq(portal, gc_records):
     assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == len(gc_records)
     portal.clear_faults()
     assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == 1
+
+
+def test_private_records_only_for_the_right_token(gc_records):
+    private = dict(gc_records[0], private=True)
+    with DemoPortal(records=[private] + gc_records[1:]) as p:
+        assert search(p)["count"] == 489  # no tokens set: every record as given
+        p.api_tokens = {"tok-1"}
+
+        def count(headers=None, **params):
+            r = requests.get(f"{p.base_url}/api/3/action/package_search", params=params, headers=headers, timeout=10)
+            return r.json()["result"]["count"]
+
+        assert count() == count(include_private="true") == 488
+        assert count({"Authorization": "tok-2"}, include_private="true") == 488
+        assert count({"Authorization": "tok-1"}) == 488  # CKAN: only when asked for
+        assert count({"Authorization": "tok-1"}, include_private="true") == 489
+        show = f"{p.base_url}/api/3/action/package_show"
+        assert requests.get(show, params={"id": private["id"]}, timeout=10).status_code == 403
+        r = requests.get(show, params={"id": private["id"]}, headers={"Authorization": "tok-1"}, timeout=10)
+        assert r.json()["result"]["private"] is True
+        assert len(get(p, "package_list").json()["result"]) == 488
+
+
+def test_fail_next_with_a_body(portal):
+    portal.fail_next(1, 200)
+    r = get(portal, "status_show")
+    assert (r.status_code, r.headers["Content-Type"], r.text) == (
+        200, "text/html;charset=utf-8", "<html><body><h1>HTTP 200</h1></body></html>")
+    portal.fail_next(1, 200, body='{"success": tr')
+    r = get(portal, "status_show")
+    assert (r.headers["Content-Type"], r.text) == ("application/json;charset=utf-8", '{"success": tr')
+    portal.fail_next(1, 403, body={"success": False})
+    r = get(portal, "status_show")
+    assert (r.status_code, r.json()) == (403, {"success": False})
+    assert get(portal, "status_show").json()["success"] is True

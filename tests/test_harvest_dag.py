@@ -205,6 +205,39 @@ def test_rejected_filter_falls_back_to_full_sync(harvest, portal_server, db, sam
     assert (stats["fetched"], stats["unchanged"], stats["embedded"]) == (len(records), len(records), 0)
 
 
+@pytest.mark.parametrize("fault", ["html_page", "ckan_error"])
+def test_failed_incremental_request_fails_the_run_without_a_full_sync(harvest, portal_server, db, samples, fault):
+    """Only a refused or ignored filter may turn an incremental run into a full sync (which lists the
+    whole portal and removes what it no longer lists): an HTML page where CKAN's answer should be
+    (retried first, like a 5xx) or another CKAN error fails the run, and the watermark stays."""
+    records = samples(BIRMINGHAM)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url, max_retries=1)
+    assert harvest.run().state == "success"
+    before_datasets, before_status = snapshot(db), watermark(db)
+    portal_server.remove_record(records[0]["id"])  # a full sync would mark it removed
+    portal_server.requests.clear()
+    if fault == "html_page":  # a proxy's page with status 200, on the first try and on the retry
+        portal_server.fail_next(2, 200, action="package_search")
+    else:
+        portal_server.fail_next(1, 403, action="package_search", body={
+            "help": "x", "success": False, "error": {"__type": "Authorization Error", "message": "Access denied"}})
+    assert harvest.run().state == "failed"
+
+    run_id, mode, status, stats, _, error = runs(db)[-1]
+    assert (mode, status) == ("incremental", "failed")
+    if fault == "html_page":
+        assert "PortalUnavailable" in error and "portal unavailable after 2 attempts (last: HTTP 200, not a JSON " \
+                                               "answer (text/html" in error
+    else:
+        assert "CkanError" in error and "package_search: HTTP 403 Authorization Error: Access denied" in error
+    searches = [params for action, params in portal_server.requests if action == "package_search"]
+    assert len(searches) == (2 if fault == "html_page" else 1)
+    assert all("metadata_modified:[" in params.get("fq", "") for params in searches)  # no full listing
+    assert snapshot(db) == before_datasets  # nothing removed, nothing changed
+    assert watermark(db)[0] == before_status[0] and watermark(db)[2] == "failed"
+
+
 def test_xcom_carries_counts_and_run_ids_only(harvest, portal_server, db, samples):
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session

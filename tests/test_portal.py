@@ -96,3 +96,47 @@ def test_full_sync_every_and_shipped_lookback():
     shipped = (ROOT / "dags" / "portals.yaml").read_text()
     assert "lookback: 2h" in shipped and "lookback          overlap" in shipped
     assert all(p.lookback == timedelta(hours=2) for p in load_portals(ROOT / "dags" / "portals.yaml"))
+
+
+# -- credentials -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("url, user, password", [
+    ("https://harvest:s3cret-Pw@portal.example.org/data/", "harvest", "s3cret-Pw"),
+    ("https://harvest:p%40ss%2Fw%3Ard@portal.example.org/data", "harvest", "p@ss/w:rd"),  # percent-encoded
+    ("https://${T_CKAN_USER}:${T_CKAN_PASSWORD}@portal.example.org/data", "robot", "a/b@c:d?e#f%41"),  # verbatim
+    ("https://robot:${T_CKAN_PASSWORD}@${T_CKAN_HOST}/data", "robot", "a/b@c:d?e#f%41"),
+    ("${T_CKAN_WHOLE_URL}", "robot", "p@ss"),  # the whole url from a variable
+])
+def test_userinfo_is_taken_out_of_the_url(monkeypatch, url, user, password):
+    monkeypatch.setenv("T_CKAN_USER", "robot")
+    monkeypatch.setenv("T_CKAN_PASSWORD", "a/b@c:d?e#f%41")
+    monkeypatch.setenv("T_CKAN_HOST", "portal.example.org")
+    monkeypatch.setenv("T_CKAN_WHOLE_URL", "https://robot:p%40ss@portal.example.org/data")
+    (p,) = parse_portals({"portals": [{"name": "x", "url": url}]})
+    assert p.url == "https://portal.example.org/data"
+    assert p.credentials == (user, password)
+    assert password not in repr(p) and "credentials" not in repr(p)
+
+
+def test_url_without_userinfo_has_no_credentials():
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://portal.example.org/data?x=a@b"}]})
+    assert (p.url, p.credentials, p.conn_id) == ("https://portal.example.org/data?x=a@b", None, None)
+
+
+@pytest.mark.parametrize("url", [
+    "ftp://harvest:TopSecret9@x.org",           # a bad scheme, with a password
+    "harvest:TopSecret9@x.org/data",            # no scheme at all
+    "https://harvest:Top/Secret9@x.org/data",   # an unencoded / in the password: the host's port is bad
+])
+def test_url_errors_never_show_the_password(url):
+    with pytest.raises(PortalConfigError) as err:
+        parse_portals({"portals": [{"name": "x", "url": url}]})
+    assert "portals[0] (x): url '" in str(err.value)
+    assert "TopSecret9" not in str(err.value) and "Secret9" not in str(err.value)
+
+
+def test_conn_id():
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "conn_id": "ckan_x.org-token"}]})
+    assert p.conn_id == "ckan_x.org-token"
+    for bad in ("", "has space", 7):
+        with pytest.raises(PortalConfigError, match=r"portals\[0\] \(x\): conn_id .* must name an Airflow connection"):
+            parse_portals({"portals": [{"name": "x", "url": "https://x.org", "conn_id": bad}]})

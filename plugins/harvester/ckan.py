@@ -17,9 +17,10 @@ timestamp truncated to the millisecond (the "key"):
 * the listing ends when a page reaches the result's ``count``.
 
 A portal that rejects the ``fq`` raises ``FilterRejected`` for a modified-since listing (the
-caller falls back to a full sync); a full listing (``since=None``) then carries on without any
-``fq``: plain ``start`` offsets in the same sort, with the same overlap check and de-duplication
-(and later full listings on the same client start that way).
+caller falls back to a full sync; no other error may make it do so); a full listing
+(``since=None``) then carries on without any ``fq``: plain ``start`` offsets in the same sort,
+with the same overlap check and de-duplication (and later full listings on the same client start
+that way).
 
 Reconciliation uses two more calls: ``iter_pages(fields=("id", "metadata_modified"))`` lists only
 those fields (``fl``; about 80 bytes a dataset instead of several KB), keyset-paged the same way,
@@ -27,6 +28,17 @@ and ``fetch_by_ids`` fetches chosen records in full, ``package_search`` with ``f
 (``package_show`` one by one where the portal refuses or ignores that filter). ``count()`` is one
 ``rows=0`` request. ``requests_made`` and ``bytes_received`` count every request and every body byte
 as it came over the wire (compressed, if the portal compresses).
+
+Failures: 5xx, 429, timeouts and connection errors are retried with backoff, and so is a 2xx answer
+that is not a CKAN answer (an HTML page, invalid JSON, no ``success: true`` envelope: usually a
+proxy's or a captive portal's page standing in for an error); when the retries are spent they raise
+``PortalUnavailable``. CKAN's own error answers (4xx with its JSON error body) are not retried:
+``CkanError``, or ``FilterRejected`` for a refused ``fq``.
+
+Credentials: ``api_key`` (a CKAN API token) goes in the ``Authorization`` header and makes listings
+ask for ``include_private=true`` (the private datasets the token's account may read);
+``basic_auth`` (user, password), or a user:password in the URL, is sent as HTTP Basic auth (for a
+proxy in front of the portal). Neither ever appears in a log line, a message or ``repr``.
 """
 from __future__ import annotations
 
@@ -37,7 +49,7 @@ import re
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 import requests.auth
@@ -69,6 +81,10 @@ class PortalUnavailable(CkanError):
 
 class FilterRejected(CkanError):
     """The portal refused (or ignored) our ``fq``: terminal; fall back to a full listing."""
+
+
+class _NotCkanAnswer(Exception):
+    """A 2xx answer that CKAN did not write (HTML, invalid JSON, no success envelope): retried."""
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -186,6 +202,21 @@ def _snippet(resp: requests.Response) -> str:
     return text[:120] or "(empty body)"
 
 
+def _split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without user:password, (user, password) percent-decoded or None)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
+class _BasicAuth(requests.auth.HTTPBasicAuth):
+    def __repr__(self) -> str:
+        return "<BasicAuth ***>"
+
+
 class _ApiKeyAuth(requests.auth.AuthBase):
     """``Authorization: <key>`` (CKAN API tokens). Passed as ``auth`` so that requests neither
     replaces it with Basic auth from the URL's user:password nor with ~/.netrc."""
@@ -212,14 +243,16 @@ class CkanClient:
 
     def __init__(self, base_url: str, *, timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
                  max_backoff: float = 60, politeness_delay: float = 0.2, user_agent: str = "harvester/0.1",
-                 session: requests.Session | None = None, api_key: str | None = None):
+                 session: requests.Session | None = None, api_key: str | None = None,
+                 basic_auth: tuple[str, str] | None = None):
         base = base_url.strip().rstrip("/")
         for suffix in ("/api/3/action", "/api/action", "/api/3", "/api"):
             if base.endswith(suffix):
                 base = base[: -len(suffix)]
                 break
-        self.base_url = base
         self.portal = scrub_url(base)
+        self.base_url, url_auth = _split_userinfo(base)
+        basic_auth = basic_auth or url_auth
         self.timeout = timeout
         self.max_retries = max(0, int(max_retries))
         self.backoff = backoff
@@ -227,9 +260,12 @@ class CkanClient:
         self.politeness_delay = max(0.0, politeness_delay)
         self.session = session or requests.Session()
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        self._auth = _ApiKeyAuth(api_key) if api_key else None
-        if api_key and self.portal != base:
-            log.warning("%s: an api_key is given, so the user:password in the URL is not used", self.portal)
+        # Passed as ``auth``: requests then neither takes user:password from the URL nor ~/.netrc.
+        self._auth: requests.auth.AuthBase | None = (
+            _ApiKeyAuth(api_key) if api_key else _BasicAuth(*basic_auth) if basic_auth else None)
+        self.include_private = bool(api_key)
+        if api_key and basic_auth:
+            log.warning("%s: an api_key is given, so the user:password for the portal is not used", self.portal)
         self.requests_made = 0
         self.bytes_received = 0
         self.total: int | None = None
@@ -253,6 +289,8 @@ class CkanClient:
                        sort: str = LISTING_SORT, q: str = "*:*", fl: str | None = None) -> dict:
         """One raw ``package_search`` (``{"count", "results", ...}``)."""
         params: dict[str, Any] = {"q": q, "sort": sort, "rows": rows, "start": start}
+        if self.include_private:
+            params["include_private"] = "true"
         if fq:
             params["fq"] = fq
         if fl:
@@ -465,8 +503,12 @@ class CkanClient:
                 status = resp.status_code
                 self.bytes_received += _wire_bytes(resp)
                 if status != 429 and status < 500:
-                    return self._result(action, resp, fq)
-                last = f"HTTP {status}"
+                    try:
+                        return self._result(action, resp, fq)
+                    except _NotCkanAnswer as exc:  # a proxy's page, most likely: try again
+                        last = str(exc)
+                else:
+                    last = f"HTTP {status}"
                 if status == 429:
                     retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
             finally:
@@ -485,6 +527,9 @@ class CkanClient:
         try:
             body = resp.json()
         except ValueError:
+            if 200 <= status < 300:
+                ctype = resp.headers.get("Content-Type", "no content type")
+                raise _NotCkanAnswer(f"HTTP {status}, not a JSON answer ({ctype}): {_snippet(resp)}") from None
             raise CkanError(f"{self.portal} {action}: HTTP {status}, not a JSON answer "
                             f"({resp.headers.get('Content-Type', 'no content type')}): {_snippet(resp)}",
                             portal=self.portal, action=action, status=status) from None
@@ -493,10 +538,8 @@ class CkanClient:
                 return body["result"]
             if isinstance(body, dict) and body.get("success") is False:
                 etype, msg = _error_text(body)
-                raise CkanError(f"{self.portal} {action}: HTTP {status} {etype or 'error'}: {msg}",
-                                portal=self.portal, action=action, status=status, error_type=etype)
-            raise CkanError(f"{self.portal} {action}: HTTP {status}, not a CKAN action answer: "
-                            f"{_snippet(resp)}", portal=self.portal, action=action, status=status)
+                raise _NotCkanAnswer(f"HTTP {status} with success: false, {etype or 'error'}: {_shorten(msg, 200)}")
+            raise _NotCkanAnswer(f"HTTP {status}, not a CKAN action answer: {_snippet(resp)}")
         etype, msg = _error_text(body)
         text = f"{self.portal} {action}: HTTP {status}{' ' + etype if etype else ''}: {msg}"
         if action == "package_search" and fq and status in (400, 409):

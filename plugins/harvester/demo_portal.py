@@ -587,9 +587,11 @@ class DemoPortal:
     below may be changed while the server runs (thread-safe):
 
     * ``set_records`` / ``upsert_record`` / ``remove_record``: the catalogue;
-    * ``fail_next(n, status=500, retry_after=..., action=None)``: the next ``n`` API requests
-      fail (500/503: the real catalog.data.gov HTML error page; 429: nginx's page and a
-      ``Retry-After`` header, 1 s unless given); ``clear_faults()`` undoes all of these;
+    * ``fail_next(n, status=500, retry_after=..., action=None, body=None)``: the next ``n`` API
+      requests fail (500/503: the real catalog.data.gov HTML error page; 429: nginx's page and a
+      ``Retry-After`` header, 1 s unless given; any other status, 200 included, a small HTML page,
+      as proxies answer; ``body`` (a str, or a dict sent as JSON) instead of the page);
+      ``clear_faults()`` undoes all of these;
     * ``reject_fq = True``: every ``package_search`` with an ``fq`` answers like CKAN when Solr
       refuses the filter (HTTP 409 ``Search Error``);
     * ``ignore_fl = True``: ``package_search`` answers with whole records even when ``fl`` asks for
@@ -606,8 +608,14 @@ class DemoPortal:
     ``hide_inactive=False`` serves every record as given (the samples include ``deleted`` and
     ``draft`` ones, as recorded). With ``True`` it emulates CKAN's default visibility: searches
     and ``package_list`` only see ``state=active``, non-private datasets unless
-    ``include_deleted``/``include_drafts``/``include_private`` is passed, and ``package_show`` of
-    anything else answers 403 like it does for an anonymous user.
+    ``include_deleted``/``include_drafts`` is passed, and ``package_show`` of anything else
+    answers 403 like it does for an anonymous user.
+
+    ``api_tokens``: the CKAN API tokens of an account that may read the private records
+    (``"private": true``). Once any are set (or with ``hide_inactive``), private records are
+    hidden like CKAN hides them: ``package_search`` lists them only with ``include_private=true``
+    and one of these tokens as the ``Authorization`` header, ``package_show`` answers 403 for
+    them without such a token, and ``package_list`` never lists them.
     """
 
     def __init__(self, records: Iterable[dict] | None = None, files: Iterable[str | os.PathLike] = (),
@@ -631,6 +639,7 @@ class DemoPortal:
         self.ignore_fq = False
         self.fail_actions: set[str] | dict[str, int] = set()
         self.response_delay = 0.0
+        self.api_tokens: set[str] = set()
         self.on_request: Callable[[str, dict], None] | None = None
         self.requests: list[tuple[str, dict]] = []
         self.request_headers: list[dict[str, str]] = []
@@ -685,15 +694,18 @@ class DemoPortal:
 
     # faults ------------------------------------------------------------------------------------
     def fail_next(self, n: int = 1, status: int = 500, *, retry_after: int | str | None = _UNSET,
-                  action: str | None = None) -> None:
-        """The next ``n`` API requests (to ``action`` only, if given) answer ``status``.
+                  action: str | None = None, body: str | dict | None = None) -> None:
+        """The next ``n`` API requests (to ``action`` only, if given) answer ``status``, with an
+        HTML page unless ``body`` is given (a str is sent as it is, as text/html if it starts with
+        ``<``, else as JSON, broken or not; a dict as JSON).
 
         429 answers carry ``Retry-After: <retry_after>`` (default 1; None for no header); other
         statuses only when ``retry_after`` is given (e.g. a 503 with Retry-After)."""
         if retry_after is _UNSET:
             retry_after = 1 if status == 429 else None
         with self._lock:
-            self._fail_queue.append([n, {"status": status, "retry_after": retry_after, "action": action}])
+            self._fail_queue.append([n, {"status": status, "retry_after": retry_after, "action": action,
+                                         "body": body}])
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -779,12 +791,23 @@ class DemoPortal:
         self.stop()
 
     # actions -----------------------------------------------------------------------------------
-    def _visible(self, e: _Entry, params: dict) -> bool:
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether an ``Authorization`` header is the token of the account that reads private records."""
+        with self._lock:
+            return bool(authorization) and authorization in self.api_tokens
+
+    def _filters(self) -> bool:
+        """Whether searches must check each record's visibility."""
+        return self.hide_inactive or bool(self.api_tokens)
+
+    def _visible(self, e: _Entry, params: dict, authorized: bool = False, *, show: bool = False) -> bool:
+        rec = e.record
+        if rec.get("private") and self._filters():
+            # CKAN: private datasets only for an authorised user, and in searches only when asked
+            if not authorized or not (show or _truthy(params.get("include_private", False))):
+                return False
         if not self.hide_inactive:
             return True
-        rec = e.record
-        if rec.get("private") and not _truthy(params.get("include_private", False)):
-            return False
         state = str(rec.get("state") or "active").lower()
         if state == "active":
             return True
@@ -813,7 +836,7 @@ class DemoPortal:
                 self._sort_cache[ck] = (version, view, dated)
         return view, dated
 
-    def package_search(self, params: dict) -> str:
+    def package_search(self, params: dict, authorized: bool = False) -> str:
         bad = sorted(k for k in params if k not in VALID_SEARCH_PARAMS and not k.startswith("ext_"))
         if bad:
             raise _search_query_error(f"Invalid search parameters: {bad}")
@@ -868,10 +891,10 @@ class DemoPortal:
                                                      else bisect.bisect_left(dated, node.hi))
             candidates = view[lo:max(lo, hi)]
             node = _All()
-        if isinstance(node, _All) and not self.hide_inactive:
+        if isinstance(node, _All) and not self._filters():
             matched = candidates
         else:
-            matched = [e for e in candidates if self._visible(e, params) and node.match(e)]
+            matched = [e for e in candidates if self._visible(e, params, authorized) and node.match(e)]
         page = matched[start:start + rows]
         fields = _fl_fields(params.get("fl"))
         if fields and not self.ignore_fl:
@@ -890,19 +913,19 @@ class DemoPortal:
                     e = max(named, key=lambda x: (x.mm or 0, x.seq))
             return e
 
-    def package_show(self, params: dict) -> str:
+    def package_show(self, params: dict, authorized: bool = False) -> str:
         id_or_name = params.get("id") or params.get("name_or_id")
         if not id_or_name:
             raise ActionError(409, {"name_or_id": ["Missing value"], "__type": "Validation Error"})
         e = self._find(str(id_or_name))
         if e is None:
             raise ActionError(404, {"__type": "Not Found Error", "message": "Not found"})
-        if self.hide_inactive and not self._visible(e, {}):
+        if self._filters() and not self._visible(e, {}, authorized, show=True):
             raise ActionError(403, {"__type": "Authorization Error",
                                     "message": f"Access denied: User  not authorized to read package {e.record.get('id')}"})
         return e.json
 
-    def package_list(self, params: dict) -> str:
+    def package_list(self, params: dict, authorized: bool = False) -> str:
         limit = params.get("limit")
         offset = _natural(params, "offset", 0)
         with self._lock:
@@ -914,7 +937,7 @@ class DemoPortal:
             names = names[offset:]
         return json.dumps(names)
 
-    def status_show(self, params: dict) -> str:
+    def status_show(self, params: dict, authorized: bool = False) -> str:
         return json.dumps({
             "site_title": self.site_title, "site_description": "Real CKAN records served locally",
             "site_url": self.base_url, "ckan_version": self.ckan_version, "error_emails_to": None,
@@ -1061,7 +1084,7 @@ class _Handler(BaseHTTPRequestHandler):
         if bad_json:
             return self._send(400, json.dumps(f"Bad request - JSON Error: {bad_json}"))
         try:
-            result = getattr(portal, action)(params)
+            result = getattr(portal, action)(params, portal.authorized(self.headers.get("Authorization")))
         except ActionError as exc:
             if exc.bare is not None:
                 return self._send(exc.status, json.dumps(exc.bare))
@@ -1075,6 +1098,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _fail(self, spec: dict):
         status = spec["status"]
         headers = {} if spec.get("retry_after") is None else {"Retry-After": spec["retry_after"]}
+        body = spec.get("body")
+        if body is not None:
+            if not isinstance(body, str):
+                return self._send(status, json.dumps(body), JSON_TYPE, headers)
+            return self._send(status, body, HTML_TYPE if body.lstrip().startswith("<") else JSON_TYPE, headers)
         if status == 429:
             return self._send(429, _NGINX_429, HTML_TYPE, headers)
         if status in (500, 503):

@@ -13,7 +13,7 @@ import math
 import time
 
 from . import dataset as ds
-from .ckan import CkanClient, CkanError, FilterRejected, PortalUnavailable, to_ms
+from .ckan import CkanClient, FilterRejected, to_ms
 from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
@@ -43,8 +43,14 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
 
 def client_for(portal: Portal, **overrides) -> CkanClient:
     settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
-                "timeout": portal.timeout, **overrides}
+                "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
+                **overrides}
     return CkanClient(portal.url, **settings)
+    """The portal's CKAN client, with its credentials: the API token of its ``conn_id`` (looked up
+    in Airflow; a missing connection is a CredentialsError naming it and the portal) and the
+    user:password taken out of its url."""
+    from .credentials import api_key
+
 
 
 def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple[int, int]:
@@ -89,13 +95,15 @@ def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dic
     with _portal_traffic(conn, run_id, client):
         try:
             counts = _stage_listing(conn, portal, run_id, client, run.since if run.mode != FULL else None)
-        except PortalUnavailable:
-            raise  # transient: let the task retry rather than hammer a struggling portal with a full listing
-        except CkanError as exc:
+        except FilterRejected as exc:
+            # Only a filter the portal refuses or ignores makes this a full sync. Any other failure
+            # (the portal down, an HTML page or broken JSON where its answer should be, a CKAN error
+            # other than a refused filter) fails the step: the task retries, then the run fails
+            # and the watermark stays; a full listing (which may remove datasets) never starts on it.
             if run.mode == FULL:
                 raise
-            why = "the portal rejected the modified-since filter" if isinstance(exc, FilterRejected) else "the incremental request failed"
-            log.warning("%s (%s); falling back to a full sync of %s", why, exc, portal.name)
+            log.warning("the portal rejected or ignored the modified-since filter (%s); "
+                        "falling back to a full sync of %s", exc, portal.name)
             runs.set_mode(conn, run_id, FULL, None)
             counts = _stage_listing(conn, portal, run_id, client, None)
     runs.add_stats(conn, run_id, counts)

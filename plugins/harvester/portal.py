@@ -2,16 +2,21 @@
 
 Every problem names the entry it is in and says what would be valid; a bad value never falls
 back silently to a default.
+
+Credentials: a user:password in the url (literal or from ``${VAR}``) is taken out of it:
+``Portal.url`` (the DAG's description, every ``portal_url`` column, logs) never has it, and
+``Portal.credentials`` (left out of ``repr``) only reaches the CKAN client, as HTTP Basic auth.
+``conn_id`` names the Airflow connection holding the portal's CKAN API token (credentials.py).
 """
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .changes import DEFAULT as DEFAULT_SIGNIFICANCE
 from .changes import SignificanceConfig
@@ -19,8 +24,9 @@ from .changes import SignificanceConfig
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
 PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
-_KEYS = {"name", "url", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay", "max_retries",
-         "timeout", "max_removal_share", "significance", "description", "reconcile_every", "full_sync_every"}
+_KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
+         "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
+         "full_sync_every"}
 # The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
 # appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
 DEFAULT_LOOKBACK = timedelta(hours=2)
@@ -29,6 +35,7 @@ _OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")  # what Airflow accepts as a connection id
 
 
 class PortalConfigError(ValueError):
@@ -55,6 +62,10 @@ class Portal:
     reconcile_every: timedelta | None = DEFAULT_RECONCILE_EVERY
     # A run is a full sync when the last full sync is older than this; None (default): never by age.
     full_sync_every: timedelta | None = None
+    # The Airflow connection whose password (or extra api_key) is the portal's CKAN API token.
+    conn_id: str | None = None
+    # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
+    credentials: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def dag_id(self) -> str:
@@ -97,16 +108,60 @@ def _optional_duration(entry: dict, key: str, default: timedelta | None, *, zero
     return duration
 
 
-def _expand_env(text: str) -> str:
-    def repl(match: re.Match) -> str:
-        value = os.environ.get(match.group(1))
-        if value:
-            return value
-        if match.group(2) is not None:
-            return match.group(2)
-        raise ValueError(f"environment variable {match.group(1)} is not set")
+def _env_value(match: re.Match) -> str:
+    value = os.environ.get(match.group(1))
+    if value:
+        return value
+    if match.group(2) is not None:
+        return match.group(2)
+    raise ValueError(f"environment variable {match.group(1)} is not set")
 
-    return _ENV.sub(repl, text)
+
+def _expand_env(text: str) -> str:
+    return _ENV.sub(_env_value, text)
+
+
+def _expand_userinfo(text: str) -> str:
+    """A user or password from a url: literal text percent-decoded, ``${VAR}`` values as they are."""
+    out, pos = [], 0
+    for match in _ENV.finditer(text):
+        out += [unquote(text[pos:match.start()]), _env_value(match)]
+        pos = match.end()
+    return "".join(out + [unquote(text[pos:])])
+
+
+def shown_url(text: str) -> str:
+    """A url fit for a message: anything that may be a user:password (up to the last @) hidden."""
+    if "@" not in text:
+        return text
+    return re.sub(r"(?<=//).*@", "***@", text, count=1) if "//" in text else re.sub(r"^.*@", "***@", text)
+
+
+def split_url(raw: str) -> tuple[str, tuple[str, str] | None]:
+    """A portals.yaml url, ``${VAR}`` expanded, as (the url without user:password, (user,
+    password) or None). The userinfo is found before expanding, so a password from a variable
+    may hold any character; literal ones are percent-decoded."""
+    masked = _ENV.sub(lambda m: "\0" * len(m.group(0)), raw)  # same length: indexes match
+    credentials = None
+    start = masked.find("://") + 3
+    if start >= 3:
+        end = min([i for i in (masked.find(c, start) for c in "/?#") if i >= 0] or [len(masked)])
+        at = masked.rfind("@", start, end)
+        if at >= 0:
+            colon = masked.find(":", start, at)
+            user, password = (raw[start:colon], raw[colon + 1:at]) if colon >= 0 else (raw[start:at], "")
+            credentials = (_expand_userinfo(user), _expand_userinfo(password))
+            raw = raw[:start] + raw[at + 1:]
+    url = _expand_env(raw)
+    parts = urlsplit(url)
+    if "@" in parts.netloc:  # the userinfo came from a variable (e.g. url: ${PORTAL_URL})
+        if credentials is not None:
+            raise ValueError(f"url {shown_url(url)!r} has a user:password twice")
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        credentials = (unquote(user), unquote(password))
+        url = urlunsplit(parts._replace(netloc=host))
+    return url, credentials if credentials and any(credentials) else None
 
 
 def _check_schedule(value: Any) -> str | None:
@@ -138,10 +193,20 @@ def _portal(entry: Any) -> Portal:
     url = entry.get("url")
     if not isinstance(url, str) or not url.strip():
         raise ValueError("url is missing")
-    url = _expand_env(url.strip()).rstrip("/")
-    parts = urlsplit(url)
+    url, credentials = split_url(url.strip())
+    url = url.rstrip("/")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  raises ValueError for a port that is not a number
+    except ValueError:
+        raise ValueError(f"url {shown_url(url)!r} is not a valid URL (bad host or port; a password with / ? # "
+                         "or @ in it must be percent-encoded, or come from ${VAR})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"url {url!r} must be an http(s) URL of the portal's root, e.g. https://open.canada.ca/data")
+        raise ValueError(f"url {shown_url(url)!r} must be an http(s) URL of the portal's root, "
+                         "e.g. https://open.canada.ca/data")
+    conn_id = entry.get("conn_id")
+    if conn_id is not None and (not isinstance(conn_id, str) or not _CONN_ID.match(conn_id)):
+        raise ValueError(f"conn_id {conn_id!r} must name an Airflow connection (letters, digits, _ . -)")
     kind = entry.get("type", "ckan")
     if kind not in PORTAL_TYPES:
         raise ValueError(f"type {kind!r} is not supported; valid types are: {', '.join(PORTAL_TYPES)}")
@@ -173,7 +238,8 @@ def _portal(entry: Any) -> Portal:
     reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
     return Portal(
-        name=name, url=url, type=kind, schedule=_check_schedule(entry.get("schedule", "@daily")),
+        name=name, url=url, conn_id=conn_id, credentials=credentials, type=kind,
+        schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
