@@ -32,7 +32,11 @@ Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
 
 Trigger with `reconcile` to compare the whole portal cheaply, with `full_sync` to re-read every record.
 Backfills always run as full syncs.
-A failed run changes nothing users see; the next run starts from the same watermark.
+A failed run changes nothing users see; the next run starts from the same watermark. After fixing
+the cause, clear the failed task (with downstream) or the whole DAG run: the run resumes where it
+failed, until the portal's next run supersedes it. One run writes the portal at a time: while
+another is running (e.g. `harvester harvest`), begin fails naming it (Airflow retries later);
+trigger with `takeover` to abort it. A run with no progress for {stale_after} is abandoned.
 """
 
 
@@ -48,7 +52,8 @@ def build(portal: Portal):
         tags=["harvester", "ckan", portal.name],
         doc_md=DOC.format(name=portal.name, url=portal.url, lookback=format_duration(portal.lookback),
                           reconcile_every="when the last one is older than " + format_duration(portal.reconcile_every)
-                          if portal.reconcile_every is not None else "(reconcile_every is off)"),
+                          if portal.reconcile_every is not None else "(reconcile_every is off)",
+                          stale_after=format_duration(portal.stale_after)),
         params={
             "full_sync": Param(False, type="boolean", title="Full sync",
                                description="List every dataset of the portal instead of only those "
@@ -62,12 +67,17 @@ def build(portal: Portal):
                                                 "longer lists as "
                                                 f"removed even if they are more than {portal.max_removal_share:.0%} "
                                                 "of the portal (the guard against a half-broken portal)."),
+            "takeover": Param(False, type="boolean", title="Take over",
+                              description="If another run of this portal is running (e.g. `harvester harvest` "
+                                          "from the CLI), abort it and run this one instead of waiting for it."),
         },
         default_args={
             "retries": int(os.environ.get("HARVESTER_TASK_RETRIES", "3")),
             "retry_delay": timedelta(seconds=int(os.environ.get("HARVESTER_TASK_RETRY_DELAY_SECS", "30"))),
             "retry_exponential_backoff": True,
             "max_retry_delay": timedelta(minutes=10),
+            # Shorter than stale_after: a task still alive is never taken for a dead one.
+            "execution_timeout": portal.stale_after * 3 / 4,
             "on_failure_callback": tasks.on_task_failure(portal),
         },
         on_failure_callback=tasks.on_dag_failure(portal),

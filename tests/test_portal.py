@@ -140,3 +140,15 @@ def test_conn_id():
     for bad in ("", "has space", 7):
         with pytest.raises(PortalConfigError, match=r"portals\[0\] \(x\): conn_id .* must name an Airflow connection"):
             parse_portals({"portals": [{"name": "x", "url": "https://x.org", "conn_id": bad}]})
+
+
+def test_stale_after():
+    def one(**extra):
+        return parse_portals({"portals": [{"name": "x", "url": "https://p.org", **extra}]})[0]
+
+    assert one().stale_after == timedelta(hours=2)
+    assert one(stale_after="45m").stale_after == timedelta(minutes=45)
+    with pytest.raises(PortalConfigError, match=r"portals\[0\] \(x\): stale_after '5m' must be at least 10m"):
+        one(stale_after="5m")
+    with pytest.raises(PortalConfigError, match=r"portals\[0\] \(x\): stale_after 'soon' is not a duration"):
+        one(stale_after="soon")

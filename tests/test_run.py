@@ -96,3 +96,27 @@ def test_count_drift(total, live, new, unusable, drift):
     (timedelta(hours=2), "2h"), (timedelta(days=30, hours=2, minutes=5), "30d 2h")])
 def test_format_duration(delta, text):
     assert format_duration(delta) == text
+
+
+def test_claim_decides_who_writes_a_portal():
+    from harvester.run import Writer, claim
+
+    now = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+    two_h = timedelta(hours=2)
+    cli = Writer(7, None, now - timedelta(hours=3), now - timedelta(minutes=5))
+    dag = Writer(8, "scheduled__2026-01-01", now - timedelta(hours=1), now - timedelta(minutes=1))
+    assert claim(None, dag_run_id="x", takeover=False, stale_after=two_h, now=now).action == "proceed"
+    assert claim(dag, dag_run_id="scheduled__2026-01-01", takeover=False, stale_after=two_h, now=now).action == "proceed"
+    refused = claim(cli, dag_run_id="manual__1", takeover=False, stale_after=two_h, now=now, portal="gc")
+    assert refused.action == "refuse"
+    assert "gc is being harvested by run 7" in refused.reason and "the CLI (harvester harvest)" in refused.reason
+    assert "last progress 5m ago" in refused.reason
+    refused = claim(dag, dag_run_id=None, takeover=False, stale_after=two_h, now=now)
+    assert "DAG run scheduled__2026-01-01" in refused.reason
+    assert claim(dag, dag_run_id=None, takeover=True, stale_after=two_h, now=now).action == "takeover"
+    dead = Writer(9, "scheduled__1", now - timedelta(hours=5), now - two_h)
+    # A dead run is abandoned whether or not takeover was asked: nobody is aborted.
+    for takeover in (False, True):
+        decision = claim(dead, dag_run_id=None, takeover=takeover, stale_after=two_h, now=now)
+        assert decision.action == "abandon" and "no progress for 2h" in decision.reason
+    assert claim(dead, dag_run_id=None, takeover=False, stale_after=timedelta(hours=3), now=now).action == "refuse"

@@ -42,26 +42,72 @@ def test_badly_named_migration_is_refused(tmp_path, empty_db):
         migrations.migrate(empty_db, tmp_path)
 
 
-def test_a_retried_begin_reuses_its_run_and_a_dead_run_is_closed(db):
+def test_a_retried_begin_reuses_its_run_and_another_writer_is_refused(db):
     first = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="a", mode="full", since=None)
     again = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="a", mode="full", since=None)
     assert again.run_id == first.run_id
-    other = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="b", mode="full", since=None)
-    assert other.run_id != first.run_id
-    status, error = db.execute("SELECT status, error FROM sync_runs WHERE run_id = %s", (first.run_id,)).fetchone()
-    assert status == "failed" and error.startswith("abandoned")
+    with pytest.raises(runs.RunInProgress, match=rf"p is being harvested by run {first.run_id} .*by DAG run a\b"):
+        runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="b", mode="full", since=None)
+    with pytest.raises(runs.RunInProgress, match="--takeover"):
+        runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id=None, mode="full", since=None)
+    assert runs.get(db, first.run_id).status == "running"
 
 
-def test_dag_timeout_marks_the_run_cancelled_and_keeps_the_watermark(db, database_url):
+def test_a_run_with_no_progress_for_stale_after_is_abandoned_by_the_next(db):
+    dead = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id=None, mode="full", since=None)
+    db.execute("INSERT INTO staging_records (run_id, seq, source_id) VALUES (%s, 0, 'x')", (dead.run_id,))
+    db.execute("UPDATE sync_runs SET heartbeat_at = now() - interval '119 minutes' WHERE run_id = %s", (dead.run_id,))
+    with pytest.raises(runs.RunInProgress):  # still within stale_after (2h)
+        runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="b", mode="full", since=None)
+    db.execute("UPDATE sync_runs SET heartbeat_at = now() - interval '121 minutes' WHERE run_id = %s", (dead.run_id,))
+    new = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="b", mode="full", since=None)
+    status, error = db.execute("SELECT status, error FROM sync_runs WHERE run_id = %s", (dead.run_id,)).fetchone()
+    assert status == "abandoned" and "no progress for 2h 1m" in error and "DAG run b went ahead" in error
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 0
+    assert runs.get(db, new.run_id).status == "running"
+
+
+def test_takeover_aborts_the_running_run(db):
+    held = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="a", mode="full", since=None)
+    mine = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id=None, mode="full", since=None,
+                      takeover=True)
+    status, error = db.execute("SELECT status, error FROM sync_runs WHERE run_id = %s", (held.run_id,)).fetchone()
+    assert status == "cancelled" and "aborted on request (takeover)" in error and "the CLI went ahead" in error
+    assert runs.get(db, mine.run_id).status == "running"
+
+
+def test_dag_timeout_marks_the_run_cancelled_keeps_its_staging_for_resuming_and_the_watermark(db, database_url):
     from harvester import tasks
 
     portal = Portal(name="p", url="https://p.org")
     run = runs.start(db, portal_url=portal.url, portal_name="p", dag_run_id="scheduled__1", mode="full", since=None)
     db.execute("INSERT INTO staging_records (run_id, seq, source_id) VALUES (%s, 0, 'x')", (run.run_id,))
     tasks.on_dag_failure(portal)({"dag_run": SimpleNamespace(run_id="scheduled__1"), "reason": "timed_out"})
-    assert db.execute("SELECT status FROM sync_runs WHERE run_id = %s", (run.run_id,)).fetchone()[0] == "cancelled"
-    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 0
+    assert db.execute("SELECT status, resumable FROM sync_runs WHERE run_id = %s",
+                      (run.run_id,)).fetchone() == ("cancelled", True)
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 1
     assert db.execute("SELECT last_successful_sync, sync_status FROM portal_sync_status").fetchone() == (None, "cancelled")
+    # Cleared in Airflow: the same DAG run reopens the run, staging intact.
+    assert runs.resume(db, run.run_id, "scheduled__1").status == "running"
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 1
+
+
+def test_the_next_run_supersedes_a_resumable_run(db):
+    old = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="a", mode="full", since=None)
+    db.execute("INSERT INTO staging_records (run_id, seq, source_id) VALUES (%s, 0, 'x')", (old.run_id,))
+    runs.abort(db, old.run_id, "failed", "boom", resumable=True)
+    with pytest.raises(runs.NotResumable, match="belongs to DAG run a"):
+        runs.resume(db, old.run_id, "b")
+    new = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id="b", mode="full", since=None)
+    assert db.execute("SELECT count(*) FROM staging_records").fetchone()[0] == 0
+    with pytest.raises(runs.NotResumable, match=rf"run {old.run_id} of p is failed and cannot be resumed "
+                                                rf"\(its staging is gone; boom \(superseded by run {new.run_id}"):
+        runs.resume(db, old.run_id, "a")
+    # A CLI run's failure never keeps staging: nobody could clear it.
+    runs.abort(db, new.run_id, "failed", "x", resumable=True)
+    cli = runs.start(db, portal_url="https://p.org", portal_name="p", dag_run_id=None, mode="full", since=None)
+    runs.abort(db, cli.run_id, "failed", "boom", resumable=True)
+    assert runs.get(db, cli.run_id).resumable is False
 
 
 def test_each_model_gets_its_own_hnsw_index(db):

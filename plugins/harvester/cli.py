@@ -103,7 +103,8 @@ def cmd_harvest(args) -> int:
     provider = get_provider()
     with db.open_cli() as conn, db.open_cli() as reader:
         stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full,
-                                 reconcile=args.reconcile, force_removals=args.force_removals)
+                                 reconcile=args.reconcile, force_removals=args.force_removals,
+                                 takeover=args.takeover)
     if args.json:
         _print_json(stats)
     else:
@@ -194,12 +195,12 @@ def cmd_search(args) -> int:
     with db.open_cli() as conn:
         provider = _search_model(conn, portal.url if portal else None, get_provider())
         query_vector = provider.embed_query(args.query)
-        rows = vectors.search(conn, provider.model, provider.dimension, query_vector,
-                              portal_url=portal.url if portal else None, limit=args.limit)
         try:
             vectors.check_dimension(conn, provider.model, provider.dimension)
         except vectors.DimensionMismatch as exc:
             raise TerminalEmbeddingError(str(exc)) from None
+        rows = vectors.search(conn, provider.model, provider.dimension, query_vector,
+                              portal_url=portal.url if portal else None, limit=args.limit)
         names = {p.url: p.name for p in portal_config.load_portals()} if rows else {}
     results = [{"rank": i, "score": round(float(r[0]), 4), "portal": names.get(r[1], r[1]), "title": r[2],
                 "url": r[3], "id": r[4]} for i, r in enumerate(rows, 1)]
@@ -315,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-removals", action="store_true",
                    help="on a full sync or a reconciliation, remove unlisted datasets even past the portal's "
                         "max_removal_share")
+    p.add_argument("--takeover", action="store_true",
+                   help="if another run of the portal is running (a DAG run, another harvest), abort it and run "
+                        "this one; without it, harvest refuses and names that run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_harvest)
 
@@ -370,12 +374,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .ckan import CkanError
     from .embeddings import EmbeddingError
     from .portal import PortalConfigError
+    from .store.db import DatabaseConfigError, DatabaseLookupError
+    from .store.migrations import MigrationError
+    from .store.runs import NotResumable, RunInProgress
     from .store.server import EmbeddedServerError
     from .store.vector_check import VectorExtensionError
 
     try:
         return args.func(args) or 0
     except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, VectorExtensionError,
+            RunInProgress, NotResumable, DatabaseConfigError, DatabaseLookupError, MigrationError,
             LookupError) as exc:
         print(f"harvester: error: {exc}", file=sys.stderr)
         return 2

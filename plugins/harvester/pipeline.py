@@ -27,30 +27,33 @@ log = logging.getLogger(__name__)
 
 
 def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: bool = False,
-          backfill: bool = False, reconcile: bool = False) -> dict:
+          backfill: bool = False, reconcile: bool = False, takeover: bool = False) -> dict:
     """Open a run: decide full or incremental from the watermark (and whether an incremental run
-    reconciles), record it as running."""
+    reconciles), record it as running. Another running run of the portal makes this
+    runs.RunInProgress, unless it made no progress for the portal's stale_after (it is marked
+    abandoned) or ``takeover`` aborts it."""
     past = runs.status(conn, portal.url)
     plan = plan_run(past.watermark, full_sync=full_sync, backfill=backfill, lookback=portal.lookback,
                     reconcile=reconcile, last_full_sync=past.last_full_sync, full_sync_every=portal.full_sync_every,
                     last_reconciliation=past.last_reconciliation, reconcile_every=portal.reconcile_every)
     run = runs.start(conn, portal_url=portal.url, portal_name=portal.name, dag_run_id=dag_run_id,
-                     mode=plan.mode, since=plan.since, reconcile_reason=plan.reconcile)
+                     mode=plan.mode, since=plan.since, reconcile_reason=plan.reconcile, takeover=takeover,
+                     stale_after=portal.stale_after)
     log.info("run %s of %s: %s sync, %s%s", run.run_id, portal.name, run.mode, plan.reason,
              f"; reconciles: {run.reconcile_reason}" if run.reconcile_reason else "")
     return {"run_id": run.run_id, "mode": run.mode}
 
 
 def client_for(portal: Portal, **overrides) -> CkanClient:
-    settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
-                "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
-                **overrides}
-    return CkanClient(portal.url, **settings)
     """The portal's CKAN client, with its credentials: the API token of its ``conn_id`` (looked up
     in Airflow; a missing connection is a CredentialsError naming it and the portal) and the
     user:password taken out of its url."""
     from .credentials import api_key
 
+    settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
+                "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
+                **overrides}
+    return CkanClient(portal.url, **settings)
 
 
 def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple[int, int]:
@@ -58,6 +61,7 @@ def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple
     cannot be used; returns (how many were staged, how many of them failed)."""
     records = [ds.normalize(pkg, portal.url) for pkg in packages]
     staging.write(conn, run_id, seq, records)
+    runs.touch(conn, run_id)
     bad = [r for r in records if not r.ok]
     for rec in bad:
         log.warning("record failed: %s", rec.error)
@@ -281,25 +285,39 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     return {"run_id": run_id, **final}
 
 
-def abort(conn, run_id: int, error: str, status: str = "failed") -> bool:
-    """Mark a run failed (or cancelled): nothing users see changes, the watermark stays."""
-    done = runs.abort(conn, run_id, status, error)
+def abort(conn, run_id: int, error: str, status: str = "failed", *, resumable: bool = False) -> bool:
+    """Mark a run failed (or cancelled): nothing users see changes, the watermark stays. A
+    ``resumable`` run keeps its staging until the portal's next run, so that clearing the failed
+    task in Airflow completes it."""
+    done = runs.abort(conn, run_id, status, error, resumable=resumable)
     if done:
-        log.warning("run %s %s: %s", run_id, status, error)
+        log.warning("run %s %s: %s%s", run_id, status, error,
+                    "; clear the failed task (with downstream) in Airflow to resume it" if resumable else "")
     return done
+
+
+def resume(conn, portal: Portal, run_id: int, dag_run_id: str | None, *, takeover: bool = False) -> None:
+    """Before a DAG task works on its run: a run that failed and kept its staging is reopened (the
+    user cleared the failed task in Airflow), so the cleared tasks complete it; see runs.resume."""
+    before = runs.get(conn, run_id)
+    run = runs.resume(conn, run_id, dag_run_id, takeover=takeover, stale_after=portal.stale_after)
+    if before.status != run.status:
+        log.warning("resuming run %s of %s (%s, was %s: %s): its staged work is intact, the cleared tasks "
+                    "complete it", run_id, portal.name, run.mode, before.status, before.error)
 
 
 def harvest(conn, reader, portal: Portal, client: CkanClient, provider: EmbeddingProvider, *,
             full_sync: bool = False, reconcile: bool = False, force_removals: bool = False,
-            dag_run_id: str | None = None) -> dict:
+            takeover: bool = False, dag_run_id: str | None = None) -> dict:
     """A whole run in one call (the CLI's `harvester harvest`); a failure marks the run failed."""
-    run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync, reconcile=reconcile)["run_id"]
+    run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync, reconcile=reconcile,
+                   takeover=takeover)["run_id"]
     try:
         fetch_modified(conn, portal, run_id, client)
         _reconcile_step(conn, portal, run_id, client)
         hash_compare(conn, reader, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider)
-        return upsert(conn, portal, run_id, provider.model, provider.max_batch)
+        return upsert(conn, portal, run_id, provider.model, provider.max_batch, force_removals=force_removals)
     except BaseException as exc:
         abort(conn, run_id, f"{type(exc).__name__}: {exc}")
         raise

@@ -20,17 +20,19 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .changes import DEFAULT as DEFAULT_SIGNIFICANCE
 from .changes import SignificanceConfig
+from .run import DEFAULT_STALE_AFTER
 
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
 PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
-         "full_sync_every"}
+         "full_sync_every", "stale_after"}
 # The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
 # appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
 DEFAULT_LOOKBACK = timedelta(hours=2)
 DEFAULT_RECONCILE_EVERY = timedelta(hours=24)
+MIN_STALE_AFTER = timedelta(minutes=10)
 _OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -62,6 +64,9 @@ class Portal:
     reconcile_every: timedelta | None = DEFAULT_RECONCILE_EVERY
     # A run is a full sync when the last full sync is older than this; None (default): never by age.
     full_sync_every: timedelta | None = None
+    # A run of this portal with no progress for this long is abandoned by the next run (its worker
+    # died); longer than any task's timeout.
+    stale_after: timedelta = DEFAULT_STALE_AFTER
     # The Airflow connection whose password (or extra api_key) is the portal's CKAN API token.
     conn_id: str | None = None
     # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
@@ -237,13 +242,20 @@ def _portal(entry: Any) -> Portal:
         raise ValueError(f"lookback {exc}") from None
     reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
+    try:
+        stale_after = parse_duration(entry["stale_after"]) if "stale_after" in entry else DEFAULT_STALE_AFTER
+    except ValueError as exc:
+        raise ValueError(f"stale_after {exc}") from None
+    if stale_after < MIN_STALE_AFTER:
+        raise ValueError(f"stale_after {entry['stale_after']!r} must be at least {MIN_STALE_AFTER.seconds // 60}m "
+                         "(longer than any task of the run takes between two signs of life)")
     return Portal(
         name=name, url=url, conn_id=conn_id, credentials=credentials, type=kind,
         schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
-        reconcile_every=reconcile_every, full_sync_every=full_sync_every,
+        reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
     )
 
 

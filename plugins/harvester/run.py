@@ -136,3 +136,51 @@ class Progress:
             pct = 100.0 * self.done / self.total
             return f"{self.what}: {self.done}/{self.total} ({pct:.0f}%), {rate:.1f}/s, ETA {eta}"
         return f"{self.what}: {self.done} so far, {rate:.1f}/s"
+
+
+# -- one writer per portal ---------------------------------------------------------------------
+DEFAULT_STALE_AFTER = timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The run that holds a portal (status running): who started it and its last sign of life."""
+
+    run_id: int
+    dag_run_id: str | None
+    started_at: datetime
+    heartbeat_at: datetime
+
+    def describe(self) -> str:
+        who = f"DAG run {self.dag_run_id}" if self.dag_run_id else "the CLI (harvester harvest)"
+        return f"run {self.run_id} (started {self.started_at:%Y-%m-%d %H:%M:%S %Z} by {who})"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """What a run that wants the portal does about the run that holds it: ``proceed`` (nobody
+    holds it, or the holder is this same DAG run), ``abandon`` (the holder made no progress for
+    stale_after: its worker died), ``takeover`` (asked to abort it) or ``refuse``."""
+
+    action: str
+    reason: str
+
+
+def claim(holder: Writer | None, *, dag_run_id: str | None, takeover: bool, stale_after: timedelta,
+          now: datetime, portal: str = "the portal") -> Ownership:
+    """Decide who writes ``portal``: at most one run at a time, and never stuck behind a dead one."""
+    if holder is None:
+        return Ownership("proceed", "no other run of the portal is running")
+    if dag_run_id is not None and holder.dag_run_id == dag_run_id:
+        return Ownership("proceed", f"run {holder.run_id} is this DAG run's own run")
+    idle = now - holder.heartbeat_at
+    if idle >= stale_after:
+        return Ownership("abandon", f"{holder.describe()} made no progress for {format_duration(idle)} "
+                                    f"(stale_after {format_duration(stale_after)}): its worker is gone")
+    if takeover:
+        return Ownership("takeover", f"{holder.describe()} was aborted on request (takeover)")
+    return Ownership("refuse", (
+        f"{portal} is being harvested by {holder.describe()}, last progress {format_duration(idle)} ago; "
+        f"one run writes a portal at a time. Wait for it to finish, or take over explicitly "
+        f"(harvester harvest --takeover, or trigger the DAG with takeover ticked), which aborts it. "
+        f"A run with no progress for {format_duration(stale_after)} (stale_after) is abandoned automatically."))

@@ -45,19 +45,37 @@ def _is_backfill(dag_run) -> bool:
 
 
 def begin(portal: Portal) -> dict:
+    """Opens the run; while another run holds the portal it fails (and Airflow retries it later),
+    naming that run, unless the trigger asked to take over."""
     from . import pipeline
 
     ctx = _context()
     dag_run = ctx["dag_run"]
-    with _connection() as conn:
-        return pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(ctx["params"].get("full_sync")),
-                              backfill=_is_backfill(dag_run), reconcile=bool(ctx["params"].get("reconcile")))
+    params = ctx["params"]
+    with _connection(migrate=True) as conn:  # once per DAG run, under migrate's advisory lock
+        return pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(params.get("full_sync")),
+                              backfill=_is_backfill(dag_run), reconcile=bool(params.get("reconcile")),
+                              takeover=bool(params.get("takeover")))
+
+
+def _resume(conn, portal: Portal, run: dict) -> None:
+    """Before each step: a run that failed is reopened when the user cleared its failed task (or
+    the whole DAG run); a run that cannot continue fails the task at once, saying why."""
+    from . import pipeline
+    from .store.runs import NotResumable
+
+    ctx = _context()
+    try:
+        pipeline.resume(conn, portal, run["run_id"], ctx["dag_run"].run_id, takeover=bool(ctx["params"].get("takeover")))
+    except NotResumable as exc:
+        _fail_fast(exc)
 
 
 def fetch_modified(portal: Portal, run: dict) -> dict:
     from . import pipeline
 
     with _connection() as conn:
+        _resume(conn, portal, run)
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
 
 
@@ -67,6 +85,7 @@ def reconcile(portal: Portal, run: dict) -> dict:
     from . import pipeline
 
     with _connection() as conn:
+        _resume(conn, portal, run)
         return pipeline.reconcile(conn, portal, run["run_id"], pipeline.client_for(portal))
 
 
@@ -92,6 +111,7 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
     from . import pipeline
 
     with _connection() as conn, _connection() as reader:
+        _resume(conn, portal, run)
         out = pipeline.hash_compare(conn, reader, portal, run["run_id"], model=_provider().model)
     counts = {k: v for k, v in out.items() if k != "embed_shards"}
     return [{**counts, **work} for work in out["embed_shards"]]
@@ -104,6 +124,7 @@ def embed_changed(portal: Portal, work: dict) -> dict:
 
     provider = _provider()
     with _connection() as conn, _connection() as reader:
+        _resume(conn, portal, work)
         try:
             return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
                                           shard=work["shard"], shards=work["shards"])
@@ -128,6 +149,7 @@ def upsert(portal: Portal, run: dict) -> dict:
     if events is not None:
         from airflow.sdk import Asset
 
+        _resume(conn, portal, run)
         events[Asset(asset_uri(portal))].extra = {
             "run_id": stats["run_id"], **{k: stats.get(k, 0) for k in ("created", "updated", "removed", "review")}}
     return stats
@@ -146,13 +168,14 @@ def _abort(portal: Portal, context, status: str) -> None:
         with _connection() as conn:
             run_id = pipeline.runs.find_running(conn, portal.url, dag_run.run_id)
             if run_id is not None:
-                pipeline.abort(conn, run_id, error, status)
+                pipeline.abort(conn, run_id, error, status, resumable=True)
     except Exception:  # a callback must never mask the original failure
         log.exception("could not mark the run of %s as %s", portal.name, status)
 
 
 def on_task_failure(portal: Portal):
-    """Task callback: the task failed for good (retries spent): the run fails, its staging goes."""
+    """Task callback: the task failed for good (retries spent): the run fails; its staging stays
+    until the portal's next run, so clearing the failed task in Airflow resumes it."""
     return lambda context: _abort(portal, context, "failed")
 
 

@@ -129,7 +129,8 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
     (no change row), and ``unchanged_snapshot``: updated records whose snapshot did not change.
     """
     clear(conn, run_id)
-    conn.execute("DELETE FROM staging_changes s USING sync_runs r WHERE r.run_id = s.run_id AND r.status <> 'running'")
+    conn.execute("DELETE FROM staging_changes s USING sync_runs r WHERE r.run_id = s.run_id AND r.status <> 'running'"
+                 " AND NOT r.resumable")
     counts: Counter = Counter()
     params = {"run": run_id, "portal": portal_url}
     with reader.transaction():

@@ -1,12 +1,25 @@
-"""sync_runs and portal_sync_status: a run's lifecycle and the portal's watermark."""
+"""sync_runs and portal_sync_status: a run's lifecycle and the portal's watermark.
+
+One run writes a portal at a time (run.claim decides; the advisory lock on the portal's URL
+orders the deciding). A failed run of an Airflow DAG run keeps its staging (``resumable``) so
+that clearing the failed task in Airflow resumes it; the portal's next run supersedes it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
-from ..run import complete_stats
+from ..run import DEFAULT_STALE_AFTER, Writer, claim, complete_stats
+
+
+class RunInProgress(RuntimeError):
+    """Another run holds the portal; the message names it (and its DAG run) and what to do."""
+
+
+class NotResumable(RuntimeError):
+    """A cleared task's run cannot continue (committed, superseded, abandoned); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +34,9 @@ class RunRow:
     started_at: datetime
     stats: dict
     reconcile_reason: str | None = None
+    heartbeat_at: datetime | None = None
+    resumable: bool = False
+    error: str | None = None
 
     @property
     def lists_whole_portal(self) -> bool:
@@ -28,7 +44,8 @@ class RunRow:
         return self.mode == "full" or self.reconcile_reason is not None
 
 
-_COLUMNS = "run_id, portal_url, portal_name, dag_run_id, mode, status, since, started_at, stats, reconcile_reason"
+_COLUMNS = ("run_id, portal_url, portal_name, dag_run_id, mode, status, since, started_at, stats, reconcile_reason,"
+            " heartbeat_at, resumable, error")
 
 
 @dataclass(frozen=True)
@@ -51,29 +68,97 @@ def status(conn, portal_url: str) -> PortalStatus:
     return PortalStatus(*row) if row else PortalStatus()
 
 
+def _take_portal(conn, portal_url: str, portal: str, *, dag_run_id: str | None, takeover: bool,
+                stale_after: timedelta) -> None:
+    """Inside the caller's transaction, under the portal's lock: make sure no other run holds the
+    portal, abandoning a dead one or aborting one on request (takeover); else RunInProgress."""
+    row = conn.execute("SELECT run_id, dag_run_id, started_at, heartbeat_at, now() FROM sync_runs"
+                       " WHERE portal_url = %s AND status = 'running'", (portal_url,)).fetchone()
+    holder = Writer(*row[:4]) if row else None
+    decision = claim(holder, dag_run_id=dag_run_id, takeover=takeover, stale_after=stale_after,
+                     now=row[4] if row else datetime.now().astimezone(), portal=portal)
+    if decision.action == "refuse":
+        raise RunInProgress(decision.reason)
+    if decision.action in ("abandon", "takeover"):
+        status = "abandoned" if decision.action == "abandon" else "cancelled"
+        by = f"DAG run {dag_run_id}" if dag_run_id else "the CLI"
+        conn.execute("UPDATE sync_runs SET status = %s, finished_at = now(), resumable = false, error = %s"
+                     " WHERE run_id = %s", (status, f"{status}: {decision.reason}; a new run by {by} went ahead",
+                                           holder.run_id))
+        _drop_staging(conn, [holder.run_id])
+
+
+def _supersede(conn, portal_url: str, run_id: int) -> None:
+    """A new run of the portal started: failed runs kept for resuming can no longer be resumed."""
+    old = conn.execute(
+        "UPDATE sync_runs SET resumable = false, error = coalesce(error, '') || %s"
+        " WHERE portal_url = %s AND resumable AND run_id <> %s RETURNING run_id",
+        (f" (superseded by run {run_id}: its staging is gone)", portal_url, run_id)).fetchall()
+    if old:
+        _drop_staging(conn, [r[0] for r in old])
+
+
 def start(conn, *, portal_url: str, portal_name: str, dag_run_id: str | None, mode: str,
-          since: datetime | None, reconcile_reason: str | None = None) -> RunRow:
-    """Open a run. A retry of the same DAG run reuses its running row; any other running row of the
-    portal is a run that died without a word (only one may run at a time) and is marked failed."""
+          since: datetime | None, reconcile_reason: str | None = None, takeover: bool = False,
+          stale_after: timedelta = DEFAULT_STALE_AFTER) -> RunRow:
+    """Open a run. A retry of the same DAG run reuses its running row, and a DAG run cleared after
+    its run failed reopens that run (same run id, its staging intact) with this plan. Another
+    running run of the portal makes this RunInProgress, unless it is stale (abandoned) or
+    ``takeover`` aborts it. Failed runs kept for resuming are superseded."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal_url,))
+        own = None
         if dag_run_id is not None:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM sync_runs WHERE portal_url = %s AND dag_run_id = %s AND status = 'running'",
+            own = conn.execute(
+                f"SELECT {_COLUMNS} FROM sync_runs WHERE portal_url = %s AND dag_run_id = %s"
+                f" AND (status = 'running' OR resumable) ORDER BY run_id DESC LIMIT 1",
                 (portal_url, dag_run_id)).fetchone()
-            if row:
-                return RunRow(*row)
-        stale = conn.execute(
-            "UPDATE sync_runs SET status = 'failed', finished_at = now(),"
-            " error = 'abandoned: a newer run of this portal started while this one was still marked running'"
-            " WHERE portal_url = %s AND status = 'running' RETURNING run_id", (portal_url,)).fetchall()
-        if stale:
-            _drop_staging(conn, [r[0] for r in stale])
-        row = conn.execute(
-            f"INSERT INTO sync_runs (portal_url, portal_name, dag_run_id, mode, status, since, reconcile_reason)"
-            f" VALUES (%s, %s, %s, %s, 'running', %s, %s) RETURNING {_COLUMNS}",
-            (portal_url, portal_name, dag_run_id, mode, since, reconcile_reason)).fetchone()
+            if own and own[5] == "running":
+                return RunRow(*own)
+        _take_portal(conn, portal_url, portal_name, dag_run_id=dag_run_id, takeover=takeover, stale_after=stale_after)
+        if own:
+            row = conn.execute(
+                f"UPDATE sync_runs SET status = 'running', finished_at = NULL, error = NULL, resumable = false,"
+                f" heartbeat_at = now(), mode = %s, since = %s, reconcile_reason = %s WHERE run_id = %s"
+                f" RETURNING {_COLUMNS}", (mode, since, reconcile_reason, own[0])).fetchone()
+        else:
+            row = conn.execute(
+                f"INSERT INTO sync_runs (portal_url, portal_name, dag_run_id, mode, status, since, reconcile_reason)"
+                f" VALUES (%s, %s, %s, %s, 'running', %s, %s) RETURNING {_COLUMNS}",
+                (portal_url, portal_name, dag_run_id, mode, since, reconcile_reason)).fetchone()
+        _supersede(conn, portal_url, row[0])
     return RunRow(*row)
+
+
+def resume(conn, run_id: int, dag_run_id: str | None, *, takeover: bool = False,
+           stale_after: timedelta = DEFAULT_STALE_AFTER) -> RunRow:
+    """A task of ``dag_run_id`` is about to work on ``run_id``. A running or committed run is
+    returned as it is. A failed or cancelled run of this DAG run that kept its staging (the user
+    cleared the failed task in Airflow) is reopened. Anything else is NotResumable, saying why."""
+    with conn.transaction():
+        run = get(conn, run_id)
+        if run.status in ("running", "committed"):
+            return run
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (run.portal_url,))
+        run = get(conn, run_id)
+        if not run.resumable or run.dag_run_id is None or run.dag_run_id != dag_run_id:
+            why = (f"it belongs to {'DAG run ' + run.dag_run_id if run.dag_run_id else 'a CLI run'}"
+                   if run.dag_run_id != dag_run_id else "its staging is gone")
+            raise NotResumable(
+                f"run {run_id} of {run.portal_name} is {run.status} and cannot be resumed ({why}; "
+                f"{run.error or 'no error recorded'}). Clear the whole DAG run (begin starts a new run from "
+                f"the watermark) or trigger a new one.")
+        _take_portal(conn, run.portal_url, run.portal_name, dag_run_id=dag_run_id, takeover=takeover,
+                     stale_after=stale_after)
+        row = conn.execute(
+            f"UPDATE sync_runs SET status = 'running', finished_at = NULL, error = NULL, resumable = false,"
+            f" heartbeat_at = now() WHERE run_id = %s RETURNING {_COLUMNS}", (run_id,)).fetchone()
+    return RunRow(*row)
+
+
+def touch(conn, run_id: int) -> None:
+    """A sign of life: the run is making progress (see stale_after)."""
+    conn.execute("UPDATE sync_runs SET heartbeat_at = now() WHERE run_id = %s AND status = 'running'", (run_id,))
 
 
 def get(conn, run_id: int) -> RunRow:
@@ -90,9 +175,12 @@ def find_running(conn, portal_url: str, dag_run_id: str) -> int | None:
 
 
 def require_running(conn, run_id: int) -> RunRow:
+    """The run, which must be running (a step starting is a sign of life)."""
     run = get(conn, run_id)
     if run.status != "running":
-        raise RuntimeError(f"run {run_id} of {run.portal_url} is {run.status}, not running: start a new run")
+        raise NotResumable(f"run {run_id} of {run.portal_name} is {run.status}, not running"
+                           f"{' (' + run.error + ')' if run.error else ''}: start a new run")
+    touch(conn, run_id)
     return run
 
 
@@ -112,7 +200,8 @@ def _drop_staging(conn, run_ids: list[int]) -> None:
 
 def add_stats(conn, run_id: int, stats: dict) -> None:
     """Merge a step's counts into the run's stats (a step's retry overwrites its own keys)."""
-    conn.execute("UPDATE sync_runs SET stats = stats || %s WHERE run_id = %s", (Jsonb(stats), run_id))
+    conn.execute("UPDATE sync_runs SET stats = stats || %s, heartbeat_at = now() WHERE run_id = %s",
+                 (Jsonb(stats), run_id))
 
 
 def add_counts(conn, run_id: int, counts: dict[str, int]) -> None:
@@ -123,7 +212,8 @@ def add_counts(conn, run_id: int, counts: dict[str, int]) -> None:
     keys = sorted(counts)
     pairs = ", ".join(["%s::text, coalesce((stats->>%s)::bigint, 0) + %s"] * len(keys))
     params = [value for key in keys for value in (key, key, int(counts[key]))]
-    conn.execute(f"UPDATE sync_runs SET stats = stats || jsonb_build_object({pairs}) WHERE run_id = %s",
+    conn.execute(f"UPDATE sync_runs SET stats = stats || jsonb_build_object({pairs}), heartbeat_at = now()"
+                 f" WHERE run_id = %s",
                  (*params, run_id))
 
 
@@ -150,19 +240,22 @@ def commit(conn, run: RunRow, stats: dict, datasets_synced: int, listing_unusabl
          "whole": run.started_at if whole else None, "unusable": listing_unusable if whole else None})
 
 
-def abort(conn, run_id: int, status: str, error: str) -> bool:
-    """Mark a running run failed or cancelled and drop its staging; the watermark stays where it was.
-    False when the run was not running (already committed or aborted)."""
+def abort(conn, run_id: int, status: str, error: str, *, resumable: bool = False) -> bool:
+    """Mark a running run failed or cancelled; the watermark stays where it was. Its staging is
+    dropped, unless ``resumable`` (a DAG run's failure: clearing the failed task resumes it) and
+    the run belongs to a DAG run. False when the run was not running (already committed or aborted)."""
     if status not in ("failed", "cancelled"):
         raise ValueError(f"status {status!r} must be 'failed' or 'cancelled'")
     with conn.transaction():
         row = conn.execute(
-            "UPDATE sync_runs SET status = %s, finished_at = now(), error = %s"
-            " WHERE run_id = %s AND status = 'running' RETURNING portal_url, portal_name",
-            (status, error[:4000], run_id)).fetchone()
+            "UPDATE sync_runs SET status = %s, finished_at = now(), error = %s,"
+            " resumable = %s AND dag_run_id IS NOT NULL"
+            " WHERE run_id = %s AND status = 'running' RETURNING portal_url, portal_name, resumable",
+            (status, error[:4000], resumable, run_id)).fetchone()
         if row is None:
             return False
-        _drop_staging(conn, [run_id])
+        if not row[2]:
+            _drop_staging(conn, [run_id])
         conn.execute(
             "INSERT INTO portal_sync_status AS p (portal_url, portal_name, sync_status, updated_at)"
             " VALUES (%s, %s, %s, now())"
