@@ -107,7 +107,7 @@ def build(portal: Portal):
 
         @task(outlets=[Asset(tasks.asset_uri(portal))])
         def upsert(run: dict):
-            return tasks.upsert(portal, run)  # emits an Asset event: created, updated, removed, review
+            return tasks.upsert(portal, run)  # emits an Asset event (counts), announces degraded runs
 
         run = begin()
         embed_changed.expand(work=hash_compare(reconcile(fetch_modified(run)))) >> upsert(run)

@@ -1,8 +1,9 @@
 """Example consumer: logs the dataset changes that need review whenever a harvest commits.
 
 Scheduled on the Asset events of every enabled portal's upsert (harvester://<portal>/datasets),
-so it runs only after something was harvested. It is created paused: unpause it in the UI to use
-it, or copy it as a starting point for alerts (email, Slack, a ticket per review).
+so it runs only after something was harvested; on events of runs that changed nothing and have
+nothing to review it does nothing, and says so in its log. It is created paused: unpause it in
+the UI to use it, or copy it as a starting point for alerts (email, Slack, a ticket per review).
 """
 from __future__ import annotations
 

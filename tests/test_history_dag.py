@@ -142,7 +142,8 @@ def test_asset_event_and_review_consumer(harvest, portal_server, db, samples, ca
         events = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
                   .filter(AssetModel.uri == "harvester://test/datasets").order_by(AssetEvent.id).all())
         extras = [e.extra for e in events]
-    assert extras[-1] == {"run_id": run_id, "created": 0, "updated": 1, "removed": 0, "review": 1}
+    assert extras[-1] == {"run_id": run_id, "created": 0, "updated": 1, "removed": 0, "review": 1,
+                          "skipped": 0, "removals_withheld": 0}
     assert extras[-2]["created"] == len(records)
 
     caplog.set_level(logging.INFO, logger="harvester.review")

@@ -27,7 +27,7 @@ PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
-         "full_sync_every", "stale_after"}
+         "full_sync_every", "stale_after", "notify"}
 # The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
 # appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
 DEFAULT_LOOKBACK = timedelta(hours=2)
@@ -71,6 +71,8 @@ class Portal:
     conn_id: str | None = None
     # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
     credentials: tuple[str, str] | None = field(default=None, repr=False)
+    # Where failed, degraded and needs-review runs are announced (harvester.notify.NotifyTarget).
+    notify: tuple = ()
 
     @property
     def dag_id(self) -> str:
@@ -256,7 +258,16 @@ def _portal(entry: Any) -> Portal:
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
+        notify=_notify(entry),
     )
+
+
+def _notify(entry: dict) -> tuple:
+    if "notify" not in entry:
+        return ()
+    from .notify import parse_notify  # imports Airflow: only for portals that notify
+
+    return parse_notify(entry["notify"])
 
 
 def parse_portals(document: Any, source: str = "portals.yaml") -> list[Portal]:

@@ -136,22 +136,32 @@ def asset_uri(portal: Portal) -> str:
     return f"harvester://{portal.name}/datasets"
 
 
+# What the Asset event's extra carries besides the run id: what changed, what needs review, and
+# what the run left undone (embeddings skipped while the breaker was open, removals withheld).
+ASSET_EXTRA_KEYS = ("created", "updated", "removed", "review", "skipped", "removals_withheld")
+
+
 def upsert(portal: Portal, run: dict) -> dict:
-    """Commits the run, then tells downstream DAGs what changed through an Asset event."""
+    """Commits the run, then tells downstream DAGs what changed through an Asset event, and the
+    portal's notify targets when the run is degraded or needs review."""
     from . import pipeline
 
     ctx = _context()
     provider = _provider()
     with _connection() as conn:
+        _resume(conn, portal, run)
         stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
                                 force_removals=bool(ctx["params"].get("force_removals")))
     events = ctx.get("outlet_events")
     if events is not None:
         from airflow.sdk import Asset
 
-        _resume(conn, portal, run)
         events[Asset(asset_uri(portal))].extra = {
-            "run_id": stats["run_id"], **{k: stats.get(k, 0) for k in ("created", "updated", "removed", "review")}}
+            "run_id": stats["run_id"], **{k: stats.get(k, 0) for k in ASSET_EXTRA_KEYS}}
+    if portal.notify:
+        from . import notify
+
+        notify.announce(portal, notify.commit_outcomes(stats), ctx, run_id=stats["run_id"], stats=stats)
     return stats
 
 
@@ -184,4 +194,26 @@ def on_dag_failure(portal: Portal):
     def callback(context):
         status = "cancelled" if str(context.get("reason") or "").startswith("timed_out") else "failed"
         _abort(portal, context, status)
+        _announce_failure(portal, context)
     return callback
+
+
+def _announce_failure(portal: Portal, context) -> None:
+    """Tells the portal's notify targets that the DAG run failed, with the run's counts and error
+    when they can be read; never raises."""
+    if not portal.notify:
+        return
+    from . import notify
+    from .store import runs
+
+    dag_run_id = getattr(context.get("dag_run"), "run_id", None) or context.get("run_id")
+    run = None
+    try:
+        with _connection() as conn:
+            run = runs.last_of_dag_run(conn, portal.url, dag_run_id)
+    except Exception as exc:  # the database may be why it failed: announce without the run's details
+        log.warning("could not read the run of %s for its failure notice: %s", portal.name, type(exc).__name__)
+    exc = context.get("exception")
+    error = (run and run.error) or (f"{type(exc).__name__}: {exc}" if exc else
+                                    f"DAG run {dag_run_id} ended: {context.get('reason') or 'failed'}")
+    notify.announce(portal, ["failed"], context, run_id=run and run.run_id, stats=run and run.stats, error=error)

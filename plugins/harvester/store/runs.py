@@ -262,3 +262,12 @@ def abort(conn, run_id: int, status: str, error: str, *, resumable: bool = False
             " ON CONFLICT (portal_url) DO UPDATE SET sync_status = EXCLUDED.sync_status, updated_at = now()",
             (row[0], row[1], status))
     return True
+
+
+def last_of_dag_run(conn, portal_url: str, dag_run_id: str | None) -> RunRow | None:
+    """The last run an Airflow DAG run opened for the portal, whatever its status (for notices)."""
+    if dag_run_id is None:
+        return None
+    row = conn.execute(f"SELECT {_COLUMNS} FROM sync_runs WHERE portal_url = %s AND dag_run_id = %s"
+                       f" ORDER BY run_id DESC LIMIT 1", (portal_url, dag_run_id)).fetchone()
+    return RunRow(*row) if row else None
