@@ -110,6 +110,24 @@ def portal_server():
     server.stop()
 
 
+# -- the Gemini API ---------------------------------------------------------------------------------
+GEMINI_KEY = "AIza-test-key-for-harvester"
+
+
+@pytest.fixture
+def gemini(monkeypatch):
+    """A local Gemini-protocol server, configured as the embedding provider (no retry delay)."""
+    from fake_gemini import FakeGemini
+
+    with FakeGemini(valid_keys={GEMINI_KEY}) as fake:
+        monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "gemini")
+        monkeypatch.setenv("GEMINI_API_KEY", GEMINI_KEY)
+        monkeypatch.setenv("GEMINI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("HARVESTER_EMBED_RETRY_DELAY_SECS", "0")
+        monkeypatch.delenv("AIRFLOW_CONN_GEMINI_DEFAULT", raising=False)
+        yield fake
+
+
 # -- Airflow ------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def airflow_db():

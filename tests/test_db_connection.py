@@ -140,17 +140,22 @@ def test_no_connection_defined_warns_and_harvests_into_the_embedded_server(
 
 
 # -- the CLI ------------------------------------------------------------------------------------
-
-def test_cli_with_embedded_off_and_nothing_configured_is_an_error(monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def nothing_configured(monkeypatch, tmp_path):
+    """The CLI with no database setting at all; an embedded server would live in tmp_path."""
     monkeypatch.delenv("HARVESTER_DATABASE_URL", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB", raising=False)
     monkeypatch.setenv("HARVESTER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_cli_with_embedded_off_and_nothing_configured_is_an_error(nothing_configured, monkeypatch, capsys):
     monkeypatch.setenv("HARVESTER_EMBEDDED_DB", "off")
     assert main(["runs"]) == 2
     err = capsys.readouterr().err
     assert "neither HARVESTER_DATABASE_URL nor AIRFLOW_CONN_HARVESTER_DB is set" in err
     assert "HARVESTER_EMBEDDED_DB=off" in err and "harvester_db" in err
-    assert never_started(tmp_path)
+    assert never_started(nothing_configured)
 
 
 @pytest.mark.parametrize("variable, value, why", [
@@ -161,22 +166,16 @@ def test_cli_with_embedded_off_and_nothing_configured_is_an_error(monkeypatch, t
     ("AIRFLOW_CONN_HARVESTER_DB", '{"conn_type": "postgres", "password": "' + PASSWORD + '", "port": ',
      "AIRFLOW_CONN_HARVESTER_DB (the connection harvester_db) does not parse"),
 ], ids=["bad-port", "not-postgres", "broken-json"])
-def test_cli_names_a_malformed_database_setting(monkeypatch, tmp_path, capsys, variable, value, why):
-    monkeypatch.delenv("HARVESTER_DATABASE_URL", raising=False)
-    monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB", raising=False)
-    monkeypatch.setenv("HARVESTER_HOME", str(tmp_path))
+def test_cli_names_a_malformed_database_setting(nothing_configured, monkeypatch, capsys, variable, value, why):
     monkeypatch.setenv(variable, value)
     assert main(["runs"]) == 2
     err = capsys.readouterr().err
     assert why in err and PASSWORD not in err
-    assert never_started(tmp_path)
+    assert never_started(nothing_configured)
 
 
-def test_a_mistyped_embedded_switch_is_named(monkeypatch, tmp_path, capsys):
-    monkeypatch.delenv("HARVESTER_DATABASE_URL", raising=False)
-    monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB", raising=False)
-    monkeypatch.setenv("HARVESTER_HOME", str(tmp_path))
+def test_a_mistyped_embedded_switch_is_named(nothing_configured, monkeypatch, capsys):
     monkeypatch.setenv("HARVESTER_EMBEDDED_DB", "of")
     assert main(["runs"]) == 2
     assert "HARVESTER_EMBEDDED_DB='of' is neither on nor off" in capsys.readouterr().err
-    assert never_started(tmp_path)
+    assert never_started(nothing_configured)

@@ -8,24 +8,10 @@ import time
 
 import pytest
 
-from fake_gemini import FakeGemini
 from harvester import dataset as ds
 from harvester import pipeline
 from harvester.portal import Portal
 from harvester.store import db as store_db
-
-KEY = "AIza-test-key-for-harvester"
-
-
-@pytest.fixture
-def gemini(monkeypatch):
-    with FakeGemini(valid_keys={KEY}) as fake:
-        monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "gemini")
-        monkeypatch.setenv("GEMINI_API_KEY", KEY)
-        monkeypatch.setenv("GEMINI_BASE_URL", fake.base_url)
-        monkeypatch.setenv("HARVESTER_EMBED_RETRY_DELAY_SECS", "0")
-        monkeypatch.delenv("AIRFLOW_CONN_GEMINI_DEFAULT", raising=False)
-        yield fake
 
 
 def distinct_records(samples, n):

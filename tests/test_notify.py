@@ -18,7 +18,6 @@ from local_http import LocalAPIServer
 ROOT = Path(__file__).resolve().parents[1]
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "hook-token-s3cr3t-4242"
-KEY = "AIza-test-key-for-harvester"
 
 
 class Receiver(LocalAPIServer):
@@ -43,19 +42,6 @@ class Receiver(LocalAPIServer):
 def receiver():
     with Receiver() as server:
         yield server
-
-
-@pytest.fixture
-def gemini(monkeypatch):
-    from fake_gemini import FakeGemini
-
-    with FakeGemini(valid_keys={KEY}) as fake:
-        monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "gemini")
-        monkeypatch.setenv("GEMINI_API_KEY", KEY)
-        monkeypatch.setenv("GEMINI_BASE_URL", fake.base_url)
-        monkeypatch.setenv("HARVESTER_EMBED_RETRY_DELAY_SECS", "0")
-        monkeypatch.delenv("AIRFLOW_CONN_GEMINI_DEFAULT", raising=False)
-        yield fake
 
 
 def edited(record, **fields):

@@ -15,7 +15,7 @@ import pytest
 from harvester.cli import main
 from harvester.store import runs as store_runs
 
-from test_embedding_runs import KEY, distinct_records, gemini  # noqa: F401  (fixture)
+from test_embedding_runs import distinct_records
 
 HUMDATA = "data-humdata-org.jsonl"
 OUTCOME_STATS = ("fetched", "created", "updated", "unchanged", "failed", "skipped", "removed", "embedded",
