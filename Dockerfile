@@ -28,5 +28,8 @@ COPY --chown=airflow:0 pyproject.toml /opt/airflow/pyproject.toml
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 sql/ /opt/airflow/sql/
+# (pip leaves a copy of the package metadata in plugins/, on Airflow's sys.path: removed, or Airflow
+# would find the plugin's airflow.plugins entry point twice.)
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e /opt/airflow \
+    && rm -rf /opt/airflow/plugins/harvester.egg-info \
     && python -c "import harvester"

@@ -15,6 +15,9 @@ $(STAMP): requirements.txt requirements-local.txt requirements-dev.txt pyproject
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-local.txt -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@# pip leaves a copy of the package metadata in plugins/, which is on sys.path: Airflow would
+	@# find the airflow.plugins entry point twice (the installed metadata is in the venv).
+	rm -rf plugins/harvester.egg-info
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -171,43 +171,22 @@ def cmd_datasets(args) -> int:
 
 
 # -- search -------------------------------------------------------------------------------------
-def _search_model(conn, portal_url, provider):
-    """The active provider's model, unless it does not cover the datasets yet (a model switch in
-    progress) and an earlier model covers more: search keeps working while the new one fills in."""
-    from .embeddings import provider_for_model
-    from .store import vectors
-
-    cover = vectors.coverage(conn, portal_url)
-    active = cover.get(provider.model, (0, 0))
-    best = max(cover.items(), key=lambda item: item[1][0], default=None)
-    if best and best[0] != provider.model and active[0] < active[1] and best[1][0] > active[0]:
-        print(f"note: {provider.model} covers {active[0]} of {active[1]} datasets so far; searching with "
-              f"{best[0]} ({best[1][0]} of {best[1][1]})", file=sys.stderr)
-        return provider_for_model(best[0])
-    return provider
-
-
 def cmd_search(args) -> int:
-    from .embeddings import TerminalEmbeddingError, get_provider
-    from .store import db, vectors
+    from . import search
+    from .store import db
 
     portal = _resolve_portal(args.portal)
     with db.open_cli() as conn:
-        provider = _search_model(conn, portal.url if portal else None, get_provider())
-        query_vector = provider.embed_query(args.query)
-        try:
-            vectors.check_dimension(conn, provider.model, provider.dimension)
-        except vectors.DimensionMismatch as exc:
-            raise TerminalEmbeddingError(str(exc)) from None
-        rows = vectors.search(conn, provider.model, provider.dimension, query_vector,
-                              portal_url=portal.url if portal else None, limit=args.limit)
-        names = {p.url: p.name for p in portal_config.load_portals()} if rows else {}
+        found = search.search(conn, args.query, portal_url=portal.url if portal else None, limit=args.limit)
+        names = {p.url: p.name for p in portal_config.load_portals()} if found.rows else {}
+    if found.note:
+        print(f"note: {found.note}", file=sys.stderr)
     results = [{"rank": i, "score": round(float(r[0]), 4), "portal": names.get(r[1], r[1]), "title": r[2],
-                "url": r[3], "id": r[4]} for i, r in enumerate(rows, 1)]
+                "url": r[3], "id": r[4]} for i, r in enumerate(found.rows, 1)]
     if args.json:
         _print_json(results)
         return 0
-    _table(f"Search: {args.query!r} ({provider.model})", ["#", "score", "portal", "title", "url"],
+    _table(f"Search: {args.query!r} ({found.model})", ["#", "score", "portal", "title", "url"],
            [(r["rank"], f"{r['score']:.3f}", r["portal"], r["title"][:70], r["url"]) for r in results])
     return 0
 

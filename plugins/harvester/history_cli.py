@@ -1,4 +1,4 @@
-"""`harvester changes | versions | diff | export changes | purge`: dataset history from the shell.
+"""`harvester changes | versions | diff | export changes | review | purge`: dataset history from the shell.
 
 ``register(subparsers)`` adds the commands to the ``harvester`` parser. ``-p``/``--portal`` takes a
 portal's name in portals.yaml. A dataset that is not found raises LookupError (the CLI prints it
@@ -10,6 +10,7 @@ import argparse
 import csv
 import difflib
 import json
+import os
 import re
 import sys
 import textwrap
@@ -267,6 +268,78 @@ def cmd_purge(args) -> int:
     return 0
 
 
+# -- review -----------------------------------------------------------------------------------
+def _reviewer(name: str | None) -> str:
+    import getpass
+
+    if name and name.strip():
+        return name.strip()
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):  # no login name to be found
+        raise ValueError("say who reviews with --by NAME (no $USER here)") from None
+
+
+def cmd_review(args) -> int:
+    from .store import history, review
+
+    if args.queue:
+        if args.change_id is not None or args.dismiss or args.note or args.by:
+            print("harvester: error: --queue lists the queue; it takes no change id, --dismiss, --note or --by",
+                  file=sys.stderr)
+            return 2
+        return _review_queue(args)
+    if args.change_id is None:
+        print("harvester: error: give the id of the change to review (see harvester review --queue), or --queue",
+              file=sys.stderr)
+        return 2
+    outcome = "dismissed" if args.dismiss else "reviewed"
+    try:
+        by = _reviewer(args.by)
+        with _open() as conn:
+            review.review(conn, args.change_id, outcome=outcome, by=by, note=args.note)
+            change = history.get_change(conn, args.change_id)
+    except (review.AlreadyReviewed, ValueError) as exc:
+        print(f"harvester: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(change)
+        return 0
+    print(f"change {change['id']} ({change['change_type']}: {change['title']}) {outcome} by {change['reviewed_by']}"
+          f" at {_when(change['reviewed_at'])}" + (f": {change['review_note']}" if change["review_note"] else ""))
+    return 0
+
+
+def _review_queue(args) -> int:
+    from rich.text import Text
+
+    from .store import history
+
+    url = _portal_url(args.portal) if args.portal else None
+    with _open() as conn:
+        rows, total = history.page_changes(conn, portal_urls=[url] if url else None, queue=True, limit=args.limit)
+    if args.json:
+        _print_json({"items": rows, "total": total})
+        return 0
+    console = _console()
+    where = f" in {args.portal}" if args.portal else ""
+    if not rows:
+        console.print(f"no changes waiting for review{where}")
+        return 0
+    console.print(Text(f"{total} changes waiting for review{where}, newest first"
+                       + (f" (the first {len(rows)})" if len(rows) < total else ""), style="bold"))
+    for row in rows:
+        console.print()
+        console.print(Text(f"[{row['id']}] {row['change_type'].upper()} {round(row['significance'] * 100)}%",
+                           style="bold"), soft_wrap=True)
+        for label, value in (("portal", row["portal_name"] or row["portal_url"]), ("title", row["title"]),
+                             ("url", row["url"]), ("detected", _when(row["detected_at"])), ("changed", row["summary"])):
+            console.print(Text(f"    {label + ':':<14}{value}"), soft_wrap=True)
+    console.print()
+    console.print("harvester review <id> [--note TEXT] marks one reviewed; --dismiss dismisses it")
+    return 0
+
+
 # -- the parser -------------------------------------------------------------------------------
 def _dataset_args(p) -> None:
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
@@ -276,7 +349,7 @@ def _dataset_args(p) -> None:
 
 
 def register(subparsers) -> None:
-    """Add changes, versions, diff, export and purge to the ``harvester`` subparsers."""
+    """Add changes, versions, diff, export, review and purge to the ``harvester`` subparsers."""
     p = subparsers.add_parser("changes", help="detected dataset changes, newest first")
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
     p.add_argument("--review", action="store_true", help="only changes that require review")
@@ -305,6 +378,17 @@ def register(subparsers) -> None:
     e.add_argument("--since", type=parse_date)
     e.add_argument("--output", "-o", help="write to FILE (default: standard output)")
     e.set_defaults(func=cmd_export_changes)
+
+    p = subparsers.add_parser("review", help="mark a change reviewed or dismiss it; --queue: what waits for review")
+    p.add_argument("change_id", nargs="?", type=int, help="the change's id (harvester review --queue lists them)")
+    p.add_argument("--dismiss", action="store_true", help="dismiss the change instead of marking it reviewed")
+    p.add_argument("--note", help="why (kept with the review)")
+    p.add_argument("--by", help="who reviews (default: $USER)")
+    p.add_argument("--queue", action="store_true", help="list the changes that require review and have none yet")
+    p.add_argument("-p", "--portal", help="with --queue: only this portal (its name in portals.yaml)")
+    p.add_argument("--limit", type=int, default=50, help="with --queue: at most this many (default 50)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_review)
 
     p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good")
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")

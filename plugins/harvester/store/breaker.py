@@ -147,3 +147,16 @@ def _truncate(text: str | None) -> str | None:
     if text is None:
         return None
     return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 1] + "…"
+
+
+def list_states(conn) -> list[dict]:
+    """Every breaker with a row, most recently changed first (for display): provider, model,
+    state, consecutive_failures, opened_at, retry_at (when an open breaker lets probes through),
+    last_error, updated_at. A provider and model without a row is CLOSED."""
+    columns = ("provider", "model", "state", "consecutive_failures", "opened_at", "retry_at", "last_error",
+               "updated_at")
+    rows = conn.execute(
+        "SELECT provider, model, state, consecutive_failures, opened_at,"
+        " CASE WHEN state = 'open' THEN opened_at + make_interval(secs => recovery_timeout_secs) END,"
+        " last_error, updated_at FROM circuit_breakers ORDER BY updated_at DESC, provider, model").fetchall()
+    return [dict(zip(columns, row)) for row in rows]

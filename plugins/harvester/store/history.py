@@ -417,3 +417,73 @@ def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = Fa
         if not dry_run and datasets:
             conn.execute(f"DELETE FROM datasets d WHERE {where}", params)
     return {"datasets": int(datasets), "versions": int(versions), "changes": int(changes), "dry_run": dry_run}
+
+
+# -- queries for the Harvester page in the Airflow UI --------------------------------------------
+_PAGE_COLUMNS = ("id", "dataset_id", "run_id", "change_type", "changed_fields", "significance_score",
+                 "requires_review", "old_version", "new_version", "detected_at", "reviewed_at", "reviewed_by",
+                 "review_note", "review_outcome", "portal_url", "portal_name", "source_id", "name", "title", "url",
+                 "removed_at")
+_PAGE_FROM = """
+    FROM dataset_changes c
+    JOIN datasets d ON d.id = c.dataset_id
+    LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+"""
+_COLUMN_OF = {"portal_url": "d.portal_url", "portal_name": "p.portal_name", "source_id": "d.source_id",
+              "name": "d.name", "title": "d.title", "url": "d.url", "removed_at": "d.removed_at"}
+
+
+def page_changes(conn, *, portal_urls: list[str] | None = None, queue: bool = False, change_type: str | None = None,
+                 since: datetime | None = None, min_significance: float | None = None,
+                 dataset_id: int | None = None, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
+    """One page of changes, newest first, and how many match in all. ``queue``: only changes that
+    require review and have no review yet. The other filters narrow by portal (URLs), change
+    type, detection time (at or after ``since``), significance (at least) and dataset. Each
+    change comes with its dataset's portal, id, title and url, its review, and a summary."""
+    where, params = ["true"], {"limit": limit, "offset": offset}
+    if queue:
+        where.append("c.requires_review AND c.review_outcome IS NULL")
+    if portal_urls is not None:
+        where.append("d.portal_url = ANY(%(portals)s)")
+        params["portals"] = list(portal_urls)
+    if change_type is not None:
+        where.append("c.change_type = %(change_type)s")
+        params["change_type"] = change_type
+    if since is not None:
+        where.append("c.detected_at >= %(since)s")
+        params["since"] = since
+    if min_significance is not None:
+        where.append("c.significance_score >= %(min_significance)s")
+        params["min_significance"] = Decimal(str(min_significance))
+    if dataset_id is not None:
+        where.append("c.dataset_id = %(dataset)s")
+        params["dataset"] = dataset_id
+    condition = " AND ".join(where)
+    columns = ", ".join(_COLUMN_OF.get(c, f"c.{c}") for c in _PAGE_COLUMNS)
+    rows = conn.execute(f"SELECT {columns} {_PAGE_FROM} WHERE {condition}"
+                        " ORDER BY c.detected_at DESC, c.id DESC LIMIT %(limit)s OFFSET %(offset)s", params).fetchall()
+    total = conn.execute(f"SELECT count(*) {_PAGE_FROM} WHERE {condition}", params).fetchone()[0]
+    return [_page_item(row) for row in rows], int(total)
+
+
+def _page_item(row: tuple) -> dict:
+    item = dict(zip(_PAGE_COLUMNS, row))
+    item["significance"] = float(item.pop("significance_score"))
+    item["summary"] = describe(item["change_type"], item["changed_fields"])
+    return item
+
+
+def get_change(conn, change_id: int) -> dict | None:
+    """One change, as ``page_changes`` gives it; None when there is none with that id."""
+    columns = ", ".join(_COLUMN_OF.get(c, f"c.{c}") for c in _PAGE_COLUMNS)
+    row = conn.execute(f"SELECT {columns} {_PAGE_FROM} WHERE c.id = %s", (change_id,)).fetchone()
+    return _page_item(row) if row else None
+
+
+def dataset_detail(conn, portal_url: str, source_id: str) -> dict | None:
+    """A dataset of the portal by its CKAN id, live or removed; None when we never saw it."""
+    columns = ("id", "source_id", "name", "title", "url", "organization", "removed_at", "first_seen_at",
+               "last_seen_at", "metadata_modified")
+    row = conn.execute(f"SELECT {', '.join(columns)} FROM datasets WHERE portal_url = %s AND source_id = %s",
+                       (portal_url, source_id)).fetchone()
+    return dict(zip(columns, row)) if row else None

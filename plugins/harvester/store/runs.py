@@ -271,3 +271,48 @@ def last_of_dag_run(conn, portal_url: str, dag_run_id: str | None) -> RunRow | N
     row = conn.execute(f"SELECT {_COLUMNS} FROM sync_runs WHERE portal_url = %s AND dag_run_id = %s"
                        f" ORDER BY run_id DESC LIMIT 1", (portal_url, dag_run_id)).fetchone()
     return RunRow(*row) if row else None
+
+
+# -- reading, for the Harvester page in the Airflow UI ---------------------------------------------
+RUN_COLUMNS = ("run_id", "portal_url", "portal_name", "dag_run_id", "mode", "status", "started_at", "finished_at",
+               "reconcile_reason", "error", "stats")
+
+
+def page_runs(conn, portal_url: str, *, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
+    """One page of the portal's runs, newest first, and how many it has in all."""
+    params = {"portal": portal_url, "limit": limit, "offset": offset}
+    rows = conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM sync_runs WHERE portal_url = %(portal)s"
+                        " ORDER BY started_at DESC, run_id DESC LIMIT %(limit)s OFFSET %(offset)s", params).fetchall()
+    total = conn.execute("SELECT count(*) FROM sync_runs WHERE portal_url = %(portal)s", params).fetchone()[0]
+    return [dict(zip(RUN_COLUMNS, row)) for row in rows], int(total)
+
+
+def overview(conn, portal_urls: list[str]) -> dict[str, dict]:
+    """Per portal URL, in one statement: its watermark row (``last_successful_sync``,
+    ``last_sync_mode``, ``sync_status``), ``live_datasets``, ``pending_embeddings`` (live datasets
+    whose current text has no vector linked yet) and ``last_run`` (its newest run, or None)."""
+    rows = conn.execute(
+        f"""
+        WITH portals (url) AS (SELECT DISTINCT unnest(%(urls)s::text[])),
+        counts AS (
+            SELECT d.portal_url, count(*) AS live,
+                   count(*) FILTER (WHERE d.embedded_content_hash IS DISTINCT FROM d.content_hash) AS pending
+            FROM datasets d
+            WHERE d.portal_url = ANY(%(urls)s) AND d.removed_at IS NULL
+            GROUP BY d.portal_url
+        )
+        SELECT p.url, s.last_successful_sync, s.last_sync_mode, s.sync_status,
+               coalesce(c.live, 0), coalesce(c.pending, 0), {', '.join('r.' + c for c in RUN_COLUMNS)}
+        FROM portals p
+        LEFT JOIN portal_sync_status s ON s.portal_url = p.url
+        LEFT JOIN counts c ON c.portal_url = p.url
+        LEFT JOIN LATERAL (
+            SELECT * FROM sync_runs r WHERE r.portal_url = p.url ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1
+        ) r ON true
+        """, {"urls": list(portal_urls)}).fetchall()
+    out = {}
+    for url, last_sync, last_mode, sync_status, live, pending, *run in rows:
+        out[url] = {"last_successful_sync": last_sync, "last_sync_mode": last_mode, "sync_status": sync_status,
+                    "live_datasets": int(live), "pending_embeddings": int(pending),
+                    "last_run": dict(zip(RUN_COLUMNS, run)) if run[0] is not None else None}
+    return out

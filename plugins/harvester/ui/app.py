@@ -1,0 +1,604 @@
+"""The Harvester app inside the Airflow UI: HTML pages and a JSON API, mounted at /harvester.
+
+The plugin (harvester.ui.plugin) mounts ``app`` in Airflow's api-server. Pages (``/``,
+``/portals/{name}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``) all serve the
+same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
+OpenAPI description is at ``/docs``. Who may do what: harvester.ui.auth.
+
+Data: portals come from portals.yaml, joined with what the harvester database holds (the Airflow
+connection ``harvester_db``, opened per request like a DAG task's, without migrating) and with
+Airflow's own metadata (next scheduled run, paused, task instances for log links). SQL lives in
+the store modules.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import auth
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+PREFIX = "/harvester"  # where the plugin mounts the app (under Airflow's [api] base_url path)
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+TASK_ORDER = ("begin", "fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert")
+FAILED_RUN = ("failed", "cancelled", "abandoned")
+
+DESCRIPTION = """\
+The Harvester's data, read from the harvester database and Airflow: portals, runs, dataset
+changes and their review, dataset versions, search.
+
+**Authentication**: Airflow's own token, as a bearer token (`Authorization: Bearer <token>`, from
+Airflow's `POST /auth/token`) or the `_token` cookie Airflow's UI sets at login. Without one: 401.
+
+**Permissions**: reading needs access to the custom view `Harvester` of Airflow's auth manager
+(403 otherwise); reviewing a change needs edit access (PUT) to its portal's DAG, `harvest_<portal>`.
+
+**Lists** take `limit` (default 50, at most 500) and `offset`, and answer
+`{"items": [...], "total": N, "limit": L, "offset": O}`.
+"""
+
+app = FastAPI(title="Harvester", description=DESCRIPTION, version="1", docs_url=None, redoc_url=None,
+              openapi_url=None)
+# Static assets need no login: they hold no data (the pages fetch the data from the API).
+app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
+
+
+@app.middleware("http")
+async def _no_store(request: Request, call_next):
+    """Pages and API answers depend on who asks: never cached."""
+    static = request.url.path.startswith(f"{request.scope.get('root_path', '')}/static/")  # before routing
+    response = await call_next(request)  # (routing rewrites the scope's root_path)
+    if not static:
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+# -- errors -----------------------------------------------------------------------------------------
+def _install_error_handlers() -> None:
+    from ..portal import PortalConfigError
+    from ..store.db import DatabaseConfigError, DatabaseLookupError
+    from ..store.migrations import MigrationError
+
+    async def unavailable(request: Request, exc: Exception):
+        log.warning("Harvester page: %s", exc)
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
+    for kind in (PortalConfigError, DatabaseConfigError, DatabaseLookupError, MigrationError):
+        app.add_exception_handler(kind, unavailable)
+
+
+_install_error_handlers()
+
+
+def _invalid(parameter: str, message: str, where: str = "query") -> HTTPException:
+    """422 shaped like FastAPI's own validation errors, naming the parameter."""
+    return HTTPException(422,
+                         [{"loc": [where, parameter], "msg": f"{parameter}: {message}", "type": "value_error"}])
+
+
+# -- dependencies -----------------------------------------------------------------------------------
+def database():
+    """A connection to the harvester database for this request (as a DAG task opens one)."""
+    from ..store import db
+
+    conn = db.open_task(migrate=False)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _portals() -> list:
+    from ..portal import load_portals
+
+    return load_portals()
+
+
+def _portal_named(name: str, parameter: str | None = None):
+    for portal in _portals():
+        if portal.name == name:
+            return portal
+    if parameter:
+        raise _invalid(parameter, f"no portal named {name!r} in portals.yaml")
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} in portals.yaml")
+
+
+Reader = Depends(auth.reader)
+Limit = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=f"page size (at most {MAX_LIMIT})")
+Offset = Query(0, ge=0, description="items to skip")
+
+
+def _page(items: list, total: int, limit: int, offset: int) -> dict:
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+# -- links into the Airflow UI --------------------------------------------------------------------------
+def _airflow_root(request: Request) -> str:
+    """The Airflow UI's path prefix ([api] base_url's path), from where this app is mounted."""
+    root = request.scope.get("root_path", "")
+    return root[: -len(PREFIX)] if root.endswith(PREFIX) else ""
+
+
+def _dag_run_url(root: str, dag_id: str | None, dag_run_id: str | None) -> str | None:
+    if not dag_id or not dag_run_id:
+        return None
+    return f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+
+
+def _read_airflow(what: str, query) -> list | None:
+    """Rows of a query on Airflow's metadata database; None (and a warning) when it is out of
+    reach: the pages show the rest anyway."""
+    try:
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            return session.execute(query).all()
+    except Exception:
+        log.warning("could not read %s from Airflow's metadata database", what, exc_info=True)
+        return None
+
+
+def _airflow_dags(dag_ids: list[str]) -> dict[str, dict]:
+    """Per DAG id Airflow knows: paused, and when its next run is due (None when paused)."""
+    if not dag_ids:
+        return {}
+    from sqlalchemy import select
+
+    from airflow.models.dag import DagModel
+
+    rows = _read_airflow("the harvest DAGs", select(
+        DagModel.dag_id, DagModel.is_paused, DagModel.is_stale, DagModel.next_dagrun_create_after,
+        DagModel.next_dagrun).where(DagModel.dag_id.in_(dag_ids)))
+    return {dag_id: {"paused": bool(paused), "stale": bool(stale),
+                     "next_run": None if paused or stale else (run_after or next_dagrun)}
+            for dag_id, paused, stale, run_after, next_dagrun in rows or ()}
+
+
+def _log_tasks(dag_id: str, dag_run_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """Per DAG run: the task instance whose log tells most, (task_id, map_index): the first that
+    failed in the DAG's order, else upsert (its last line has the run's counts), else the last
+    that started."""
+    if not dag_run_ids:
+        return {}
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+
+    rows = _read_airflow("task instances", select(
+        TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index, TaskInstance.state,
+        TaskInstance.start_date).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(dag_run_ids)))
+    if rows is None:
+        return {}
+    by_run: dict[str, list] = {}
+    for run_id, task_id, map_index, state, start in rows:
+        by_run.setdefault(run_id, []).append((task_id, map_index, str(getattr(state, "value", state) or ""), start))
+
+    def in_dag_order(ti):
+        return TASK_ORDER.index(ti[0]) if ti[0] in TASK_ORDER else len(TASK_ORDER), ti[1]
+
+    out = {}
+    for run_id, tis in by_run.items():
+        failed = sorted((ti for ti in tis if ti[2] == "failed"), key=in_dag_order)
+        upsert = [ti for ti in tis if ti[0] == "upsert" and ti[3] is not None]
+        started = sorted((ti for ti in tis if ti[3] is not None), key=lambda ti: ti[3])
+        chosen = failed[0] if failed else upsert[0] if upsert else started[-1] if started else None
+        if chosen:
+            out[run_id] = (chosen[0], chosen[1])
+    return out
+
+
+def _logs_url(root: str, dag_id: str | None, dag_run_id: str | None, task: tuple[str, int] | None) -> str | None:
+    run = _dag_run_url(root, dag_id, dag_run_id)
+    if run is None or task is None:
+        return None
+    task_id, map_index = task
+    return f"{run}/tasks/{quote(task_id, safe='')}" + (f"/mapped/{map_index}" if map_index >= 0 else "")
+
+
+# -- shapes -------------------------------------------------------------------------------------------
+def _duration(run: dict) -> float | None:
+    if run.get("finished_at") and run.get("started_at"):
+        return round((run["finished_at"] - run["started_at"]).total_seconds(), 3)
+    return None
+
+
+def _badge(run: dict | None) -> str | None:
+    from ..notify import commit_outcomes
+
+    if run is None:
+        return None
+    if run["status"] in FAILED_RUN:
+        return "failed"
+    if run["status"] == "committed" and "degraded" in commit_outcomes(run["stats"] or {}):
+        return "degraded"
+    return None
+
+
+def _run_item(run: dict, dag_id: str | None, root: str, task: tuple[str, int] | None) -> dict:
+    from ..run import complete_stats
+
+    return {
+        "run_id": run["run_id"], "dag_run_id": run["dag_run_id"], "mode": run["mode"], "status": run["status"],
+        "started_at": run["started_at"], "finished_at": run["finished_at"], "duration_seconds": _duration(run),
+        "reconcile_reason": run["reconcile_reason"], "error": run["error"], "stats": complete_stats(run["stats"]),
+        "dag_run_url": _dag_run_url(root, dag_id, run["dag_run_id"]),
+        "logs_url": _logs_url(root, dag_id, run["dag_run_id"], task),
+    }
+
+
+def _breaker(conn) -> dict | None:
+    """The breaker of the active embedding provider and model (CLOSED when it has no row yet);
+    without a usable provider configuration, the breaker changed last, if any."""
+    from ..embeddings import get_provider
+    from ..store.breaker import list_states
+
+    states = list_states(conn)
+    try:
+        provider = get_provider()
+        key = (provider.name, provider.model)
+    except Exception as exc:  # noqa: BLE001  no usable provider here: say what we can
+        log.info("Harvester page: no embedding provider to show the breaker of (%s)", exc)
+        return states[0] if states else None
+    for state in states:
+        if (state["provider"], state["model"]) == key:
+            return state
+    return {"provider": key[0], "model": key[1], "state": "closed", "consecutive_failures": 0, "opened_at": None,
+            "retry_at": None, "last_error": None, "updated_at": None}
+
+
+def _portal_items(conn, portals: list, request: Request) -> list[dict]:
+    from ..store import review, runs
+
+    root = _airflow_root(request)
+    overview = runs.overview(conn, [p.url for p in portals])
+    queue = review.queue_counts(conn, [p.url for p in portals])
+    dags = _airflow_dags([p.dag_id for p in portals])
+    breaker = _breaker(conn) if portals else None
+    now = datetime.now(timezone.utc)
+    items = []
+    for portal in portals:
+        seen = overview.get(portal.url, {})
+        last = seen.get("last_run")
+        last_sync = seen.get("last_successful_sync")
+        dag = dags.get(portal.dag_id, {})
+        last_run = None
+        if last is not None:
+            stats = last["stats"] or {}
+            last_run = {
+                "run_id": last["run_id"], "dag_run_id": last["dag_run_id"], "mode": last["mode"],
+                "status": last["status"], "started_at": last["started_at"], "finished_at": last["finished_at"],
+                "duration_seconds": _duration(last), "skipped": int(stats.get("skipped") or 0),
+                "removals_withheld": int(stats.get("removals_withheld") or 0), "error": last["error"],
+                "reconcile_reason": last["reconcile_reason"],
+                "dag_run_url": _dag_run_url(root, portal.dag_id, last["dag_run_id"]),
+            }
+        items.append({
+            "name": portal.name, "url": portal.url, "dag_id": portal.dag_id, "enabled": portal.enabled,
+            "schedule": portal.schedule, "live_datasets": seen.get("live_datasets", 0),
+            "pending_embeddings": seen.get("pending_embeddings", 0),
+            "last_successful_sync": last_sync,
+            "last_sync_age_seconds": round((now - last_sync).total_seconds()) if last_sync else None,
+            "last_sync_mode": seen.get("last_sync_mode"), "sync_status": seen.get("sync_status"),
+            "next_run": dag.get("next_run"), "paused": dag.get("paused"), "in_airflow": bool(dag),
+            "review_queue": queue.get(portal.url, 0),
+            "breaker": breaker, "last_run": last_run, "badge": _badge(last),
+        })
+    return items
+
+
+def _change_items(changes: list[dict], user, request: Request) -> list[dict]:
+    by_url = {p.url: p for p in _portals()}
+    root = _airflow_root(request)
+    named = []
+    for change in changes:
+        portal = by_url.get(change["portal_url"])
+        name = portal.name if portal else (change["portal_name"] or change["portal_url"])
+        dag_id = portal.dag_id if portal else (f"harvest_{change['portal_name']}" if change["portal_name"] else None)
+        named.append((change, name, dag_id))
+    allowed = auth.reviewable(user, {dag_id for _, _, dag_id in named})
+    return [{
+        "id": c["id"], "portal": name, "portal_url": c["portal_url"], "dag_id": dag_id, "source_id": c["source_id"],
+        "dataset_title": c["title"], "dataset_url": c["url"], "dataset_removed_at": c["removed_at"],
+        "change_type": c["change_type"], "changed_fields": c["changed_fields"], "summary": c["summary"],
+        "significance": c["significance"], "requires_review": c["requires_review"], "detected_at": c["detected_at"],
+        "old_version": c["old_version"], "new_version": c["new_version"], "run_id": c["run_id"],
+        "reviewed_at": c["reviewed_at"], "reviewed_by": c["reviewed_by"], "review_note": c["review_note"],
+        "review_outcome": c["review_outcome"], "can_review": dag_id in allowed,
+        "dataset_page": f"{root}{PREFIX}/datasets/{quote(name, safe='')}/{quote(c['source_id'], safe='')}",
+    } for c, name, dag_id in named]
+
+
+def _since(text: str | None) -> datetime | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise _invalid("since", f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+# -- pages --------------------------------------------------------------------------------------------
+async def _page_user(request: Request):
+    """The user of a page: anonymous visitors go to Airflow's login (and come back), others
+    without read access see a 403 page."""
+    try:
+        return await auth.reader(request)
+    except HTTPException as exc:
+        if exc.status_code == status.HTTP_401_UNAUTHORIZED:
+            return RedirectResponse(auth.login_url(request), status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+        if exc.status_code == status.HTTP_403_FORBIDDEN:
+            return HTMLResponse(_message_page("Not allowed", str(exc.detail)), status_code=exc.status_code)
+        raise
+
+
+def _message_page(title: str, text: str) -> str:
+    from html import escape
+
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>Harvester: {escape(title)}</title>"
+            f"</head><body><h1>{escape(title)}</h1><p>{escape(text)}</p></body></html>")
+
+
+def _shell():
+    index = STATIC_DIR / "index.html"
+    if index.is_file():
+        return FileResponse(index, media_type="text/html")
+    return HTMLResponse(_message_page("Harvester", "The Harvester page is not built: static/index.html is missing."))
+
+
+async def _serve_page(request: Request):
+    user = await _page_user(request)
+    if not isinstance(user, (RedirectResponse, HTMLResponse)):
+        return _shell()
+    return user
+
+
+@app.get("/", include_in_schema=False)
+async def page_portals(request: Request):
+    return await _serve_page(request)
+
+
+@app.get("/portals/{name}", include_in_schema=False)
+async def page_portal(request: Request, name: str):
+    return await _serve_page(request)
+
+
+@app.get("/changes", include_in_schema=False)
+async def page_changes(request: Request):
+    return await _serve_page(request)
+
+
+@app.get("/datasets/{portal}/{source_id:path}", include_in_schema=False)
+async def page_dataset(request: Request, portal: str, source_id: str):
+    return await _serve_page(request)
+
+
+@app.get("/search", include_in_schema=False)
+async def page_search(request: Request):
+    return await _serve_page(request)
+
+
+@app.get("/dags/{dag_id}", include_in_schema=False)
+async def page_dag(request: Request, dag_id: str):
+    """The Harvester tab of a DAG in the Airflow UI: its portal's page, for a harvest DAG."""
+    user = await _page_user(request)
+    if isinstance(user, (RedirectResponse, HTMLResponse)):
+        return user
+    for portal in _portals():
+        if portal.dag_id == dag_id:
+            target = f"{request.scope.get('root_path', '')}/portals/{quote(portal.name, safe='')}"
+            return RedirectResponse(target, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    return HTMLResponse(_message_page("Not a harvest DAG", f"{dag_id} does not harvest a portal of portals.yaml: "
+                                      "the Harvester tab shows the portal of a harvest_<portal> DAG."),
+                        status_code=status.HTTP_404_NOT_FOUND)
+
+
+@app.get("/docs", include_in_schema=False)
+async def docs(request: Request):
+    user = await _page_user(request)
+    if isinstance(user, (RedirectResponse, HTMLResponse)):
+        return user
+    return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json",
+                               title="Harvester API")
+
+
+@app.get("/openapi.json", include_in_schema=False)
+def openapi(request: Request, user=Reader):
+    schema = dict(app.openapi())
+    root = request.scope.get("root_path", "")
+    if root:
+        schema["servers"] = [{"url": root}]
+    return schema
+
+
+# -- the API ------------------------------------------------------------------------------------------
+@app.get("/api/me", tags=["me"], summary="Who is asking, and whether they may review")
+def api_me(user=Reader):
+    """`can_review`: whether the user may edit at least one harvest DAG (so review some changes)."""
+    return {"user": user.get_name(), "can_review": bool(auth.reviewable(user, [p.dag_id for p in _portals()]))}
+
+
+@app.get("/api/portals", tags=["portals"], summary="Every portal of portals.yaml with its state")
+def api_portals(request: Request, limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
+    portals = _portals()
+    return _page(_portal_items(conn, portals[offset:offset + limit], request), len(portals), limit, offset)
+
+
+@app.get("/api/portals/{name}", tags=["portals"], summary="One portal with its state")
+def api_portal(request: Request, name: str, user=Reader, conn=Depends(database)):
+    return _portal_items(conn, [_portal_named(name)], request)[0]
+
+
+@app.get("/api/portals/{name}/runs", tags=["portals"], summary="The portal's runs, newest first")
+def api_runs(request: Request, name: str, limit: int = Limit, offset: int = Offset, user=Reader,
+             conn=Depends(database)):
+    from ..store import runs
+
+    portal = _portal_named(name)
+    rows, total = runs.page_runs(conn, portal.url, limit=limit, offset=offset)
+    tasks = _log_tasks(portal.dag_id, [r["dag_run_id"] for r in rows if r["dag_run_id"]])
+    root = _airflow_root(request)
+    return _page([_run_item(r, portal.dag_id, root, tasks.get(r["dag_run_id"])) for r in rows], total, limit, offset)
+
+
+@app.get("/api/changes", tags=["changes"], summary="Detected changes, newest first; queue=true: the review queue")
+def api_changes(request: Request,
+                queue: bool = Query(False, description="only changes that require review and have no review yet"),
+                portal: str | None = Query(None, description="a portal's name in portals.yaml"),
+                change_type: str | None = Query(None, description="new, content_updated, title_changed, "
+                                                                     "date_changed, metadata_updated, removed, restored"),
+                since: str | None = Query(None, description="detected at or after (ISO date or time; UTC unless given)"),
+                min_significance: float | None = Query(None, ge=0, le=1, description="at least this significant (0-1)"),
+                limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
+    from .. import changes as ch
+    from ..store import history
+
+    types = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.REMOVED,
+             ch.RESTORED)
+    if change_type is not None and change_type not in types:
+        raise _invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
+    urls = [_portal_named(portal, "portal").url] if portal else None
+    rows, total = history.page_changes(conn, portal_urls=urls, queue=queue, change_type=change_type,
+                                       since=_since(since), min_significance=min_significance, limit=limit,
+                                       offset=offset)
+    return _page(_change_items(rows, user, request), total, limit, offset)
+
+
+class ReviewBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["reviewed", "dismissed"] = Field(description="mark the change reviewed, or dismiss it")
+    note: str | None = Field(None, max_length=2000, description="why (optional)")
+
+
+@app.post("/api/changes/{change_id}/review", tags=["changes"], summary="Mark a change reviewed, or dismiss it",
+          responses={401: {"description": "not authenticated"}, 403: {"description": "may not edit the portal's DAG"},
+                     404: {"description": "no such change"}, 409: {"description": "already reviewed"}})
+def api_review(request: Request, change_id: int, body: ReviewBody, user=Reader, conn=Depends(database)):
+    """Records who (the Airflow user), when and the note, once. Needs edit (PUT) access to the DAG of
+    the change's portal. Answers with the change as `GET /api/changes` lists it."""
+    from ..store import history, review
+
+    change = history.get_change(conn, change_id)
+    if change is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no change with id {change_id}")
+    (item,) = _change_items([change], user, request)
+    if not item["can_review"]:
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            f"{user.get_name()} may not review changes of {item['portal']}: that needs edit access "
+                            f"to the DAG {item['dag_id'] or '(none: the portal is not in portals.yaml)'}")
+    try:
+        review.review(conn, change_id, outcome=body.action, by=user.get_name(), note=body.note)
+    except review.AlreadyReviewed as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    except ValueError as exc:
+        raise _invalid("note", str(exc), "body") from None
+    (item,) = _change_items([history.get_change(conn, change_id)], user, request)
+    return item
+
+
+@app.get("/api/datasets/{portal}/{source_id:path}/diff", tags=["datasets"],
+         summary="Two versions of a dataset side by side")
+def api_diff(portal: str, source_id: str,
+             from_: int | None = Query(None, alias="from", ge=1, description="default: the version before `to`"),
+             to: int | None = Query(None, ge=1, description="default: the current version"),
+             user=Reader, conn=Depends(database)):
+    """`fields`: every field of either version's snapshot (title, description, then the tracked
+    metadata), with its old and new value and whether it changed; `diff`: the unified diff the CLI
+    prints (`harvester diff`)."""
+    import difflib
+
+    from ..history_cli import snapshot_lines
+    from ..store import history
+
+    dataset = _dataset(conn, portal, source_id)
+    current = history.current_version_number(conn, dataset["id"])
+    if current is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {source_id} of {portal} has no versions")
+    to_n = to if to is not None else current
+    from_n = from_ if from_ is not None else (to_n - 1 or None)
+    new = history.get_version(conn, dataset["id"], to_n)
+    old = history.get_version(conn, dataset["id"], from_n) if from_n is not None else None
+    missing = [str(n) for n, v in ((from_n, old), (to_n, new)) if n is not None and v is None]
+    if missing:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {source_id} of {portal} has no version "
+                                                       f"{' or '.join(missing)} (versions 1 to {current} exist)")
+    before, after = (old or {}).get("snapshot") or {}, new["snapshot"] or {}
+    keys = ["title", "description"] + sorted((set(before) | set(after)) - {"title", "description"})
+    fields = [{"field": key, "old": before.get(key) if old else None, "new": after.get(key),
+               "changed": old is not None and before.get(key) != after.get(key)} for key in keys]
+
+    def meta(version):
+        return None if version is None else {k: version[k] for k in ("version_number", "change_type", "title",
+                                                                         "first_seen_at", "last_seen_at", "is_current")}
+
+    diff = [] if old is None else list(difflib.unified_diff(
+        snapshot_lines(before), snapshot_lines(after), fromfile=f"version {from_n}", tofile=f"version {to_n}",
+        lineterm=""))
+    return {"from": from_n, "to": to_n, "fields": fields, "diff": diff,
+            "versions": {"from": meta(old), "to": meta(new)}}
+
+
+def _dataset(conn, portal_name: str, source_id: str) -> dict:
+    from ..store import history
+
+    portal = _portal_named(portal_name)
+    dataset = history.dataset_detail(conn, portal.url, source_id)
+    if dataset is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dataset with id {source_id!r} in portal {portal_name}")
+    return dataset
+
+
+@app.get("/api/datasets/{portal}/{source_id:path}", tags=["datasets"],
+         summary="A dataset with its versions (newest first) and changes")
+def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn=Depends(database)):
+    from ..store import history
+
+    dataset = _dataset(conn, portal, source_id)
+    versions = history.list_versions(conn, dataset["id"])
+    changes, _ = history.page_changes(conn, dataset_id=dataset["id"], limit=MAX_LIMIT)
+    return {
+        "portal": portal, "source_id": dataset["source_id"], "name": dataset["name"], "title": dataset["title"],
+        "url": dataset["url"], "organization": dataset["organization"], "removed_at": dataset["removed_at"],
+        "first_seen_at": dataset["first_seen_at"], "last_seen_at": dataset["last_seen_at"],
+        "metadata_modified": dataset["metadata_modified"],
+        "versions": [{k: v[k] for k in ("version_number", "change_type", "title", "first_seen_at", "last_seen_at",
+                                        "is_current", "content_hash", "metadata_hash", "changed_fields",
+                                        "significance")} for v in versions],
+        "changes": _change_items(changes, user, request),
+    }
+
+
+@app.get("/api/search", tags=["search"], summary="Semantic search over the datasets' vectors")
+def api_search(q: str = Query(..., min_length=1, max_length=1000, description="what to look for"),
+               portal: str | None = Query(None, description="only this portal (its name in portals.yaml)"),
+               limit: int = Query(10, ge=1, le=100), user=Reader, conn=Depends(database)):
+    """The query is embedded with the active embedding provider (or the model that covers the
+    datasets, during a model switch) and live datasets are ranked by cosine similarity."""
+    from .. import search
+    from ..embeddings import EmbeddingError
+
+    if not q.strip():
+        raise _invalid("q", "the query is empty")
+    by_url = {p.url: p.name for p in _portals()}
+    url = _portal_named(portal, "portal").url if portal else None
+    try:
+        found = search.search(conn, q, portal_url=url, limit=limit)
+    except EmbeddingError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is unavailable: {exc}") from None
+    return {"items": [{"rank": i, "score": round(float(score), 4), "portal": by_url.get(portal_url, portal_url),
+                       "title": title, "url": dataset_url, "source_id": source_id}
+                      for i, (score, portal_url, title, dataset_url, source_id) in enumerate(found.rows, 1)],
+            "model": found.model, "note": found.note}
