@@ -3,7 +3,10 @@
 The demo starts the embedded PostgreSQL, serves real CKAN records from ../shared/ckan-samples as a
 local CKAN portal on 127.0.0.1, runs harvest_demo twice through `airflow dags test` (a full sync,
 then an incremental one), and prints both runs' stats and a few datasets. ``--standalone`` starts
-the Airflow UI (`airflow standalone`) on the same set-up instead.
+the Airflow UI (`airflow standalone`) on the same set-up instead; when the demo database has no
+runs yet it first harvests the demo portal (a full sync), and when no change needs review yet it
+edits a few of the portal's datasets and harvests again, so the Harvester page has runs, changes
+and a review queue to show.
 """
 from __future__ import annotations
 
@@ -32,11 +35,18 @@ def say(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def start_portal(port: int) -> tuple[subprocess.Popen, str]:
+def sample_files() -> list[Path]:
     files = [SAMPLES / name for name in DEMO_FILES]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         sys.exit(f"demo: sample files not found: {', '.join(missing)} (set HARVESTER_SAMPLES_DIR)")
+    return files
+
+
+def start_portal(port: int, edits: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """The demo portal; ``edits``: a JSONL file of changed records served instead of the samples'
+    (later ids replace earlier ones)."""
+    files = sample_files() + ([edits] if edits is not None and edits.exists() else [])
     args = [sys.executable, "-m", "harvester.demo_portal", "--port", str(port)]
     for f in files:
         args += ["--data", str(f)]
@@ -86,6 +96,89 @@ def harvester(env: dict, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "harvester.cli", *args], env=env, check=True)
 
 
+def stop_portal(portal: subprocess.Popen) -> None:
+    portal.terminate()
+    try:
+        portal.wait(10)
+    except subprocess.TimeoutExpired:
+        portal.kill()
+        portal.wait(5)
+
+
+def harvested(db_url: str) -> tuple[int, int]:
+    """How many runs of harvest_demo the demo database holds, and how many changes need review."""
+    import psycopg
+
+    with psycopg.connect(db_url) as conn:
+        if conn.execute("SELECT to_regclass('sync_runs'), to_regclass('dataset_changes')").fetchone() != (
+                "sync_runs", "dataset_changes"):
+            return 0, 0
+        runs = conn.execute("SELECT count(*) FROM sync_runs WHERE portal_name = 'demo'").fetchone()[0]
+        review = conn.execute("SELECT count(*) FROM dataset_changes WHERE requires_review").fetchone()[0]
+    return runs, review
+
+
+# Datasets the demo edits on its portal before its second run for the Airflow UI: (sample file,
+# index of the record in it, what changes). A new title with a rewritten description weighs 0.9
+# (title 0.3 + description 0.4 + its length 0.2) and needs review (0.7); a new title alone weighs
+# 0.3 and a new tag 0.0: recorded, not for review.
+DEMO_EDITS = (
+    ("data-birmingham-gov-uk.jsonl", 0, "rewritten"),
+    ("data-gov-uk.jsonl", 0, "rewritten"),
+    ("data-humdata-org.jsonl", 0, "rewritten"),
+    ("data-gov-au.jsonl", 0, "retitled"),
+    ("data-stadt-zuerich-ch.jsonl", 0, "retitled"),
+    ("envidat-ch.jsonl", 0, "tagged"),
+)
+
+
+def write_edits(path: Path) -> int:
+    """The edited records, modified now, as a JSONL file for the demo portal."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
+    edited = []
+    for name, index, how in DEMO_EDITS:
+        with (SAMPLES / name).open(encoding="utf-8") as handle:
+            record = [json.loads(line) for line in handle if line.strip()][index]
+        record["metadata_modified"] = now
+        if how in ("rewritten", "retitled"):
+            record["title"] = f"{record.get('title') or record.get('name')} (revised {now[:10]})"
+        if how == "rewritten":
+            record["notes"] = ("Rewritten on the portal for the Harvester demo: this description replaces the "
+                               "previous one, so the change needs review.")
+        if how == "tagged":
+            record["tags"] = [*(record.get("tags") or []), {"name": "harvester-demo"}]
+        edited.append(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in edited), encoding="utf-8")
+    return len(edited)
+
+
+def seed_for_standalone(env: dict, home: Path, db_url: str, port: int, portal: subprocess.Popen) -> subprocess.Popen:
+    """Runs and changes for the Harvester page: a full sync when the database has no runs, then,
+    when no change needs review yet, a run after some datasets were edited on the portal. Returns
+    the portal serving what was harvested last."""
+    edits = home / "portal-edits.jsonl"
+    runs, review = harvested(db_url)
+    if runs == 0:
+        if edits.exists():  # the first run harvests the samples as they are
+            edits.unlink()
+            stop_portal(portal)
+            portal, _ = start_portal(port)
+        say("no runs yet: harvest_demo as a full sync first (airflow dags test harvest_demo -c '{\"full_sync\": true}')")
+        airflow(env, "dags", "test", "harvest_demo", "-c", json.dumps({"full_sync": True}))
+    if review == 0:
+        count = write_edits(edits)
+        say(f"{count} datasets edited on the demo portal ({edits}): harvest_demo again, incremental")
+        stop_portal(portal)
+        portal, _ = start_portal(port, edits)
+        airflow(env, "dags", "test", "harvest_demo")
+    runs, review = harvested(db_url)
+    say(f"the demo database holds {runs} runs of harvest_demo and {review} changes that need review")
+    return portal
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="harvester-demo", description=__doc__)
     parser.add_argument("--standalone", action="store_true", help="start the Airflow UI instead of the two runs")
@@ -104,7 +197,7 @@ def main(argv=None) -> int:
     say(f"starting the embedded PostgreSQL + pgvector ({home / 'db'})")
     db_url = server.start()
     say(f"serving {len(DEMO_FILES)} real CKAN sample files as a CKAN portal on 127.0.0.1:{port}")
-    portal, portal_url = start_portal(port)
+    portal, portal_url = start_portal(port, home / "portal-edits.jsonl" if args.standalone else None)
     env = environment(home, db_url, portal_url)
     try:
         say("preparing the Airflow metadata database")
@@ -112,6 +205,7 @@ def main(argv=None) -> int:
         airflow(env, "pools", "set", os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"), "2",
                 "Embedding provider calls across all harvest DAGs", quiet=True)
         if args.standalone:
+            portal = seed_for_standalone(env, home, db_url, port, portal)
             say("starting Airflow standalone on http://localhost:8080 (Ctrl-C to stop); "
                 "the admin password is printed below and saved in " + str(home / "airflow"))
             subprocess.run([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env)
@@ -128,8 +222,7 @@ def main(argv=None) -> int:
         harvester(env, "search", "council purchase card spending", "-p", "demo", "--limit", "5")
         say(f"done. The demo's data stays in {home} (`make airflow` opens it in the Airflow UI).")
     finally:
-        portal.terminate()
-        portal.wait(10)
+        stop_portal(portal)
         if not args.standalone:
             server.stop()
     return 0

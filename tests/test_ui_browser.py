@@ -1,0 +1,387 @@
+"""The Harvester page in a real browser: headless Chromium (Debian's `chromium`, driven by
+Playwright) against a real `airflow api-server` with this project's plugin, on a portal harvested
+twice through real Airflow runs (the second run retitles datasets, so changes need review).
+
+An admin logs in on Airflow's login page, opens Harvester from Airflow's navigation, sees the
+portals table and the runs chart, opens a change's dataset and its diff, marks a change reviewed
+and sees it leave the queue; a planted title with markup renders as text. A viewer sees no review
+button and gets 403 on the review POST. Every page visited is saved as a screenshot under
+test-artifacts/ui/ (git ignored)."""
+from __future__ import annotations
+
+import copy
+import html
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "ui"
+PORTAL = "test"
+SAMPLE = "data-humdata-org.jsonl"
+XSS_TITLE = "<script>window.__xss=1</script>Evil"
+XSS_NOTES = '<img src=x onerror="window.__xss=2">'
+USERS = {"admin": "admin-" + secrets.token_hex(6), "viewer": "viewer-" + secrets.token_hex(6)}
+
+
+def find_chromium() -> str | None:
+    """Debian's chromium (HARVESTER_CHROMIUM: another Chromium binary, or none to check the skip)."""
+    configured = os.environ.get("HARVESTER_CHROMIUM")
+    candidates = [configured] if configured else [shutil.which("chromium"), "/usr/bin/chromium"]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+CHROMIUM = find_chromium()
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed: apt-get install -y chromium "
+                "(the browser test needs Debian's chromium)", allow_module_level=True)
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:
+    pytest.skip("playwright is not installed: pip install -r requirements-dev.txt "
+                "(the browser test drives Debian's chromium with it)", allow_module_level=True)
+
+
+# -- the api-server -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiServer:
+    """`airflow api-server` in a subprocess on the test session's Airflow home and metadata DB."""
+
+    def __init__(self, workdir: Path, database_url: str, portals_file: Path):
+        from airflow.configuration import conf
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "api-server.log"
+        passwords = workdir / "passwords.json"
+        passwords.write_text(json.dumps(USERS))
+        bin_dir = Path(sys.executable).parent
+        self.cmd = [str(bin_dir / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(self.port), "-w", "1"]
+        self.env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            # the same metadata DB as the dag.test() runs (the session's sqlite file)
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conf.get("database", "sql_alchemy_conn"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW_CONN_HARVESTER_DB": database_url,
+            "HARVESTER_DATABASE_URL": database_url,
+            "HARVESTER_PORTALS_FILE": str(portals_file),
+        }
+        self.proc: subprocess.Popen | None = None
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 90) -> None:
+        import requests
+
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"airflow api-server exited with status {self.proc.returncode}; "
+                            f"its log ({self.log_path}) ends:\n{self.tail()}")
+            try:
+                if requests.get(f"{self.url}/api/v2/monitor/health", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        pytest.fail(f"airflow api-server did not answer on {self.url} within {timeout:.0f} s; "
+                    f"its log ({self.log_path}) ends:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)   # its own session: uvicorn and its worker
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+# -- the harvested portal ---------------------------------------------------------------------------
+def edited(record: dict, **fields) -> dict:
+    out = copy.deepcopy(record)
+    out.update(fields)
+    out["metadata_modified"] = "2030-01-01T00:00:00"
+    return out
+
+
+class Site:
+    def __init__(self, server: ApiServer, database_url: str, records: list[dict], planted: dict):
+        self.server, self.url, self.database_url = server, server.url, database_url
+        self.records, self.planted = records, planted
+
+    def query(self, sql: str, *params):
+        import psycopg
+
+        with psycopg.connect(self.database_url) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def pending(self) -> list[tuple]:
+        """The review queue: (change id, source_id, title) of the changes that require review and
+        have no review yet (before sql/006_review.sql: all that require review)."""
+        reviews = self.query("SELECT 1 FROM information_schema.columns"
+                             " WHERE table_name = 'dataset_changes' AND column_name = 'review_outcome'")
+        return self.query(
+            "SELECT c.id, d.source_id, d.title FROM dataset_changes c JOIN datasets d ON d.id = c.dataset_id"
+            " WHERE c.requires_review" + (" AND c.review_outcome IS NULL" if reviews else "") + " ORDER BY c.id")
+
+
+@pytest.fixture(scope="module")
+def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
+    """A portal harvested twice through real Airflow runs into its own database, and a real
+    `airflow api-server` with the plugin on the same metadata DB and database."""
+    import psycopg
+
+    from conftest import Harvest
+    from harvester.demo_portal import DemoPortal
+
+    workdir = tmp_path_factory.mktemp("ui")
+    name = f"ui_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    database_url = pg_server.url(name)
+    mp = pytest.MonkeyPatch()
+    portal = DemoPortal(records=[])
+    portal.start()
+    server = None
+    try:
+        mp.setenv("HARVESTER_DATABASE_URL", database_url)
+        mp.setenv("AIRFLOW_CONN_HARVESTER_DB", database_url)
+        records = samples(SAMPLE)
+        planted = edited(records[-1], id=str(uuid.uuid4()), name="planted-markup",
+                         title="A planted dataset", notes="Its title and description change to markup.")
+        portal.set_records([*records, planted])
+        harvest = Harvest(workdir, mp, name=PORTAL)
+        # a title change alone needs review, as in tests/test_history_dag.py
+        portals_file = harvest.configure(portal.base_url, significance={"title": 0.5, "review_threshold": 0.5})
+        run = harvest.run(full_sync=True)
+        assert run.state == "success", harvest.task_states(run)
+        for record in records[:3]:
+            portal.upsert_record(edited(record, title=record["title"] + " (revised)"))
+        # escaped on the portal, as CKAN sites serve text with markup: the harvester stores it
+        # unescaped, so the title and description are the markup itself
+        planted = edited(planted, title=html.escape(XSS_TITLE), notes=html.escape(XSS_NOTES))
+        portal.upsert_record(planted)
+        run = harvest.run()
+        assert run.state == "success", harvest.task_states(run)
+
+        server = ApiServer(workdir, database_url, portals_file)
+        server.start()
+        the_site = Site(server, database_url, records, planted)
+        pending = the_site.pending()
+        assert len(pending) == 4 and XSS_TITLE in [title for _, _, title in pending], pending
+        yield the_site
+    finally:
+        if server is not None:
+            server.stop()
+            if server.log_path.exists() and ARTIFACTS.is_dir():  # beside the screenshots, for CI
+                shutil.copy(server.log_path, ARTIFACTS / "api-server.log")
+        portal.stop()
+        mp.undo()
+        with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- the browser ------------------------------------------------------------------------------------
+class Shots:
+    """Screenshots of every page visited, numbered in visiting order, in test-artifacts/ui/."""
+
+    def __init__(self):
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        ARTIFACTS.mkdir(parents=True)
+        self.n = 0
+        self.page = None
+
+    def __call__(self, page, name: str) -> Path:
+        self.page = page
+        self.n += 1
+        path = ARTIFACTS / f"{self.n:02d}-{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def failure(self) -> None:
+        """The page as it was when the test failed, if it is still open."""
+        try:
+            if self.page is not None and not self.page.is_closed():
+                self(self.page, "failed")
+        except Exception:  # noqa: BLE001  the failure itself is what matters
+            pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots():
+    return Shots()
+
+
+def login(browser, site: Site, user: str, shots):
+    context = browser.new_context(base_url=site.url, viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    page.goto("/")
+    page.wait_for_url(re.compile(r"/auth/login"))
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(USERS[user])
+    shots(page, f"{user}-login")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+    expect(page.get_by_role("link", name="Dags").or_(page.get_by_label("Dags")).first).to_be_visible()
+    shots(page, f"{user}-airflow-home")
+    return context, page
+
+
+def open_harvester(page, shots, user: str):
+    """Harvester from Airflow's navigation: a top-level entry (the plugin's nav_top_level), else
+    under Airflow's Plugins menu; Airflow shows the external view in an iframe at
+    /plugin/<url_route>."""
+    entry = page.locator('[aria-label="Harvester"]')
+    plugins_menu = page.locator('[aria-label="Plugins"]')
+    expect(entry.or_(plugins_menu).first).to_be_visible()
+    if not entry.first.is_visible():
+        plugins_menu.first.click()
+        entry = page.get_by_role("menuitem", name="Harvester")
+    entry.first.click()
+    page.wait_for_url(re.compile(r"/plugin/harvester$"))
+    frame = page.frame_locator('iframe[src*="harvester"]')
+    expect(frame.locator('[data-test="portals-table"]')).to_be_visible()
+    shots(page, f"{user}-harvester")
+    return frame
+
+
+def open_changes(frame):
+    """The review queue, from the Harvester page's own navigation."""
+    frame.locator('nav a[data-nav="changes"]').click()
+    expect(frame.locator('[data-test="tab-queue"]')).to_have_attribute("aria-selected", "true")
+    return frame.locator('[data-test="change-row"]')
+
+
+def test_harvester_page_in_a_browser(shots, site, browser):
+    try:
+        queued = admin_reviews_a_change(site, browser, shots)
+        viewer_cannot_review(site, browser, shots, queued)
+    except BaseException:
+        shots.failure()
+        raise
+
+
+def admin_reviews_a_change(site, browser, shots) -> int:
+    """Portals, a portal's runs, the review queue, a dataset's diff, a review; returns how many
+    changes are left in the queue."""
+    context, page = login(browser, site, "admin", shots)
+    frame = open_harvester(page, shots, "admin")
+    table = frame.locator('[data-test="portals-table"]')
+    expect(table.locator('[data-test="portal-row"]')).to_have_count(1)
+    expect(frame.locator('[data-test="queue-count"]')).to_have_text("4")
+
+    table.get_by_role("link", name=PORTAL, exact=True).click()
+    chart = frame.locator('[data-test="runs-chart"]')
+    expect(chart).to_be_visible()
+    assert chart.evaluate("e => e.tagName.toLowerCase()") == "svg"
+    expect(frame.locator('[data-test="run-row"]')).to_have_count(2)
+    shots(page, "admin-portal-runs")
+
+    rows = open_changes(frame)
+    queued = len(site.pending())
+    expect(rows).to_have_count(queued)
+    # the planted markup is shown as text, never run
+    expect(rows.get_by_text(XSS_TITLE, exact=True)).to_be_visible()
+    shots(page, "admin-review-queue")
+
+    # a change's dataset and its diff
+    revised = site.records[0]["title"] + " (revised)"
+    rows.get_by_role("link", name=revised, exact=True).click()
+    expect(frame.locator('[data-test="dataset-title"]')).to_have_text(revised)
+    diff = frame.locator('[data-test="dataset-diff"]')
+    expect(diff).to_be_visible()
+    expect(diff.locator('tr[data-changed="true"]').filter(has_text="(revised)").first).to_be_visible()
+    shots(page, "admin-dataset-diff")
+
+    # the planted dataset's page: its title and description as text
+    rows = open_changes(frame)
+    rows.get_by_role("link", name=XSS_TITLE, exact=True).click()
+    expect(frame.locator('[data-test="dataset-title"]')).to_have_text(XSS_TITLE)
+    expect(frame.locator('[data-test="dataset-diff"]')).to_contain_text(XSS_NOTES)
+    expect(frame.locator('img[src="x"]')).to_have_count(0)
+    shots(page, "admin-planted-dataset")
+
+    # mark a change reviewed: it leaves the queue
+    rows = open_changes(frame)
+    expect(rows).to_have_count(queued)
+    row = rows.filter(has=frame.get_by_role("link", name=revised, exact=True))
+    row.locator('[data-test="review-button"]').click()
+    row.locator('[data-test="review-confirm"]').click()
+    expect(rows).to_have_count(queued - 1)
+    expect(rows.get_by_role("link", name=revised, exact=True)).to_have_count(0)
+    assert len(site.pending()) == queued - 1
+    assert site.query("SELECT d.title, c.review_outcome, c.reviewed_by FROM dataset_changes c"
+                      " JOIN datasets d ON d.id = c.dataset_id WHERE c.review_outcome IS NOT NULL") == [
+        (revised, "reviewed", "admin")]
+    shots(page, "admin-reviewed")
+
+    for target in page.frames:
+        assert target.evaluate("() => window.__xss") is None, f"the planted markup ran in {target.url}"
+    context.close()
+    return queued - 1
+
+
+def viewer_cannot_review(site, browser, shots, queued: int) -> None:
+    """No review button for a viewer, and 403 on the review POST."""
+    context, page = login(browser, site, "viewer", shots)
+    frame = open_harvester(page, shots, "viewer")
+    rows = open_changes(frame)
+    expect(rows).to_have_count(queued)
+    expect(frame.locator('[data-test="review-button"]')).to_have_count(0)
+    shots(page, "viewer-review-queue")
+    change_id = site.pending()[0][0]
+    response = context.request.post(f"{site.url}/harvester/api/changes/{change_id}/review",
+                                    data={"action": "reviewed", "note": "a viewer tries"})
+    assert response.status == 403, (response.status, response.text())
+    assert "may not review" in response.json()["detail"], response.text()
+    assert len(site.pending()) == queued
+    context.close()
