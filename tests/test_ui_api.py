@@ -57,7 +57,7 @@ def world(pg_server, template_db, airflow_db, tmp_path_factory, samples):
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,editor:user")
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
-    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", uuid.uuid4().hex)
+    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", uuid.uuid4().hex * 2)  # 64 bytes: what HS512 wants
     portal = DemoPortal(records=[])
     portal.start()
     try:

@@ -86,7 +86,7 @@ class ApiServer:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW_CONN_HARVESTER_DB": database_url,
