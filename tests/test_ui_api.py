@@ -445,7 +445,16 @@ def test_search(client, tokens, world):
     assert 0 < best["score"] <= 1 and best["url"]
     assert get(client, tokens, "/harvester/api/search", q=record["title"], portal="test", limit=1)["items"][0][
         "source_id"] == record["id"]
-    for params in ({"q": ""}, {"q": "   "}, {"q": "x", "portal": "nope"}, {"q": "x", "limit": 101}, {}):
+    assert best["matched"] == ["text", "vector"] and "snippet" in best and "organization" in best
+    text = get(client, tokens, "/harvester/api/search", q=record["title"], mode="text", limit=2)
+    assert text["mode"] == "text" and text["model"] is None and text["items"][0]["source_id"] == record["id"]
+    assert text["items"][0]["matched"] == ["text"] and set(text["timings"]) == {"embed_ms", "sql_ms"}
+    filtered = get(client, tokens, "/harvester/api/search", q=record["title"], portal="test", since="2000-01-01",
+                   until="2100-01-01T00:00:00Z", include_removed="true", limit=3)
+    assert filtered["items"][0]["source_id"] == record["id"]
+    assert get(client, tokens, "/harvester/api/search", q=record["title"], tag="no-such-tag-anywhere")["items"] == []
+    for params in ({"q": ""}, {"q": "   "}, {"q": "x", "portal": "nope"}, {"q": "x", "limit": 101}, {},
+                   {"q": "x", "mode": "fuzzy"}, {"q": "x", "since": "yesterday"}):
         assert client.get("/harvester/api/search", headers=as_(tokens, "admin"), params=params).status_code == 422
 
 

@@ -171,23 +171,57 @@ def cmd_datasets(args) -> int:
 
 
 # -- search -------------------------------------------------------------------------------------
+def _when(value: str):
+    """A --since / --until value: a date (its whole day) or an ISO date and time."""
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a date (YYYY-MM-DD) or ISO date and time") from None
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a whole number of at least 1")
+    return number
+
+
 def cmd_search(args) -> int:
     from . import search
     from .store import db
 
     portal = _resolve_portal(args.portal)
+    filters = search.SearchFilters(portal_url=portal.url if portal else None, organization=args.organization,
+                                   tag=args.tag, format=args.format, license=args.license, since=args.since,
+                                   until=args.until, include_removed=args.include_removed)
+    try:
+        settings = search.SearchSettings.from_env()
+    except ValueError as exc:
+        print(f"harvester: error: {exc}", file=sys.stderr)
+        return 2
     with db.open_cli() as conn:
-        found = search.search(conn, args.query, portal_url=portal.url if portal else None, limit=args.limit)
-        names = {p.url: p.name for p in portal_config.load_portals()} if found.rows else {}
+        found = search.search(conn, args.query, mode=args.mode, filters=filters, limit=args.limit, settings=settings)
+        names = {p.url: p.name for p in portal_config.load_portals()} if found.items else {}
     if found.note:
         print(f"note: {found.note}", file=sys.stderr)
-    results = [{"rank": i, "score": round(float(r[0]), 4), "portal": names.get(r[1], r[1]), "title": r[2],
-                "url": r[3], "id": r[4]} for i, r in enumerate(found.rows, 1)]
+    results = [{"rank": r["rank"], "score": r["score"], "matched": r["matched"],
+                "portal": names.get(r["portal_url"], r["portal_url"]), "portal_url": r["portal_url"],
+                "title": r["title"], "url": r["url"], "organization": r["organization"], "snippet": r["snippet"],
+                "id": r["source_id"], "source_id": r["source_id"], "similarity": r["similarity"],
+                "text_rank": r["text_rank"], "metadata_modified": r["metadata_modified"],
+                "removed": r["removed_at"] is not None} for r in found.items]
     if args.json:
         _print_json(results)
         return 0
-    _table(f"Search: {args.query!r} ({found.model})", ["#", "score", "portal", "title", "url"],
-           [(r["rank"], f"{r['score']:.3f}", r["portal"], r["title"][:70], r["url"]) for r in results])
+    _table(f"Search: {args.query!r} ({args.mode}{', ' + found.model if found.model else ''})",
+           ["#", "score", "matched", "portal", "title", "snippet", "url"],
+           [(r["rank"], f"{r['score']:.4f}", "+".join(r["matched"]), r["portal"], r["title"][:70],
+             r["snippet"][:160], r["url"]) for r in results])
     return 0
 
 
@@ -313,10 +347,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_datasets)
 
-    p = sub.add_parser("search", help="semantic search over the datasets' vectors")
+    p = sub.add_parser("search", help="search the datasets: full text and vectors, fused (README: Search)")
     p.add_argument("query")
+    p.add_argument("--mode", choices=["hybrid", "vector", "text"], default="hybrid",
+                   help="hybrid (default): full text and vectors fused by reciprocal rank; or one side alone")
     p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml)")
-    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--organization", help="only this organization (its title or name)")
+    p.add_argument("--tag", help="only datasets with this tag")
+    p.add_argument("--format", help="only datasets with a resource of this format (csv, json, ...)")
+    p.add_argument("--license", help="only this licence (its id or title)")
+    p.add_argument("--since", type=_when, help="modified on or after (YYYY-MM-DD or ISO date and time, UTC)")
+    p.add_argument("--until", type=_when, help="modified on or before (a date: that whole day)")
+    p.add_argument("--include-removed", action="store_true", help="datasets removed from their portal too")
+    p.add_argument("--limit", type=_positive_int, default=10)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)
 

@@ -218,7 +218,7 @@ def main(argv=None) -> int:
         harvester(env, "runs", "-p", "demo", "--limit", "2")
         say("a few of the datasets (harvester datasets -p demo --limit 8)")
         harvester(env, "datasets", "-p", "demo", "--limit", "8")
-        say("semantic search over the vectors (harvester search \"council purchase card spending\" -p demo --limit 5)")
+        say("hybrid search, full text and vectors (harvester search \"council purchase card spending\" -p demo --limit 5)")
         harvester(env, "search", "council purchase card spending", "-p", "demo", "--limit", "5")
         say(f"done. The demo's data stays in {home} (`make airflow` opens it in the Airflow UI).")
     finally:

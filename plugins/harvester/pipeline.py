@@ -251,7 +251,7 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
         reuse = vectors.reuse(conn, run_id, model, run.started_at)
         reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
-        merged = datasets.merge(conn, run_id, portal.url, run.started_at, model)
+        merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language)
         written = history.write_history(conn, run_id, portal.url, run.started_at)
         removals = {"removed": 0}
         if run.lists_whole_portal:

@@ -27,12 +27,24 @@ PORTAL_TYPES = ("ckan",)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
-         "full_sync_every", "stale_after", "notify"}
+         "full_sync_every", "stale_after", "notify", "language"}
 # The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
 # appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
 DEFAULT_LOOKBACK = timedelta(hours=2)
 DEFAULT_RECONCILE_EVERY = timedelta(hours=24)
 MIN_STALE_AFTER = timedelta(minutes=10)
+# A portal's `language:`: a PostgreSQL text-search configuration shipped with every server (full
+# text search stems with it), or a two-letter code for one; "simple" (no stemming) by default.
+TEXT_SEARCH_CONFIGS = ("simple", "arabic", "armenian", "basque", "catalan", "danish", "dutch", "english",
+                       "finnish", "french", "german", "greek", "hindi", "hungarian", "indonesian", "irish",
+                       "italian", "lithuanian", "nepali", "norwegian", "portuguese", "romanian", "russian",
+                       "serbian", "spanish", "swedish", "tamil", "turkish", "yiddish")
+LANGUAGE_CODES = {"ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "da": "danish", "nl": "dutch",
+                  "en": "english", "fi": "finnish", "fr": "french", "de": "german", "el": "greek", "hi": "hindi",
+                  "hu": "hungarian", "id": "indonesian", "ga": "irish", "it": "italian", "lt": "lithuanian",
+                  "ne": "nepali", "no": "norwegian", "nb": "norwegian", "pt": "portuguese", "ro": "romanian",
+                  "ru": "russian", "sr": "serbian", "es": "spanish", "sv": "swedish", "ta": "tamil", "tr": "turkish",
+                  "yi": "yiddish"}
 _OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -73,6 +85,8 @@ class Portal:
     credentials: tuple[str, str] | None = field(default=None, repr=False)
     # Where failed, degraded and needs-review runs are announced (harvester.notify.NotifyTarget).
     notify: tuple = ()
+    # The text-search configuration its datasets are indexed with (`language:`; search.py).
+    language: str = "simple"
 
     @property
     def dag_id(self) -> str:
@@ -258,8 +272,20 @@ def _portal(entry: Any) -> Portal:
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
-        notify=_notify(entry),
+        notify=_notify(entry), language=_language(entry),
     )
+
+
+def _language(entry: dict) -> str:
+    value = entry.get("language", "simple")
+    if value is None:
+        return "simple"
+    name = str(value).strip().lower()
+    name = LANGUAGE_CODES.get(name, name)
+    if name not in TEXT_SEARCH_CONFIGS:
+        raise ValueError(f"language {value!r} is not a text-search configuration; valid: {', '.join(TEXT_SEARCH_CONFIGS)}"
+                         " (or a two-letter code of one, e.g. pt, de)")
+    return name
 
 
 def _notify(entry: dict) -> tuple:

@@ -1,21 +1,104 @@
-"""Semantic search over the datasets' vectors: `harvester search` and the Harvester page's search API.
+"""Search over the datasets: full text, vectors, or both fused (`harvester search`, the Python API
+and GET /harvester/api/search all call ``search()``).
 
-The query is embedded with the active provider's model, unless that model does not cover the
-datasets yet (a model switch in progress) and an earlier model covers more: then with that one,
-so search keeps working while the new model fills in.
+- ``text``: PostgreSQL full text over the generated ``datasets.search_vector`` (title > tags >
+  description > organization, accent-folded, stemmed with the portal's ``language:``), GIN-indexed.
+  The query is never parsed as tsquery syntax: its words are ANDed (``plainto_tsquery``, so
+  ``& | ! ( :*`` and a pasted " - " are only punctuation), a "quoted phrase" must appear as a
+  phrase and ``-word`` (a minus stuck to the word) excludes it; when every word together finds
+  fewer than ``limit`` datasets, datasets with any of them follow.
+- ``vector``: the query embedded with the active provider's model, unless that model does not
+  cover the datasets yet (a model switch in progress) and an earlier model covers more: then with
+  that one, so search keeps working while the new model fills in. The filters are part of the
+  HNSW index scan (pgvector's iterative scan), so a selective filter still returns k results.
+- ``hybrid`` (default): each side's top ``candidates``, fused by reciprocal rank fusion:
+  score = sum over the sides of 1 / (rrf_k + rank). In ``hybrid`` and ``text`` modes a dataset
+  whose title is the query (case, accents and punctuation aside) counts as ranked first by one more
+  list, one whose title holds the query's words in a row as ranked second: a pasted title finds
+  its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import re
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import date, datetime, time as dtime, timedelta, timezone
+
+MODES = ("hybrid", "vector", "text")
+
+# Combining marks dropped after NFKD: the same ranges as harvester_fold() in sql/007_search.sql.
+_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+_PHRASE = re.compile(r'"([^"]*)"')
+_NEGATED = re.compile(r"(?:(?<=\s)|^)-(?=\w)(\w[\w.]*)")
+HIGHLIGHT = "**"
+
+
+def fold(text: str) -> str:
+    """Accents off, as the index has them: NFKD, combining marks dropped ("informações" -> "informacoes")."""
+    return _COMBINING.sub("", unicodedata.normalize("NFKD", text))
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}")
+    return value
 
 
 @dataclass(frozen=True)
+class SearchSettings:
+    """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
+    the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
+    ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches."""
+    ef_search: int = 100
+    candidates: int = 50
+    rrf_k: int = 60
+    max_scan_tuples: int = 50000
+
+    @classmethod
+    def from_env(cls) -> "SearchSettings":
+        return cls(ef_search=_env_int("HARVESTER_SEARCH_EF_SEARCH", cls.ef_search, 1, 1000),
+                   candidates=_env_int("HARVESTER_SEARCH_CANDIDATES", cls.candidates, 1, 1000),
+                   rrf_k=_env_int("HARVESTER_SEARCH_RRF_K", cls.rrf_k, 0, 100000),
+                   max_scan_tuples=_env_int("HARVESTER_SEARCH_MAX_SCAN_TUPLES", cls.max_scan_tuples, 1, 10**9))
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """All optional; text matches ignore case (and accents, for organization and tag). ``format``: a resource's format ("csv" matches
+    "CSV" and ".csv"); ``license``: license_id or license_title; ``since``/``until``: the dataset's
+    metadata_modified (a date is its whole day; naive times are UTC)."""
+    portal_url: str | None = None
+    organization: str | None = None
+    tag: str | None = None
+    format: str | None = None
+    license: str | None = None
+    since: datetime | date | None = None
+    until: datetime | date | None = None
+    include_removed: bool = False
+
+
+@dataclass
 class SearchResult:
-    model: str
-    # (score, portal_url, title, url, source_id), best first
-    rows: list[tuple]
-    # why another model than the active one was used; None when the active one was
+    model: str | None
+    items: list[dict]
+    # why another model than the active one was used, or why a side was left out; None otherwise
     note: str | None = None
+    mode: str = "hybrid"
+    timings: dict = field(default_factory=lambda: {"embed_ms": 0.0, "sql_ms": 0.0})
+
+    @property
+    def rows(self) -> list[tuple]:
+        """(score, portal_url, title, url, source_id), best first (the earlier interface)."""
+        return [(i["score"], i["portal_url"], i["title"], i["url"], i["source_id"]) for i in self.items]
 
 
 def choose_provider(conn, portal_url: str | None, provider):
@@ -33,17 +116,314 @@ def choose_provider(conn, portal_url: str | None, provider):
     return provider, None
 
 
-def search(conn, query: str, *, portal_url: str | None = None, limit: int = 10, provider=None) -> SearchResult:
-    """Live datasets nearest to ``query``. Raises EmbeddingError when the provider fails
-    (TerminalEmbeddingError when the stored vectors do not fit the model)."""
-    from .embeddings import TerminalEmbeddingError, get_provider
+# -- filters -------------------------------------------------------------------------------------
+def _utc(value, end: bool) -> tuple[datetime, bool]:
+    """(instant, inclusive): a date is its whole day (``until`` a date: before the next day)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)), True
+    if isinstance(value, date):
+        start = datetime.combine(value, dtime(0), tzinfo=timezone.utc)
+        return (start + timedelta(days=1), False) if end else (start, True)
+    raise TypeError(f"expected a date or datetime, got {value!r}")
+
+
+def filter_sql(filters: SearchFilters, alias: str = "d") -> tuple[str, dict]:
+    """A WHERE condition on datasets (as ``alias``) and its parameters."""
+    a = alias
+    parts, params = ["true"], {}
+    if not filters.include_removed:
+        parts.append(f"{a}.removed_at IS NULL")
+    if filters.portal_url:
+        parts.append(f"{a}.portal_url = %(f_portal)s")
+        params["f_portal"] = filters.portal_url
+    if filters.organization:
+        parts.append(f"(lower(harvester_fold({a}.organization)) = lower(harvester_fold(%(f_org)s))"
+                     f" OR lower({a}.raw -> 'organization' ->> 'name') = lower(%(f_org)s))")
+        params["f_org"] = filters.organization.strip()
+    if filters.tag:
+        parts.append(f"EXISTS (SELECT 1 FROM jsonb_array_elements_text({a}.tags) t"
+                     " WHERE lower(harvester_fold(t)) = lower(harvester_fold(%(f_tag)s)))")
+        params["f_tag"] = filters.tag.strip()
+    if filters.format:
+        parts.append(f"EXISTS (SELECT 1 FROM jsonb_path_query({a}.raw, 'lax $.resources[*].format') f"
+                     " WHERE jsonb_typeof(f) = 'string'"
+                     " AND lower(ltrim(btrim(f #>> '{}'), '.')) = lower(ltrim(btrim(%(f_format)s), '.')))")
+        params["f_format"] = filters.format
+    if filters.license:
+        parts.append(f"(lower({a}.raw ->> 'license_id') = lower(%(f_license)s)"
+                     f" OR lower({a}.raw ->> 'license_title') = lower(%(f_license)s))")
+        params["f_license"] = filters.license.strip()
+    if filters.since is not None:
+        params["f_since"], _ = _utc(filters.since, end=False)
+        parts.append(f"{a}.metadata_modified >= %(f_since)s")
+    if filters.until is not None:
+        params["f_until"], inclusive = _utc(filters.until, end=True)
+        parts.append(f"{a}.metadata_modified {'<=' if inclusive else '<'} %(f_until)s")
+    return " AND ".join(parts), params
+
+
+# -- the text side ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TextQuery:
+    all_words: str | None   # tsquery text: every word (and phrase, and no excluded word)
+    any_word: str | None    # tsquery text: any of the words (the fallback)
+
+
+def _split_query(query: str) -> tuple[str, list[str], list[str]]:
+    """(plain words, "phrases", -excluded words), accents folded."""
+    text = fold(query)
+    phrases = [p.strip() for p in _PHRASE.findall(text) if p.strip()]
+    text = _PHRASE.sub(" ", text)
+    negated = _NEGATED.findall(text)
+    text = _NEGATED.sub(" ", text)
+    return text, phrases, negated
+
+
+def _configs(conn) -> list[str]:
+    """The text-search configurations datasets are indexed with (a skip scan of an index)."""
+    rows = conn.execute(
+        """
+        WITH RECURSIVE c(cfg) AS (
+            SELECT min(search_config::oid) FROM datasets
+            UNION ALL
+            SELECT (SELECT min(search_config::oid) FROM datasets WHERE search_config::oid > c.cfg)
+            FROM c WHERE c.cfg IS NOT NULL)
+        SELECT cfg::regconfig::text FROM c WHERE cfg IS NOT NULL
+        """).fetchall()
+    return [r[0] for r in rows] or ["simple"]
+
+
+def text_query(conn, query: str) -> TextQuery:
+    """The query as tsquery text for every configuration in use, ORed (each dataset's vector was
+    made with one of them). Never raises on odd input: the words go through plainto_tsquery and
+    phraseto_tsquery, which read no operators."""
+    words, phrases, negated = _split_query(query)
+    alls, anys = [], []
+    for config in _configs(conn):
+        row = conn.execute(
+            """
+            SELECT plainto_tsquery(%(c)s::regconfig, %(w)s)::text,
+                   (SELECT string_agg(q::text, ' & ') FROM (
+                        SELECT phraseto_tsquery(%(c)s::regconfig, p) q FROM unnest(%(p)s::text[]) p) x
+                    WHERE q::text <> ''),
+                   (SELECT string_agg(q::text, ' | ') FROM (
+                        SELECT plainto_tsquery(%(c)s::regconfig, n) q FROM unnest(%(n)s::text[]) n) x
+                    WHERE q::text <> '')
+            """, {"c": config, "w": words, "p": phrases, "n": negated}).fetchone()
+        plain, phrase, excluded = row
+        positive = [f"( {x} )" for x in (plain, phrase) if x]
+        if not positive:
+            continue
+        exclude = f" & !( {excluded} )" if excluded else ""
+        alls.append("( " + " & ".join(positive) + exclude + " )")
+        any_parts = [f"( {plain.replace(' & ', ' | ')} )"] if plain else []
+        any_parts += [f"( {phrase} )"] if phrase else []
+        anys.append("( ( " + " | ".join(any_parts) + " )" + exclude + " )")
+    if not alls:
+        return TextQuery(None, None)
+    return TextQuery(" | ".join(alls), " | ".join(anys))
+
+
+def _title_key(text: str) -> str:
+    return " ".join(re.findall(r"\w+", fold(text or "").lower()))
+
+
+def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = ()) -> list[tuple]:
+    """(dataset id, ts_rank_cd) of the best matches, best first."""
+    rows = conn.execute(
+        f"""
+        SELECT d.id, ts_rank_cd(d.search_vector, %(tsq)s::tsquery, 1) AS rank
+        FROM datasets d
+        WHERE d.search_vector @@ %(tsq)s::tsquery AND {where} AND NOT (d.id = ANY(%(exclude)s))
+        ORDER BY rank DESC, d.id
+        LIMIT %(n)s
+        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude)}).fetchall()
+    return [(r[0], float(r[1])) for r in rows]
+
+
+# -- the vector side -------------------------------------------------------------------------------
+def _vector_side(conn, model: str, dimension: int, query_vector, where: str, params: dict,
+                 settings: SearchSettings, limit: int) -> list[tuple]:
+    """(dataset id, cosine similarity) of the nearest datasets passing the filters, best first.
+    The filters are checked inside the HNSW index scan (an EXISTS on datasets per vector), which
+    pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples)."""
+    import numpy as np
+    from psycopg import sql
+
     from .store import vectors
 
-    chosen, note = choose_provider(conn, portal_url, provider or get_provider())
-    query_vector = chosen.embed_query(query)
-    try:
-        vectors.check_dimension(conn, chosen.model, chosen.dimension)
-    except vectors.DimensionMismatch as exc:
-        raise TerminalEmbeddingError(str(exc)) from None
-    rows = vectors.search(conn, chosen.model, chosen.dimension, query_vector, portal_url=portal_url, limit=limit)
-    return SearchResult(model=chosen.model, rows=rows, note=note)
+    expr = vectors.index_expression(dimension)
+    kind = "vector" if dimension <= vectors.HNSW_MAX_VECTOR_DIMS else "halfvec"
+    q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
+    statement = sql.SQL(
+        """
+        WITH nn AS MATERIALIZED (
+            SELECT e.content_hash, {expr} <=> {q} AS distance
+            FROM embeddings e
+            WHERE e.model = %(model)s
+              AND EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash AND {where})
+            ORDER BY {expr} <=> {q}
+            LIMIT %(n)s
+        )
+        SELECT d.id, 1 - nn.distance
+        FROM nn JOIN datasets d ON d.content_hash = nn.content_hash
+        WHERE {where}
+        ORDER BY nn.distance, d.id
+        LIMIT %(n)s
+        """).format(expr=expr, q=q, where=sql.SQL(where))
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(settings.ef_search),))
+        # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
+        # outer ORDER BY restores the exact order of what it found.
+        conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+        conn.execute("SELECT set_config('hnsw.max_scan_tuples', %s, true)", (str(settings.max_scan_tuples),))
+        rows = conn.execute(statement, {**params, "model": model, "n": limit,
+                                        "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+    return [(r[0], float(r[1])) for r in rows]
+
+
+def explain_vector_side(conn, model: str, dimension: int, query_vector, filters: SearchFilters | None = None,
+                        settings: SearchSettings | None = None) -> str:
+    """EXPLAIN of the filtered vector side (tests and tuning)."""
+    import numpy as np
+    from psycopg import sql
+
+    from .store import vectors
+
+    settings = settings or SearchSettings.from_env()
+    where, params = filter_sql(filters or SearchFilters())
+    expr = vectors.index_expression(dimension)
+    kind = "vector" if dimension <= vectors.HNSW_MAX_VECTOR_DIMS else "halfvec"
+    q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
+    statement = sql.SQL(
+        "EXPLAIN SELECT e.content_hash FROM embeddings e WHERE e.model = %(model)s"
+        " AND EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash AND {where})"
+        " ORDER BY {expr} <=> {q} LIMIT %(n)s").format(expr=expr, q=q, where=sql.SQL(where))
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+        plan = conn.execute(statement, {**params, "model": model, "n": settings.candidates,
+                                        "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+    return "\n".join(r[0] for r in plan)
+
+
+# -- the search ------------------------------------------------------------------------------------
+def _items(conn, ids: list[int], tsquery: str | None) -> dict[int, dict]:
+    rows = conn.execute(
+        """
+        SELECT d.id, d.portal_url, d.title, d.url, d.organization, d.source_id, d.metadata_modified, d.removed_at,
+               CASE WHEN %(tsq)s::text IS NULL THEN left(coalesce(nullif(d.description, ''), d.title), 240)
+                    ELSE ts_headline(d.search_config,
+                                     harvester_fold(left(coalesce(nullif(d.description, ''), d.title), 20000)),
+                                     %(tsq)s::tsquery,
+                                     'StartSel=**, StopSel=**, MaxWords=35, MinWords=15, MaxFragments=2,'
+                                     ' FragmentDelimiter=" … "') END
+        FROM datasets d WHERE d.id = ANY(%(ids)s)
+        """, {"ids": ids, "tsq": tsquery}).fetchall()
+    return {r[0]: {"portal_url": r[1], "title": r[2], "url": r[3], "organization": r[4], "source_id": r[5],
+                   "metadata_modified": r[6], "removed_at": r[7], "snippet": " ".join((r[8] or "").split())}
+            for r in rows}
+
+
+def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | None = None, limit: int = 10,
+           settings: SearchSettings | None = None, query_vector=None, provider=None,
+           portal_url: str | None = None) -> SearchResult:
+    """The best ``limit`` datasets for ``query``. ``query_vector``: the query already embedded
+    (with the model search would choose): no embedding call. ``portal_url``: shorthand for
+    ``filters.portal_url``. Raises ValueError for a bad mode or limit; EmbeddingError when the
+    provider fails in ``vector`` mode (TerminalEmbeddingError when the stored vectors do not fit
+    the model); in ``hybrid`` mode the text side answers alone then, with a note."""
+    from .embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
+    from .store import vectors
+
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    filters = filters or SearchFilters()
+    if portal_url and not filters.portal_url:
+        filters = SearchFilters(**{**filters.__dict__, "portal_url": portal_url})
+    settings = settings or SearchSettings.from_env()
+    n = max(settings.candidates, limit)
+    timings = {"embed_ms": 0.0, "sql_ms": 0.0}
+    where, params = filter_sql(filters)
+    model, notes = None, []
+
+    vector_hits: list[tuple] = []
+    if mode in ("hybrid", "vector"):
+        try:
+            chosen, note = choose_provider(conn, filters.portal_url, provider or get_provider())
+            if note:
+                notes.append(note)
+            model = chosen.model
+            if query_vector is None:
+                started = time.perf_counter()
+                query_vector = chosen.embed_query(query)
+                timings["embed_ms"] = (time.perf_counter() - started) * 1000
+            dimension = len(query_vector)
+            try:
+                vectors.check_dimension(conn, chosen.model, dimension)
+            except vectors.DimensionMismatch as exc:
+                raise TerminalEmbeddingError(str(exc)) from None
+        except EmbeddingError as exc:
+            if mode == "vector":
+                raise
+            notes.append(f"vector search is unavailable ({exc}); text search only")
+            query_vector = None
+        if query_vector is not None:
+            started = time.perf_counter()
+            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, n)
+            timings["sql_ms"] += (time.perf_counter() - started) * 1000
+
+    started = time.perf_counter()
+    tq = text_query(conn, query)
+    text_hits: list[tuple] = []
+    if mode in ("hybrid", "text") and tq.all_words:
+        text_hits = _text_side(conn, tq.all_words, where, params, n)
+        if len(text_hits) < limit and tq.any_word != tq.all_words:
+            text_hits += _text_side(conn, tq.any_word, where, params, n - len(text_hits),
+                                    exclude=[i for i, _ in text_hits])
+    elif mode == "text":
+        notes.append("the query has no words to search the text for")
+
+    k = settings.rrf_k
+    fused: dict[int, dict] = {}
+    for side, hits in (("vector", vector_hits), ("text", text_hits)):
+        for rank, (dataset_id, value) in enumerate(hits, 1):
+            entry = fused.setdefault(dataset_id, {"score": 0.0, "matched": [], "similarity": None,
+                                                  "text_rank": None, "ranks": {}})
+            entry["score"] += 1.0 / (k + rank)
+            entry["matched"].append(side)
+            entry["ranks"][side] = rank
+            entry["similarity" if side == "vector" else "text_rank"] = value
+    # A pasted title: the dataset with exactly that title (case, accents and punctuation aside)
+    # counts as ranked first by one more list; one whose title holds the query's words in a row
+    # (two words or more), as ranked second.
+    wanted = _title_key(query)
+    if wanted and fused and mode != "vector":
+        for dataset_id, title in conn.execute("SELECT id, title FROM datasets WHERE id = ANY(%s)",
+                                              (list(fused),)).fetchall():
+            key = _title_key(title)
+            if key == wanted:
+                fused[dataset_id]["score"] += 1.0 / (k + 1)
+                fused[dataset_id]["title_match"] = "exact"
+            elif " " in wanted and f" {wanted} " in f" {key} ":
+                fused[dataset_id]["score"] += 1.0 / (k + 2)
+                fused[dataset_id]["title_match"] = "words"
+    order = sorted(fused, key=lambda i: (-fused[i]["score"], fused[i]["ranks"].get("text", n + 1),
+                                         fused[i]["ranks"].get("vector", n + 1), i))[:limit]
+    details = _items(conn, order, tq.all_words) if order else {}
+    timings["sql_ms"] += (time.perf_counter() - started) * 1000
+
+    items = []
+    for rank, dataset_id in enumerate(order, 1):
+        entry, row = fused[dataset_id], details[dataset_id]
+        items.append({
+            "rank": rank, "score": round(entry["score"], 6), "matched": sorted(entry["matched"]),
+            "portal_url": row["portal_url"], "title": row["title"], "url": row["url"],
+            "organization": row["organization"], "snippet": row["snippet"], "source_id": row["source_id"],
+            "similarity": None if entry["similarity"] is None else round(entry["similarity"], 4),
+            "text_rank": None if entry["text_rank"] is None else round(entry["text_rank"], 4),
+            "title_match": entry.get("title_match"),
+            "metadata_modified": row["metadata_modified"], "removed_at": row["removed_at"],
+        })
+    return SearchResult(model=model, items=items, note="; ".join(notes) or None, mode=mode, timings=timings)

@@ -54,19 +54,21 @@ def _classify(conn, params: dict) -> None:
         """, params)
 
 
-def merge(conn, run_id: int, portal_url: str, seen_at, model: str) -> dict[str, int]:
+def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple") -> dict[str, int]:
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
-    ``model``. Returns ``skipped``: changed datasets left without a vector (embedding deferred)."""
-    params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model}
+    ``model``. ``search_config`` (the portal's language) is the text-search configuration its
+    datasets are indexed with (the generated search_vector). Returns ``skipped``: changed datasets
+    left without a vector (embedding deferred)."""
+    params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
     conn.execute(
         """
         INSERT INTO datasets AS d (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
             description, tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at,
-            removed_at, embedded_content_hash, raw)
+            removed_at, embedded_content_hash, raw, search_config)
         SELECT %(portal)s, s.source_id, s.name, s.url, s.url_hash, s.content_hash, s.metadata_hash, s.title,
             s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
-            NULL, NULL, s.raw
+            NULL, NULL, s.raw, %(config)s::regconfig
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
         ON CONFLICT (portal_url, source_id) DO UPDATE SET
@@ -75,8 +77,11 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str) -> dict[str, 
             title = EXCLUDED.title, description = EXCLUDED.description, tags = EXCLUDED.tags,
             organization = EXCLUDED.organization, metadata_modified = EXCLUDED.metadata_modified,
             updated_at = EXCLUDED.updated_at, last_seen_at = EXCLUDED.last_seen_at,
-            removed_at = NULL, raw = EXCLUDED.raw
+            removed_at = NULL, raw = EXCLUDED.raw, search_config = EXCLUDED.search_config
         """, params)
+    # The portal's language changed: its other datasets are indexed again (once, set-based).
+    conn.execute("UPDATE datasets SET search_config = %(config)s::regconfig"
+                 " WHERE portal_url = %(portal)s AND search_config <> %(config)s::regconfig", params)
     conn.execute(
         """
         UPDATE datasets d SET last_seen_at = %(seen)s

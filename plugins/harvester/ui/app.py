@@ -581,12 +581,40 @@ def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn
     }
 
 
-@app.get("/api/search", tags=["search"], summary="Semantic search over the datasets' vectors")
+def _day_or_time(text: str | None, parameter: str):
+    """A date (its whole day, for search filters) or an ISO date and time (UTC unless given)."""
+    from datetime import date
+
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text)
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise _invalid(parameter, f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+@app.get("/api/search", tags=["search"], summary="Search the datasets: full text and vectors, fused")
 def api_search(q: str = Query(..., min_length=1, max_length=1000, description="what to look for"),
+               mode: Literal["hybrid", "vector", "text"] = Query(
+                   "hybrid", description="hybrid: full text and vectors fused by reciprocal rank; or one side"),
                portal: str | None = Query(None, description="only this portal (its name in portals.yaml)"),
+               organization: str | None = Query(None, description="only this organization (title or name)"),
+               tag: str | None = Query(None, description="only datasets with this tag"),
+               format: str | None = Query(None, description="only datasets with a resource of this format"),
+               license: str | None = Query(None, description="only this licence (id or title)"),
+               since: str | None = Query(None, description="modified on or after (ISO date or time; UTC unless given)"),
+               until: str | None = Query(None, description="modified on or before (a date: that whole day)"),
+               include_removed: bool = Query(False, description="datasets removed from their portal too"),
                limit: int = Query(10, ge=1, le=100), user=Reader, conn=Depends(database)):
-    """The query is embedded with the active embedding provider (or the model that covers the
-    datasets, during a model switch) and live datasets are ranked by cosine similarity."""
+    """Full text (PostgreSQL, in each portal's language, accents ignored) and vector similarity
+    (the query embedded with the active provider, or the model that covers the datasets during a
+    model switch), each side's best fused by reciprocal rank fusion; ``mode`` picks one side
+    alone. Items carry ``score`` (the fused score), ``matched`` (the sides that found the
+    dataset) and ``snippet`` (matching words between ``**``)."""
     from .. import search
     from ..embeddings import EmbeddingError
 
@@ -594,11 +622,22 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
         raise _invalid("q", "the query is empty")
     by_url = {p.url: p.name for p in _portals()}
     url = _portal_named(portal, "portal").url if portal else None
+    filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
+                                   format=format or None, license=license or None,
+                                   since=_day_or_time(since, "since"), until=_day_or_time(until, "until"),
+                                   include_removed=include_removed)
     try:
-        found = search.search(conn, q, portal_url=url, limit=limit)
+        settings = search.SearchSettings.from_env()
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is misconfigured: {exc}") from None
+    try:
+        found = search.search(conn, q, mode=mode, filters=filters, limit=limit, settings=settings)
     except EmbeddingError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is unavailable: {exc}") from None
-    return {"items": [{"rank": i, "score": round(float(score), 4), "portal": by_url.get(portal_url, portal_url),
-                       "title": title, "url": dataset_url, "source_id": source_id}
-                      for i, (score, portal_url, title, dataset_url, source_id) in enumerate(found.rows, 1)],
-            "model": found.model, "note": found.note}
+    return {"items": [{"rank": r["rank"], "score": round(float(r["score"]), 6),
+                       "portal": by_url.get(r["portal_url"], r["portal_url"]), "title": r["title"], "url": r["url"],
+                       "source_id": r["source_id"], "matched": r["matched"], "organization": r["organization"],
+                       "snippet": r["snippet"], "similarity": r["similarity"], "text_rank": r["text_rank"],
+                       "metadata_modified": r["metadata_modified"], "removed": r["removed_at"] is not None}
+                      for r in found.items],
+            "model": found.model, "note": found.note, "mode": mode, "timings": found.timings}

@@ -655,7 +655,7 @@
     const portal = q.get("portal") || "";
     const portals = await portalList();
     if (!alive()) return;
-    const box = h("input", { type: "search", name: "q", value: text, placeholder: "Search datasets by meaning…", "data-test": "search-box", "aria-label": "Search", autocomplete: "off" });
+    const box = h("input", { type: "search", name: "q", value: text, placeholder: "Search datasets by words or meaning…", "data-test": "search-box", "aria-label": "Search", autocomplete: "off" });
     const select = portalSelect(portals, portal, { name: "portal", "data-test": "search-portal", "aria-label": "Portal" });
     const results = h("div", { class: "results-box" });
     show(app, 
@@ -677,7 +677,9 @@
         h("span", { class: "rank" }, `#${r.rank}`),
         h("div", {},
           h("a", { href: datasetHref(r.portal, r.source_id), class: "strong" }, r.title || r.source_id || "(untitled)"),
-          h("div", { class: "small muted" }, r.portal, " · score ", typeof r.score === "number" ? r.score.toFixed(3) : "—"),
+          h("div", { class: "small muted" }, r.portal, r.organization ? ` · ${r.organization}` : "", " · score ",
+            typeof r.score === "number" ? r.score.toFixed(4) : "—", r.matched ? ` · ${r.matched.join(" + ")}` : ""),
+          r.snippet ? h("div", { class: "small" }, r.snippet.replace(/\*\*/g, "")) : null,
           r.url ? h("div", { class: "small" }, extLink(r.url)) : null))))
         : h("p", { class: "empty" }, "No results."));
   }

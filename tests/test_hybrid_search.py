@@ -1,0 +1,359 @@
+"""Hybrid search (full text + vectors, fused by reciprocal rank) on real records harvested through
+the CLI: dados.gov.br in Portuguese, Swiss and German portals in German, others with 'simple'.
+
+One database for the module (harvesting ~900 records with the local model takes a while); the
+tests only read it, except where they say so and put it back."""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import date, datetime, timezone
+
+import psycopg
+import pytest
+import yaml
+
+from harvester.cli import main
+from harvester.embeddings.local import MODEL_NAME, LocalProvider
+from harvester.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
+
+PORTALS = {
+    "br": ("portuguese", ("dados-gov-br.jsonl",)),
+    "de": ("de", ("govdata-de.jsonl", "data-stadt-zuerich-ch.jsonl", "envidat-ch.jsonl")),
+    "other": (None, ("data-humdata-org.jsonl", "data-birmingham-gov-uk.jsonl", "data-gov-uk.jsonl",
+                     "data-gov-au.jsonl")),
+}
+BOLSA_TITLE = "Bolsa Família - Benefícios Básicos e Variáveis -  MI Social"
+
+
+@pytest.fixture(scope="module")
+def corpus(pg_server, template_db, samples, tmp_path_factory):
+    from harvester.demo_portal import DemoPortal
+
+    name = f"t_hybrid_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = pg_server.url(name)
+    patch = pytest.MonkeyPatch()
+    servers = []
+    try:
+        patch.setenv("HARVESTER_DATABASE_URL", url)
+        patch.setenv("AIRFLOW_CONN_HARVESTER_DB", url)
+        patch.delenv("HARVESTER_EMBEDDING_PROVIDER", raising=False)
+        for var in ("HARVESTER_SEARCH_EF_SEARCH", "HARVESTER_SEARCH_CANDIDATES", "HARVESTER_SEARCH_RRF_K"):
+            patch.delenv(var, raising=False)
+        entries, urls = [], {}
+        for portal, (language, files) in PORTALS.items():
+            server = DemoPortal(records=[r for f in files for r in samples(f)])
+            server.start()
+            servers.append(server)
+            urls[portal] = server.base_url
+            entry = {"name": portal, "url": server.base_url, "politeness_delay": 0}
+            if language:
+                entry["language"] = language
+            entries.append(entry)
+        path = tmp_path_factory.mktemp("hybrid") / "portals.yaml"
+        path.write_text(yaml.safe_dump({"portals": entries}))
+        patch.setenv("HARVESTER_PORTALS_FILE", str(path))
+        for portal in PORTALS:
+            assert main(["harvest", portal, "--json"]) == 0
+        # Statistics, as autovacuum keeps them on a live database: without any, PostgreSQL guesses
+        # that few datasets are live and ranks them exactly instead of scanning the HNSW index.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ANALYZE datasets")
+            conn.execute("ANALYZE embeddings")
+        yield {"url": url, "portals": urls, "file": path, "entries": entries}
+    finally:
+        patch.undo()
+        for server in servers:
+            server.stop()
+        with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(corpus):
+    from harvester.store import db as store_db
+
+    connection = store_db.prepare(store_db.connect_url(corpus["url"]))
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(scope="module")
+def embed():
+    provider = LocalProvider()
+    return provider.embed_query
+
+
+def cli_search(capsys, *args):
+    capsys.readouterr()
+    assert main(["search", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _bolsa(conn) -> str:
+    """The dataset BOLSA_TITLE is the title of (stored with its spaces collapsed)."""
+    return conn.execute("SELECT source_id FROM datasets WHERE title LIKE 'Bolsa Família - Benefícios Básicos%'"
+                        ).fetchone()[0]
+
+
+def titles(result):
+    return [item["title"] for item in result.items]
+
+
+# -- languages ---------------------------------------------------------------------------------------
+def test_the_portals_language_picks_the_text_search_configuration(conn, corpus):
+    configs = dict(conn.execute("SELECT portal_url, string_agg(DISTINCT search_config::text, ',') FROM datasets"
+                                " GROUP BY portal_url").fetchall())
+    assert configs == {corpus["portals"]["br"]: "portuguese", corpus["portals"]["de"]: "german",
+                       corpus["portals"]["other"]: "simple"}
+    # Portuguese stemming: the singular finds the plural.
+    found = search(conn, "benefício básico", mode="text", limit=5)
+    assert any("Benefícios Básicos" in t for t in titles(found))
+
+
+def test_a_query_without_accents_finds_accented_text(conn):
+    found = search(conn, "informacoes complementares", mode="text", limit=5)
+    assert titles(found)[0] == "Informações Complementares - SIOPE"
+    assert found.items[0]["matched"] == ["text"] and "**" in found.items[0]["snippet"]
+    hybrid = search(conn, "informacoes complementares", limit=5)
+    assert "Informações Complementares - SIOPE" in titles(hybrid)
+    # German too, and the other way round: an accented query finds the same.
+    assert titles(search(conn, "offentlich zugangliche parkhauser", mode="text", limit=3))[0] == \
+        "Öffentlich zugängliche Parkhäuser"
+    assert titles(search(conn, "Informações complementares", mode="text", limit=5)) == titles(found)
+    assert fold("informações Zürich") == "informacoes Zurich"
+
+
+# -- words vs meaning --------------------------------------------------------------------------------
+@pytest.mark.parametrize("code", ["CENIPA", "SIPEAGRO"])
+def test_a_dataset_code_is_found_by_text_and_hybrid_but_not_by_meaning(conn, code):
+    text = search(conn, code, mode="text", limit=10)
+    assert code in text.items[0]["title"] and text.items[0]["matched"] == ["text"]
+    hybrid = search(conn, code, mode="hybrid", limit=10)
+    assert code in hybrid.items[0]["title"] and "text" in hybrid.items[0]["matched"]
+    vector = search(conn, code, mode="vector", limit=10)
+    assert len(vector.items) == 10 and not any(code in t for t in titles(vector))
+    assert all(item["matched"] == ["vector"] for item in vector.items)
+
+
+def test_a_pasted_title_with_a_dash_finds_its_dataset_first(conn, capsys):
+    source_id = _bolsa(conn)
+    for query in (BOLSA_TITLE, "Bolsa Família - Benefícios Básicos"):
+        for mode in ("hybrid", "text"):
+            found = search(conn, query, mode=mode, limit=5)
+            assert found.items[0]["source_id"] == source_id, (query, mode, titles(found))
+    results = cli_search(capsys, BOLSA_TITLE, "--limit", "3")
+    assert results[0]["id"] == source_id and results[0]["matched"] == ["text", "vector"]
+    assert [r["rank"] for r in results] == [1, 2, 3] and results[0]["portal"] == "br"
+
+
+@pytest.mark.parametrize("query", ["bolsa & família | ! ( :*", "!!bolsa (família", "bolsa:* & | !", "'bolsa' \\ família",
+                                   "& | ! ( ) :*", "-", "\"", "bolsa -", "<-> bolsa <2> família"])
+def test_tsquery_syntax_in_the_query_is_never_an_error(conn, query):
+    for mode in ("hybrid", "text", "vector"):
+        found = search(conn, query, mode=mode, limit=5)
+        if "bolsa" in query and mode != "vector":
+            assert found.items and any("bolsa" in fold(t).lower() for t in titles(found)), (query, mode)
+
+
+def test_phrases_and_excluded_words(conn):
+    words = titles(search(conn, "bolsa familia", mode="text", limit=50))
+    phrase = titles(search(conn, '"bolsa familia"', mode="text", limit=50))
+    assert "Bolsa Família - Saques" in phrase and set(phrase) <= set(words)
+    excluded = titles(search(conn, "bolsa familia -saques", mode="text", limit=50))
+    assert "Bolsa Família - Saques" in words and "Bolsa Família - Saques" not in excluded
+    assert excluded and set(excluded) <= set(words) - {"Bolsa Família - Saques"}
+
+
+# -- filters ---------------------------------------------------------------------------------------
+def _dataset(conn, source_id):
+    return conn.execute("SELECT portal_url, organization, tags, raw, metadata_modified, removed_at FROM datasets"
+                        " WHERE source_id = %s", (source_id,)).fetchone()
+
+
+def _formats(raw):
+    return {str(r.get("format") or "").strip().lstrip(".").lower() for r in raw.get("resources") or []}
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "text", "vector"])
+def test_every_filter(conn, corpus, mode):
+    br = corpus["portals"]["br"]
+    query = "dados de contratos e pagamentos"
+    checks = [
+        (SearchFilters(portal_url=corpus["portals"]["de"]), lambda d: d[0] == corpus["portals"]["de"], "verkehr"),
+        (SearchFilters(organization="banco central do brasil - bcb"), lambda d: d[1] == "Banco Central do Brasil - BCB"),
+        (SearchFilters(organization="Ministerio da Economia - ME"), lambda d: d[1] == "Ministério da Economia - ME"),
+        (SearchFilters(tag="patrimonio"), lambda d: "patrimonio" in {fold(t).lower() for t in d[2]}),
+        (SearchFilters(format="csv"), lambda d: "csv" in _formats(d[3])),
+        (SearchFilters(format="PDF"), lambda d: "pdf" in _formats(d[3])),
+        (SearchFilters(license="cc-by"), lambda d: d[3].get("license_id") == "cc-by"),
+        (SearchFilters(since=date(2022, 11, 24)), lambda d: d[4] >= datetime(2022, 11, 24, tzinfo=timezone.utc)),
+        (SearchFilters(until=date(2021, 12, 31)), lambda d: d[4] < datetime(2022, 1, 1, tzinfo=timezone.utc)),
+        (SearchFilters(portal_url=br, since=datetime(2022, 11, 1), until=date(2022, 11, 20)),
+         lambda d: d[0] == br and datetime(2022, 11, 1, tzinfo=timezone.utc) <= d[4]
+         < datetime(2022, 11, 21, tzinfo=timezone.utc)),
+    ]
+    unfiltered = search(conn, query, mode=mode, limit=10)
+    for filters, check, *words in checks:
+        found = search(conn, words[0] if words else query, mode=mode, filters=filters, limit=10)
+        assert found.items, (mode, filters)
+        assert all(check(_dataset(conn, item["source_id"])) for item in found.items), (mode, filters)
+    # the filters do filter: the unfiltered results are not all in one organization
+    assert not all(_dataset(conn, i["source_id"])[1] == "Banco Central do Brasil - BCB" for i in unfiltered.items)
+
+
+def test_removed_datasets_only_when_asked(conn, corpus, capsys):
+    source_id = _bolsa(conn)
+    conn.execute("UPDATE datasets SET removed_at = now() WHERE source_id = %s", (source_id,))
+    try:
+        for mode in ("hybrid", "text", "vector"):
+            assert source_id not in [i["source_id"] for i in search(conn, BOLSA_TITLE, mode=mode, limit=20).items]
+            found = search(conn, BOLSA_TITLE, mode=mode, limit=20, filters=SearchFilters(include_removed=True))
+            assert source_id in [i["source_id"] for i in found.items]
+        assert cli_search(capsys, BOLSA_TITLE, "--include-removed", "--limit", "1")[0]["removed"] is True
+    finally:
+        conn.execute("UPDATE datasets SET removed_at = NULL WHERE source_id = %s", (source_id,))
+
+
+def test_filters_through_the_cli(conn, corpus, capsys):
+    results = cli_search(capsys, "dados", "--mode", "text", "-p", "br", "--organization",
+                         "prefeitura de belo horizonte - pbh", "--format", ".csv", "--license", "CC-BY", "--since",
+                         "2015-01-01", "--until", "2030-01-01T00:00:00", "--limit", "5")
+    assert len(results) == 5
+    for r in results:
+        portal_url, organization, _, raw, _, _ = _dataset(conn, r["id"])
+        assert (r["portal"], organization, raw["license_id"]) == ("br", "Prefeitura de Belo Horizonte - PBH", "cc-by")
+        assert "csv" in _formats(raw) and r["matched"] == ["text"]
+    for mode in ("hybrid", "vector", "text"):
+        assert all(r["portal"] == "de" for r in cli_search(capsys, "verkehr", "--mode", mode, "-p", "de"))
+    for bad in (["--since", "yesterday"], ["--mode", "fuzzy"], ["--limit", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["search", "x", *bad])
+        assert exit_.value.code == 2
+    capsys.readouterr()
+
+
+# -- the filtered vector side returns k ----------------------------------------------------------------
+@pytest.mark.parametrize("plan", ["as planned", "hnsw forced"])
+def test_a_selective_filter_still_returns_k(conn, embed, plan):
+    query = embed("air quality")
+    if plan == "hnsw forced":  # the iterative HNSW scan, whatever PostgreSQL estimates
+        conn.execute("SET enable_seqscan = off")
+        assert "Index Scan using embeddings_hnsw" in explain_vector_side(
+            conn, MODEL_NAME, 384, query, SearchFilters(tag="patrimonio"))
+    tight = SearchSettings(ef_search=10, candidates=10, rrf_k=60)
+    unfiltered = search(conn, "air quality", mode="vector", limit=10, settings=tight, query_vector=query)
+    for filters, check in (
+            (SearchFilters(tag="patrimonio"), lambda d: "patrimonio" in {fold(t).lower() for t in d[2]}),  # 12 of ~900
+            (SearchFilters(organization="Universidade Federal do Rio Grande - FURG"), lambda d: "FURG" in d[1]),
+            (SearchFilters(format="txt"), lambda d: "txt" in _formats(d[3])),                          # 24
+            (SearchFilters(license="other-pd"), lambda d: d[3].get("license_id") == "other-pd")):       # 17
+        # post-filtering the unfiltered top 10 would leave (almost) nothing
+        assert sum(check(_dataset(conn, i["source_id"])) for i in unfiltered.items) <= 1
+        found = search(conn, "air quality", mode="vector", filters=filters, limit=10, settings=tight,
+                       query_vector=query)
+        assert len(found.items) == 10, filters
+        assert all(check(_dataset(conn, i["source_id"])) for i in found.items)
+        similarities = [i["similarity"] for i in found.items]
+        assert similarities == sorted(similarities, reverse=True)
+
+
+def test_the_vector_side_scans_the_hnsw_index_with_the_filter_inside(conn, embed):
+    query = embed("air quality")
+    assert "Index Scan using embeddings_hnsw" in explain_vector_side(conn, MODEL_NAME, 384, query)
+    # With a filter PostgreSQL picks by its estimates: the HNSW scan with the filter checked in it
+    # (iterative), or, when it expects few matches, an exact ranking of them. The first, forced:
+    conn.execute("SET enable_seqscan = off")
+    plan = explain_vector_side(conn, MODEL_NAME, 384, query, SearchFilters(format="csv"))
+    assert "Index Scan using embeddings_hnsw" in plan and "SubPlan" in plan, plan
+
+
+# -- one function, settings, the contract ----------------------------------------------------------------
+def test_the_result_contract_and_a_precomputed_query_vector(conn, embed, monkeypatch):
+    vector = embed("public transport stops")
+
+    def no_embedding(self, text):
+        raise AssertionError("the query vector was given: no embedding")
+
+    monkeypatch.setattr(LocalProvider, "embed_query", no_embedding)
+    found = search(conn, "public transport stops", mode="hybrid", filters=SearchFilters(), limit=7,
+                   settings=SearchSettings(ef_search=64, candidates=30, rrf_k=60), query_vector=vector)
+    assert found.model == MODEL_NAME and found.note is None
+    assert set(found.timings) >= {"embed_ms", "sql_ms"} and found.timings["embed_ms"] == 0
+    assert [i["rank"] for i in found.items] == list(range(1, 8))
+    for item in found.items:
+        assert {"rank", "score", "matched", "portal_url", "title", "url", "organization", "snippet",
+                "source_id"} <= set(item)
+        assert set(item["matched"]) <= {"text", "vector"} and item["matched"] == sorted(item["matched"])
+    scores = [i["score"] for i in found.items]
+    assert scores == sorted(scores, reverse=True)
+    both = next(i for i in found.items if i["matched"] == ["text", "vector"])
+    assert both["score"] >= 2 / (60 + 30)
+    assert found.rows[0] == (scores[0], found.items[0]["portal_url"], found.items[0]["title"], found.items[0]["url"],
+                             found.items[0]["source_id"])
+    text_only = search(conn, "public transport stops", mode="text", limit=3)
+    assert text_only.model is None and all(i["matched"] == ["text"] for i in text_only.items)
+
+
+def test_settings_come_from_the_environment(monkeypatch, capsys, corpus):
+    assert SearchSettings.from_env() == SearchSettings(ef_search=100, candidates=50, rrf_k=60)
+    monkeypatch.setenv("HARVESTER_SEARCH_EF_SEARCH", "200")
+    monkeypatch.setenv("HARVESTER_SEARCH_CANDIDATES", "20")
+    monkeypatch.setenv("HARVESTER_SEARCH_RRF_K", "10")
+    assert SearchSettings.from_env() == SearchSettings(ef_search=200, candidates=20, rrf_k=10)
+    top = cli_search(capsys, "bolsa familia", "--limit", "1")[0]
+    assert top["matched"] == ["text", "vector"] and top["score"] <= 2 / 11 + 1 / 11
+    monkeypatch.setenv("HARVESTER_SEARCH_RRF_K", "sixty")
+    assert main(["search", "bolsa"]) == 2
+    assert "HARVESTER_SEARCH_RRF_K='sixty'" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        search(None, "x", mode="fuzzy")
+
+
+def test_the_language_key_of_portals_yaml():
+    from harvester.portal import PortalConfigError, parse_portals
+
+    def language(**entry):
+        return parse_portals({"portals": [{"name": "x", "url": "https://example.org", **entry}]})[0].language
+
+    assert (language(), language(language="pt"), language(language="German")) == ("simple", "portuguese", "german")
+    with pytest.raises(PortalConfigError, match="language 'klingon' is not a text-search configuration"):
+        language(language="klingon")
+
+
+def test_a_changed_language_reindexes_the_portal_at_its_next_run(conn, corpus, capsys):
+    de = corpus["portals"]["de"]
+    english = ("SELECT count(*) FROM datasets WHERE portal_url = %s"
+               " AND search_vector @@ to_tsquery('english', 'experiment | accidents')")
+    assert conn.execute(english, (de,)).fetchone()[0] == 0  # German stems differ
+    entries = [dict(e, language="english") if e["name"] == "de" else e for e in corpus["entries"]]
+    try:
+        corpus["file"].write_text(yaml.safe_dump({"portals": entries}))
+        assert main(["harvest", "de", "--json"]) == 0
+        assert conn.execute("SELECT DISTINCT search_config::text FROM datasets WHERE portal_url = %s",
+                            (de,)).fetchall() == [("english",)]
+        assert conn.execute(english, (de,)).fetchone()[0] >= 2
+    finally:
+        corpus["file"].write_text(yaml.safe_dump({"portals": corpus["entries"]}))
+        assert main(["harvest", "de", "--json"]) == 0
+        capsys.readouterr()
+    assert conn.execute("SELECT DISTINCT search_config::text FROM datasets WHERE portal_url = %s",
+                        (de,)).fetchall() == [("german",)]
+
+
+def test_hybrid_answers_with_text_alone_when_the_embedding_provider_fails(conn):
+    from harvester.embeddings import EmbeddingError
+
+    class Down:
+        name, model, dimension, max_batch = "local", MODEL_NAME, 384, 1
+
+        def embed_query(self, text):
+            raise EmbeddingError("provider down")
+
+    found = search(conn, "CENIPA", mode="hybrid", limit=3, provider=Down())
+    assert "CENIPA" in found.items[0]["title"] and found.items[0]["matched"] == ["text"]
+    assert "vector search is unavailable (provider down)" in found.note
+    with pytest.raises(EmbeddingError):
+        search(conn, "CENIPA", mode="vector", limit=3, provider=Down())

@@ -1,0 +1,85 @@
+"""The relevance set of the search benchmark (bench/relevance/queries.yaml) is well formed and honest:
+at least 60 queries, every expected dataset exists in the real samples, at least a third written in
+the dataset's own (non-English) language, and no query is a title copied verbatim. Fast, no database."""
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, load_samples
+
+QUERIES = ROOT / "bench" / "relevance" / "queries.yaml"
+
+# The languages a person would search each sample file's datasets in, besides English.
+NATIVE = {
+    "dados-gov-br.jsonl": {"pt"},
+    "govdata-de.jsonl": {"de"},
+    "data-stadt-zuerich-ch.jsonl": {"de"},
+    "dkan-hauts-de-france.jsonl": {"fr"},
+    "data-humdata-org.jsonl": {"es", "fr"},  # HDX carries records in the language of the country
+    "data-gc-ca-snapshot-2013-06-17T11-50.jsonl": {"fr"},
+    "data-gc-ca-snapshot-2013-06-17T12-30.jsonl": {"fr"},
+    "envidat-ch.jsonl": {"de", "fr"},
+}
+
+
+def _plain(text: str) -> str:
+    """Case, accents and punctuation folded away: 'Ônibus, Ponto!' -> 'onibus ponto'."""
+    text = unicodedata.normalize("NFKD", text or "").encode("ascii", "ignore").decode().casefold()
+    return " ".join(re.findall(r"[a-z0-9]+", text))
+
+
+@pytest.fixture(scope="module")
+def entries() -> list[dict]:
+    data = yaml.safe_load(QUERIES.read_text(encoding="utf-8"))
+    assert isinstance(data, dict) and isinstance(data.get("queries"), list), "queries.yaml: a mapping with a `queries` list"
+    return data["queries"]
+
+
+@pytest.fixture(scope="module")
+def records(entries) -> dict[str, dict[str, dict]]:
+    files = {e["file"] for entry in entries for e in entry.get("expected") or []}
+    return {name: {rec["id"]: rec for rec in load_samples(name)} for name in sorted(files)}
+
+
+def test_shape(entries):
+    assert len(entries) >= 60
+    for entry in entries:
+        assert set(entry) <= {"query", "language", "expected", "note"}, entry
+        assert isinstance(entry.get("query"), str) and entry["query"].strip(), entry
+        assert re.fullmatch(r"[a-z]{2}", entry.get("language") or ""), entry
+        assert entry.get("expected"), f"{entry['query']!r} has no expected dataset"
+        for expected in entry["expected"]:
+            assert set(expected) == {"file", "id"}, entry
+    queries = [_plain(e["query"]) for e in entries]
+    duplicates = {q for q in queries if queries.count(q) > 1}
+    assert not duplicates, f"queries repeated: {sorted(duplicates)}"
+    assert sum(len(e["expected"]) > 1 for e in entries) >= 5, "several queries should have more than one answer"
+
+
+def test_every_expected_dataset_exists(entries, records):
+    missing = [(e["query"], x["file"], x["id"]) for e in entries for x in e["expected"]
+               if x["id"] not in records.get(x["file"], {})]
+    assert not missing, f"expected datasets not in the samples: {missing}"
+
+
+def test_a_third_in_the_datasets_own_language(entries):
+    native = [e for e in entries if e["language"] != "en"
+              and all(e["language"] in NATIVE.get(x["file"], set()) for x in e["expected"])]
+    assert len(native) * 3 >= len(entries), f"{len(native)} of {len(entries)} in the dataset's own language"
+    foreign = [e["query"] for e in entries if e["language"] != "en" and e not in native]
+    assert not foreign, f"queries in a language their datasets are not written in: {foreign}"
+
+
+def test_no_query_is_a_title(entries, records):
+    titles = {_plain(rec.get("title") or ""): rec["id"] for by_id in records.values() for rec in by_id.values()}
+    for name in NATIVE.keys() | {"catalog-data-gov.jsonl", "data-gov-uk.jsonl", "data-gov-au.jsonl",
+                                 "data-birmingham-gov-uk.jsonl"}:
+        if name not in records:
+            titles.update({_plain(rec.get("title") or ""): rec["id"] for rec in load_samples(name)})
+    copied = [e["query"] for e in entries if _plain(e["query"]) in titles]
+    assert not copied, f"queries equal to a dataset's title: {copied}"
