@@ -561,11 +561,13 @@ def main() -> int:
                              "sentence embeddings, default) or isotropic random ones (a harder case)")
     parser.add_argument("--part", choices=("all", "relevance", "scale"), default="all")
     parser.add_argument("--verbose", action="store_true", help="per-query nDCG of the relevance part")
+    parser.add_argument("--home", type=Path, help="the embedded server's directory, kept afterwards (databases "
+                        "bench_scale and bench_relevance stay there to explore; default: a new temporary one)")
     args = parser.parse_args()
 
     from harvester.store.server import EmbeddedServer
 
-    home = Path(tempfile.mkdtemp(prefix="harvester-search-bench-"))
+    home = args.home or Path(tempfile.mkdtemp(prefix="harvester-search-bench-"))
     server = EmbeddedServer(home)
     server.start()
     os.environ["HARVESTER_EMBED_RETRY_DELAY_SECS"] = "0"

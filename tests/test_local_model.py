@@ -74,7 +74,7 @@ def test_a_local_model_directory_stores_its_own_name_and_dimension(harvest, port
     capsys.readouterr()
     assert main(["search", "purchase card transactions", "--limit", "3"]) == 0
     out = capsys.readouterr().out
-    assert "(local/custom-model)" in out and "Purchase" in out
+    assert "(hybrid, local/custom-model)" in out and "Purchase" in out
 
 
 def test_search_finds_the_local_model_that_made_the_vectors(models, local):

@@ -101,12 +101,36 @@ class SearchResult:
         return [(i["score"], i["portal_url"], i["title"], i["url"], i["source_id"]) for i in self.items]
 
 
+# coverage per (database, portal) for a short while: counting it joins every live dataset to its
+# vectors (a third of a second at 100k), too slow for every query while a model switch goes on
+COVERAGE_TTL_SECS = 60.0
+_coverage_cache: dict[tuple, tuple[float, dict]] = {}
+
+
+def _coverage(conn, portal_url: str | None) -> dict[str, tuple[int, int]]:
+    from .store import vectors
+
+    info = conn.info
+    key = (info.host, info.port, info.dbname, portal_url)
+    now = time.monotonic()
+    cached = _coverage_cache.get(key)
+    if cached and now - cached[0] < COVERAGE_TTL_SECS:
+        return cached[1]
+    cover = vectors.coverage(conn, portal_url)
+    _coverage_cache[key] = (now, cover)
+    return cover
+
+
 def choose_provider(conn, portal_url: str | None, provider):
-    """The provider to embed the query with, and a note when it is not ``provider``."""
+    """The provider to embed the query with, and a note when it is not ``provider``: during a
+    model switch (vectors of another model are stored too), the model that covers more live
+    datasets, until the new one catches up. With one model, nothing is counted (a catalog read)."""
     from .embeddings import provider_for_model
     from .store import vectors
 
-    cover = vectors.coverage(conn, portal_url)
+    if not vectors.indexed_models(conn) - {provider.model}:
+        return provider, None
+    cover = _coverage(conn, portal_url)
     active = cover.get(provider.model, (0, 0))
     best = max(cover.items(), key=lambda item: item[1][0], default=None)
     if best and best[0] != provider.model and active[0] < active[1] and best[1][0] > active[0]:
@@ -330,8 +354,9 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     """The best ``limit`` datasets for ``query``. ``query_vector``: the query already embedded
     (with the model search would choose): no embedding call. ``portal_url``: shorthand for
     ``filters.portal_url``. Raises ValueError for a bad mode or limit; EmbeddingError when the
-    provider fails in ``vector`` mode (TerminalEmbeddingError when the stored vectors do not fit
-    the model); in ``hybrid`` mode the text side answers alone then, with a note."""
+    provider fails in ``vector`` mode; in ``hybrid`` mode the text side answers alone then, with a
+    note. TerminalEmbeddingError in both modes when the provider is misconfigured or the stored
+    vectors do not fit its model (an operator must act; hiding it would leave search degraded)."""
     from .embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
     from .store import vectors
 
@@ -365,7 +390,8 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             except vectors.DimensionMismatch as exc:
                 raise TerminalEmbeddingError(str(exc)) from None
         except EmbeddingError as exc:
-            if mode == "vector":
+            # a misconfiguration (vectors that do not fit the model, a bad key) is refused, not hidden
+            if mode == "vector" or isinstance(exc, TerminalEmbeddingError):
                 raise
             notes.append(f"vector search is unavailable ({exc}); text search only")
             query_vector = None

@@ -68,6 +68,25 @@ def _model_indexes(conn, model: str) -> list[tuple[str, str, int]]:
         """, (model, index_name(model))).fetchall()
 
 
+def indexed_models(conn) -> set[str]:
+    """The models that have an HNSW index on embeddings (every model that ever stored a vector gets
+    one): read from the catalog, without touching the table."""
+    rows = conn.execute(
+        """
+        SELECT pg_get_expr(i.indpred, i.indrelid)
+        FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indexrelid
+        JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'
+        WHERE i.indrelid = 'embeddings'::regclass AND i.indpred IS NOT NULL
+        """).fetchall()
+    models = set()
+    for (predicate,) in rows:
+        found = re.fullmatch(r"\(model = '((?:[^']|'')*)'::text\)", predicate or "")
+        if found:
+            models.add(found.group(1).replace("''", "'"))
+    return models
+
+
 def _other_dimension(conn, model: str, dimension: int) -> int | None:
     row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s AND dimension <> %s LIMIT 1",
                        (model, dimension)).fetchone()
