@@ -357,3 +357,18 @@ def test_hybrid_answers_with_text_alone_when_the_embedding_provider_fails(conn):
     assert "vector search is unavailable (provider down)" in found.note
     with pytest.raises(EmbeddingError):
         search(conn, "CENIPA", mode="vector", limit=3, provider=Down())
+
+
+def test_hybrid_refuses_a_misconfigured_provider_instead_of_hiding_it(conn):
+    from harvester.embeddings import TerminalEmbeddingError
+
+    class Refused:
+        name, model, dimension, max_batch = "local", MODEL_NAME, 384, 1
+
+        def embed_query(self, text):
+            raise TerminalEmbeddingError("API key not valid")
+
+    with pytest.raises(TerminalEmbeddingError, match="API key not valid"):
+        search(conn, "CENIPA", mode="hybrid", limit=3, provider=Refused())
+    # text mode never embeds
+    assert "CENIPA" in search(conn, "CENIPA", mode="text", limit=3, provider=Refused()).items[0]["title"]
