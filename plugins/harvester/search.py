@@ -1,16 +1,21 @@
 """Search over the datasets: full text, vectors, or both fused (`harvester search`, the Python API
 and GET /harvester/api/search all call ``search()``).
 
-- ``text``: PostgreSQL full text over the generated ``datasets.search_vector`` (title > tags >
-  description > organization, accent-folded, stemmed with the portal's ``language:``), GIN-indexed.
-  The query is never parsed as tsquery syntax: its words are ANDed (``plainto_tsquery``, so
-  ``& | ! ( :*`` and a pasted " - " are only punctuation), a "quoted phrase" must appear as a
-  phrase and ``-word`` (a minus stuck to the word) excludes it; when every word together finds
-  fewer than ``limit`` datasets, datasets with any of them follow.
+Both sides read ``dataset_search`` (sql/007_search.sql), a narrow row per dataset that triggers
+keep in step with ``datasets``: its full text and the filters' values, folded once.
+
+- ``text``: PostgreSQL full text over ``dataset_search.document`` (title > tags > description >
+  organization, accent-folded, stemmed with the portal's ``language:``), GIN-indexed, ranked by
+  ``ts_rank``. The query is never parsed as tsquery syntax: each word goes through
+  ``plainto_tsquery`` (so ``& | ! ( :*`` and a pasted " - " are only punctuation), a "quoted
+  phrase" must appear as a phrase and ``-word`` (a minus stuck to the word) excludes it. Every
+  word must match; while that finds fewer than ``limit`` datasets, those with all words but one
+  follow (three words or more), then those with any of them.
 - ``vector``: the query embedded with the active provider's model, unless that model does not
   cover the datasets yet (a model switch in progress) and an earlier model covers more: then with
   that one, so search keeps working while the new model fills in. The filters are part of the
-  HNSW index scan (pgvector's iterative scan), so a selective filter still returns k results.
+  HNSW index scan (pgvector's iterative scan), so a selective filter still returns k results; a
+  filter that leaves at most ``exact_limit`` datasets ranks them exactly instead.
 - ``hybrid`` (default): each side's top ``candidates``, fused by reciprocal rank fusion:
   score = sum over the sides of 1 / (rrf_k + rank). In ``hybrid`` and ``text`` modes a dataset
   whose title is the query (case, accents and punctuation aside) counts as ranked first by one more
@@ -19,6 +24,7 @@ and GET /harvester/api/search all call ``search()``).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -57,18 +63,21 @@ def _env_int(name: str, default: int, low: int, high: int) -> int:
 class SearchSettings:
     """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
-    ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches."""
-    ef_search: int = 100
-    candidates: int = 50
+    ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
+    filters that leave at most this many datasets rank them exactly instead (0: never)."""
+    ef_search: int = 150
+    candidates: int = 20
     rrf_k: int = 60
     max_scan_tuples: int = 50000
+    exact_limit: int = 5000
 
     @classmethod
     def from_env(cls) -> "SearchSettings":
         return cls(ef_search=_env_int("HARVESTER_SEARCH_EF_SEARCH", cls.ef_search, 1, 1000),
                    candidates=_env_int("HARVESTER_SEARCH_CANDIDATES", cls.candidates, 1, 1000),
                    rrf_k=_env_int("HARVESTER_SEARCH_RRF_K", cls.rrf_k, 0, 100000),
-                   max_scan_tuples=_env_int("HARVESTER_SEARCH_MAX_SCAN_TUPLES", cls.max_scan_tuples, 1, 10**9))
+                   max_scan_tuples=_env_int("HARVESTER_SEARCH_MAX_SCAN_TUPLES", cls.max_scan_tuples, 1, 10**9),
+                   exact_limit=_env_int("HARVESTER_SEARCH_EXACT_LIMIT", cls.exact_limit, 0, 10**7))
 
 
 @dataclass(frozen=True)
@@ -151,8 +160,9 @@ def _utc(value, end: bool) -> tuple[datetime, bool]:
     raise TypeError(f"expected a date or datetime, got {value!r}")
 
 
-def filter_sql(filters: SearchFilters, alias: str = "d") -> tuple[str, dict]:
-    """A WHERE condition on datasets (as ``alias``) and its parameters."""
+def filter_sql(filters: SearchFilters, alias: str = "s") -> tuple[str, dict]:
+    """A WHERE condition on dataset_search (as ``alias``) and its parameters. The values are folded
+    the way sql/007_search.sql stores them (harvester_search_key, harvester_format_key)."""
     a = alias
     parts, params = ["true"], {}
     if not filters.include_removed:
@@ -161,22 +171,17 @@ def filter_sql(filters: SearchFilters, alias: str = "d") -> tuple[str, dict]:
         parts.append(f"{a}.portal_url = %(f_portal)s")
         params["f_portal"] = filters.portal_url
     if filters.organization:
-        parts.append(f"(lower(harvester_fold({a}.organization)) = lower(harvester_fold(%(f_org)s))"
-                     f" OR lower({a}.raw -> 'organization' ->> 'name') = lower(%(f_org)s))")
-        params["f_org"] = filters.organization.strip()
+        parts.append(f"{a}.organizations @> ARRAY[harvester_search_key(%(f_org)s)]")
+        params["f_org"] = filters.organization
     if filters.tag:
-        parts.append(f"EXISTS (SELECT 1 FROM jsonb_array_elements_text({a}.tags) t"
-                     " WHERE lower(harvester_fold(t)) = lower(harvester_fold(%(f_tag)s)))")
-        params["f_tag"] = filters.tag.strip()
+        parts.append(f"{a}.tags @> ARRAY[harvester_search_key(%(f_tag)s)]")
+        params["f_tag"] = filters.tag
     if filters.format:
-        parts.append(f"EXISTS (SELECT 1 FROM jsonb_path_query({a}.raw, 'lax $.resources[*].format') f"
-                     " WHERE jsonb_typeof(f) = 'string'"
-                     " AND lower(ltrim(btrim(f #>> '{}'), '.')) = lower(ltrim(btrim(%(f_format)s), '.')))")
+        parts.append(f"{a}.formats @> ARRAY[harvester_format_key(%(f_format)s)]")
         params["f_format"] = filters.format
     if filters.license:
-        parts.append(f"(lower({a}.raw ->> 'license_id') = lower(%(f_license)s)"
-                     f" OR lower({a}.raw ->> 'license_title') = lower(%(f_license)s))")
-        params["f_license"] = filters.license.strip()
+        parts.append(f"{a}.licenses @> ARRAY[lower(btrim(%(f_license)s))]")
+        params["f_license"] = filters.license
     if filters.since is not None:
         params["f_since"], _ = _utc(filters.since, end=False)
         parts.append(f"{a}.metadata_modified >= %(f_since)s")
@@ -186,21 +191,36 @@ def filter_sql(filters: SearchFilters, alias: str = "d") -> tuple[str, dict]:
     return " AND ".join(parts), params
 
 
+def _narrowing(filters: SearchFilters) -> bool:
+    """Whether the filters do more than leave removed datasets out."""
+    return any(getattr(filters, name) not in (None, "") for name in
+               ("portal_url", "organization", "tag", "format", "license", "since", "until"))
+
+
 # -- the text side ---------------------------------------------------------------------------------
+# Words of a query beyond this many are not relaxed one at a time (a pasted paragraph).
+_RELAX_MAX_WORDS = 10
+
+
 @dataclass(frozen=True)
 class TextQuery:
-    all_words: str | None   # tsquery text: every word (and phrase, and no excluded word)
-    any_word: str | None    # tsquery text: any of the words (the fallback)
+    """tsquery texts, strictest first: every word; all words but one (three words or more); any
+    word. Each ORs the configurations in use (each dataset was indexed with one of them)."""
+    stages: tuple[str, ...] = ()
+
+    @property
+    def all_words(self) -> str | None:
+        return self.stages[0] if self.stages else None
 
 
-def _split_query(query: str) -> tuple[str, list[str], list[str]]:
+def _split_query(query: str) -> tuple[list[str], list[str], list[str]]:
     """(plain words, "phrases", -excluded words), accents folded."""
     text = fold(query)
     phrases = [p.strip() for p in _PHRASE.findall(text) if p.strip()]
     text = _PHRASE.sub(" ", text)
     negated = _NEGATED.findall(text)
     text = _NEGATED.sub(" ", text)
-    return text, phrases, negated
+    return text.split(), phrases, negated
 
 
 def _configs(conn) -> list[str]:
@@ -208,44 +228,63 @@ def _configs(conn) -> list[str]:
     rows = conn.execute(
         """
         WITH RECURSIVE c(cfg) AS (
-            SELECT min(search_config::oid) FROM datasets
+            SELECT min(config::oid) FROM dataset_search
             UNION ALL
-            SELECT (SELECT min(search_config::oid) FROM datasets WHERE search_config::oid > c.cfg)
+            SELECT (SELECT min(config::oid) FROM dataset_search WHERE config::oid > c.cfg)
             FROM c WHERE c.cfg IS NOT NULL)
         SELECT cfg::regconfig::text FROM c WHERE cfg IS NOT NULL
         """).fetchall()
     return [r[0] for r in rows] or ["simple"]
 
 
+def _and(parts) -> str:
+    return " & ".join(f"( {p} )" for p in parts)
+
+
+def _or(parts) -> str:
+    return " | ".join(f"( {p} )" for p in parts)
+
+
 def text_query(conn, query: str) -> TextQuery:
-    """The query as tsquery text for every configuration in use, ORed (each dataset's vector was
-    made with one of them). Never raises on odd input: the words go through plainto_tsquery and
-    phraseto_tsquery, which read no operators."""
+    """The query as tsquery texts (TextQuery.stages). Never raises on odd input: each word, phrase
+    and excluded word goes through plainto_tsquery / phraseto_tsquery, which read no operators
+    (``& | ! ( :*`` are punctuation), and a word that is only punctuation or a stop word drops out."""
     words, phrases, negated = _split_query(query)
-    alls, anys = [], []
-    for config in _configs(conn):
-        row = conn.execute(
-            """
-            SELECT plainto_tsquery(%(c)s::regconfig, %(w)s)::text,
-                   (SELECT string_agg(q::text, ' & ') FROM (
-                        SELECT phraseto_tsquery(%(c)s::regconfig, p) q FROM unnest(%(p)s::text[]) p) x
-                    WHERE q::text <> ''),
-                   (SELECT string_agg(q::text, ' | ') FROM (
-                        SELECT plainto_tsquery(%(c)s::regconfig, n) q FROM unnest(%(n)s::text[]) n) x
-                    WHERE q::text <> '')
-            """, {"c": config, "w": words, "p": phrases, "n": negated}).fetchone()
-        plain, phrase, excluded = row
-        positive = [f"( {x} )" for x in (plain, phrase) if x]
-        if not positive:
+    configs = _configs(conn)
+    terms = [("w", i, w) for i, w in enumerate(words)] + [("p", i, p) for i, p in enumerate(phrases)] \
+        + [("n", i, n) for i, n in enumerate(negated)]
+    if not terms:
+        return TextQuery()
+    rows = conn.execute(
+        """
+        SELECT c, t.kind, t.i, CASE WHEN t.kind = 'p' THEN phraseto_tsquery(c::regconfig, t.term)::text
+                                    ELSE plainto_tsquery(c::regconfig, t.term)::text END
+        FROM unnest(%(configs)s::text[]) WITH ORDINALITY AS cs(c, ci),
+             unnest(%(kinds)s::text[], %(idx)s::int[], %(terms)s::text[]) AS t(kind, i, term)
+        ORDER BY cs.ci, t.kind, t.i
+        """, {"configs": configs, "kinds": [t[0] for t in terms], "idx": [t[1] for t in terms],
+              "terms": [t[2] for t in terms]}).fetchall()
+    per_config: dict[str, dict[str, list[str]]] = {}
+    for config, kind, _, tsq in rows:
+        if tsq:
+            per_config.setdefault(config, {"w": [], "p": [], "n": []})[kind].append(tsq)
+    stages: list[list[str]] = [[], [], []]
+    for parts in per_config.values():
+        plain, phrase, excluded = parts["w"], parts["p"], parts["n"]
+        if not plain and not phrase:
             continue
-        exclude = f" & !( {excluded} )" if excluded else ""
-        alls.append("( " + " & ".join(positive) + exclude + " )")
-        any_parts = [f"( {plain.replace(' & ', ' | ')} )"] if plain else []
-        any_parts += [f"( {phrase} )"] if phrase else []
-        anys.append("( ( " + " | ".join(any_parts) + " )" + exclude + " )")
-    if not alls:
-        return TextQuery(None, None)
-    return TextQuery(" | ".join(alls), " | ".join(anys))
+        exclude = f" & !( {_or(excluded)} )" if excluded else ""
+        stages[0].append(f"( {_and(plain + phrase)} ){exclude}")
+        if 3 <= len(plain) <= _RELAX_MAX_WORDS:
+            all_but_one = [_and(plain[:i] + plain[i + 1:]) for i in range(len(plain))]
+            stages[1].append(f"( {_or(all_but_one)} )" + (f" & ( {_and(phrase)} )" if phrase else "") + exclude)
+        stages[2].append(f"( {_or(plain + phrase)} ){exclude}")
+    found = []
+    for stage in stages:
+        text = _or(dict.fromkeys(stage)) if stage else None  # the same tsquery from several configs once
+        if text and text not in found:
+            found.append(text)
+    return TextQuery(tuple(found))
 
 
 def _title_key(text: str) -> str:
@@ -253,25 +292,22 @@ def _title_key(text: str) -> str:
 
 
 def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = ()) -> list[tuple]:
-    """(dataset id, ts_rank_cd) of the best matches, best first."""
+    """(dataset id, ts_rank) of the best matches, best first."""
     rows = conn.execute(
         f"""
-        SELECT d.id, ts_rank_cd(d.search_vector, %(tsq)s::tsquery, 1) AS rank
-        FROM datasets d
-        WHERE d.search_vector @@ %(tsq)s::tsquery AND {where} AND NOT (d.id = ANY(%(exclude)s))
-        ORDER BY rank DESC, d.id
+        SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank
+        FROM dataset_search s
+        WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+        ORDER BY rank DESC, s.dataset_id
         LIMIT %(n)s
         """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude)}).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
 # -- the vector side -------------------------------------------------------------------------------
-def _vector_side(conn, model: str, dimension: int, query_vector, where: str, params: dict,
-                 settings: SearchSettings, limit: int) -> list[tuple]:
-    """(dataset id, cosine similarity) of the nearest datasets passing the filters, best first.
-    The filters are checked inside the HNSW index scan (an EXISTS on datasets per vector), which
-    pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples)."""
-    import numpy as np
+def _vector_statements(dimension: int, where: str):
+    """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
+    that pass the filters, as (dataset id, cosine similarity)."""
     from psycopg import sql
 
     from .store import vectors
@@ -279,54 +315,85 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     expr = vectors.index_expression(dimension)
     kind = "vector" if dimension <= vectors.HNSW_MAX_VECTOR_DIMS else "halfvec"
     q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
-    statement = sql.SQL(
+    hnsw = sql.SQL(
         """
         WITH nn AS MATERIALIZED (
             SELECT e.content_hash, {expr} <=> {q} AS distance
             FROM embeddings e
             WHERE e.model = %(model)s
-              AND EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash AND {where})
+              AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})
             ORDER BY {expr} <=> {q}
             LIMIT %(n)s
         )
-        SELECT d.id, 1 - nn.distance
-        FROM nn JOIN datasets d ON d.content_hash = nn.content_hash
+        SELECT s.dataset_id, 1 - nn.distance
+        FROM nn JOIN dataset_search s ON s.content_hash = nn.content_hash
         WHERE {where}
-        ORDER BY nn.distance, d.id
+        ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
         """).format(expr=expr, q=q, where=sql.SQL(where))
+    # Every distance computed first (a materialized CTE), then sorted: an ORDER BY on the distance
+    # itself would be planned as an HNSW scan, which without the iterative scan stops at ef_search
+    # and may find nothing that passes the filters.
+    exact = sql.SQL(
+        """
+        WITH d AS MATERIALIZED (
+            SELECT s.dataset_id, {expr} <=> {q} AS distance
+            FROM dataset_search s JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
+            WHERE {where}
+        )
+        SELECT dataset_id, 1 - distance FROM d ORDER BY distance, dataset_id LIMIT %(n)s
+        """).format(expr=expr, q=q, where=sql.SQL(where))
+    return hnsw, exact
+
+
+def _estimated_matches(conn, where: str, params: dict) -> float:
+    """PostgreSQL's estimate of the datasets passing the filters (a plan, not a count: well under a
+    millisecond; the statistics of dataset_search's columns and arrays make it close)."""
+    plan = conn.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM dataset_search s WHERE {where}", params).fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return float(plan[0]["Plan"]["Plan Rows"])
+
+
+def _vector_side(conn, model: str, dimension: int, query_vector, where: str, params: dict,
+                 settings: SearchSettings, limit: int, narrowing: bool = True) -> list[tuple]:
+    """(dataset id, cosine similarity) of the nearest datasets passing the filters, best first.
+    The filters are checked inside the HNSW index scan (an EXISTS on dataset_search per vector),
+    which pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples).
+    Filters that PostgreSQL expects to leave at most ``settings.exact_limit`` datasets rank those
+    exactly instead (every one compared, no index); so does a filtered scan that ended short of
+    ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back."""
+    import numpy as np
+
+    hnsw, exact = _vector_statements(dimension, where)
+    values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
+    if narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit:
+        return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(settings.ef_search),))
         # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
         # outer ORDER BY restores the exact order of what it found.
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         conn.execute("SELECT set_config('hnsw.max_scan_tuples', %s, true)", (str(settings.max_scan_tuples),))
-        rows = conn.execute(statement, {**params, "model": model, "n": limit,
-                                        "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+        rows = conn.execute(hnsw, values).fetchall()
+    if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
+        rows = conn.execute(exact, values).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
 def explain_vector_side(conn, model: str, dimension: int, query_vector, filters: SearchFilters | None = None,
                         settings: SearchSettings | None = None) -> str:
-    """EXPLAIN of the filtered vector side (tests and tuning)."""
+    """EXPLAIN of the HNSW statement of the vector side (tests and tuning)."""
     import numpy as np
     from psycopg import sql
 
-    from .store import vectors
-
     settings = settings or SearchSettings.from_env()
     where, params = filter_sql(filters or SearchFilters())
-    expr = vectors.index_expression(dimension)
-    kind = "vector" if dimension <= vectors.HNSW_MAX_VECTOR_DIMS else "halfvec"
-    q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
-    statement = sql.SQL(
-        "EXPLAIN SELECT e.content_hash FROM embeddings e WHERE e.model = %(model)s"
-        " AND EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash AND {where})"
-        " ORDER BY {expr} <=> {q} LIMIT %(n)s").format(expr=expr, q=q, where=sql.SQL(where))
+    hnsw, _ = _vector_statements(dimension, where)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-        plan = conn.execute(statement, {**params, "model": model, "n": settings.candidates,
-                                        "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+        plan = conn.execute(sql.SQL("EXPLAIN ") + hnsw, {
+            **params, "model": model, "n": settings.candidates,
+            "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(r[0] for r in plan)
 
 
@@ -397,17 +464,20 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             query_vector = None
         if query_vector is not None:
             started = time.perf_counter()
-            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, n)
+            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, n,
+                                       narrowing=_narrowing(filters))
             timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
     started = time.perf_counter()
     tq = text_query(conn, query)
     text_hits: list[tuple] = []
-    if mode in ("hybrid", "text") and tq.all_words:
-        text_hits = _text_side(conn, tq.all_words, where, params, n)
-        if len(text_hits) < limit and tq.any_word != tq.all_words:
-            text_hits += _text_side(conn, tq.any_word, where, params, n - len(text_hits),
+    if mode in ("hybrid", "text") and tq.stages:
+        # every word; while that finds fewer than limit: all words but one, then any word
+        for stage in tq.stages:
+            text_hits += _text_side(conn, stage, where, params, n - len(text_hits),
                                     exclude=[i for i, _ in text_hits])
+            if len(text_hits) >= limit:
+                break
     elif mode == "text":
         notes.append("the query has no words to search the text for")
 
@@ -437,7 +507,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
                 fused[dataset_id]["title_match"] = "words"
     order = sorted(fused, key=lambda i: (-fused[i]["score"], fused[i]["ranks"].get("text", n + 1),
                                          fused[i]["ranks"].get("vector", n + 1), i))[:limit]
-    details = _items(conn, order, tq.all_words) if order else {}
+    details = _items(conn, order, tq.stages[-1] if tq.stages else None) if order else {}
     timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
     items = []

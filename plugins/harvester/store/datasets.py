@@ -58,7 +58,7 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
     ``model``. ``search_config`` (the portal's language) is the text-search configuration its
-    datasets are indexed with (the generated search_vector). Returns ``skipped``: changed datasets
+    datasets are indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets
     left without a vector (embedding deferred)."""
     params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
     conn.execute(
