@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -25,6 +26,18 @@ log = logging.getLogger(__name__)
 DATABASE = "harvester"
 SUPERUSER = "postgres"
 SYSTEM_USER = "harvester-pg"
+# PostgreSQL's own default (128MB) holds neither the HNSW index nor the search table of a 100k
+# catalogue; search reads both on every query. Memory is taken as it is used, not up front.
+SHARED_BUFFERS = "1GB"
+_MEMORY = re.compile(r"^\d+(kB|MB|GB)$")
+
+
+def shared_buffers() -> str:
+    """HARVESTER_EMBEDDED_SHARED_BUFFERS (PostgreSQL's units: 256MB, 2GB), or the default."""
+    value = (os.environ.get("HARVESTER_EMBEDDED_SHARED_BUFFERS") or SHARED_BUFFERS).strip()
+    if not _MEMORY.match(value):
+        raise EmbeddedServerError(f"HARVESTER_EMBEDDED_SHARED_BUFFERS={value!r} must be a size such as 256MB or 2GB")
+    return value
 
 
 class EmbeddedServerError(RuntimeError):
@@ -100,7 +113,8 @@ class EmbeddedServer:
                 self._run(user, "initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8",
                           "--no-instructions", "-U", SUPERUSER)
             port = _free_port()
-            options = f"-h 127.0.0.1 -p {port} -k '' -c fsync=off -c synchronous_commit=off"
+            options = (f"-h 127.0.0.1 -p {port} -k '' -c fsync=off -c synchronous_commit=off"
+                       f" -c shared_buffers={shared_buffers()}")
             self.port_file.write_text(str(port))
             self._run(user, "pg_ctl", "-D", str(self.pgdata), "-l", str(self.logfile), "-w", "-t", "60",
                       "-o", options, "start")
