@@ -160,6 +160,13 @@ def _utc(value, end: bool) -> tuple[datetime, bool]:
     raise TypeError(f"expected a date or datetime, got {value!r}")
 
 
+# (filter, dataset_search column, the value's key as the column holds it): GIN-indexed arrays
+_ARRAY_FILTERS = (("organization", "organizations", "harvester_search_key({})"),
+                  ("tag", "tags", "harvester_search_key({})"),
+                  ("format", "formats", "harvester_format_key({})"),
+                  ("license", "licenses", "lower(btrim({}))"))
+
+
 def filter_sql(filters: SearchFilters, alias: str = "s") -> tuple[str, dict]:
     """A WHERE condition on dataset_search (as ``alias``) and its parameters. The values are folded
     the way sql/007_search.sql stores them (harvester_search_key, harvester_format_key)."""
@@ -170,18 +177,10 @@ def filter_sql(filters: SearchFilters, alias: str = "s") -> tuple[str, dict]:
     if filters.portal_url:
         parts.append(f"{a}.portal_url = %(f_portal)s")
         params["f_portal"] = filters.portal_url
-    if filters.organization:
-        parts.append(f"{a}.organizations @> ARRAY[harvester_search_key(%(f_org)s)]")
-        params["f_org"] = filters.organization
-    if filters.tag:
-        parts.append(f"{a}.tags @> ARRAY[harvester_search_key(%(f_tag)s)]")
-        params["f_tag"] = filters.tag
-    if filters.format:
-        parts.append(f"{a}.formats @> ARRAY[harvester_format_key(%(f_format)s)]")
-        params["f_format"] = filters.format
-    if filters.license:
-        parts.append(f"{a}.licenses @> ARRAY[lower(btrim(%(f_license)s))]")
-        params["f_license"] = filters.license
+    for name, column, key in _ARRAY_FILTERS:
+        if getattr(filters, name):
+            parts.append(f"{a}.{column} @> ARRAY[{key.format(f'%(f_{name})s')}]")
+            params[f"f_{name}"] = getattr(filters, name)
     if filters.since is not None:
         params["f_since"], _ = _utc(filters.since, end=False)
         parts.append(f"{a}.metadata_modified >= %(f_since)s")
