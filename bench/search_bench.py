@@ -36,6 +36,7 @@ import math
 import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -608,6 +609,8 @@ def main() -> int:
             ok &= scale(server, args)
     finally:
         server.stop()
+        if args.home is None:  # a temporary server: its data goes with it
+            shutil.rmtree(home, ignore_errors=True)
     return 0 if ok else 1
 
 
