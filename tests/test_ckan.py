@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harvester.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp,
+from harvester.sources.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp,
                             scrub_url, solr_date)
 from harvester.demo_portal import DemoPortal, load_jsonl
 

@@ -214,7 +214,7 @@ class GeminiProvider:
 
     @staticmethod
     def _retry_after(exc, details: list[dict]) -> float | None:
-        from ..ckan import _retry_after_seconds
+        from ..sources.http import retry_after_seconds as _retry_after_seconds
 
         headers = getattr(getattr(exc, "response", None), "headers", None)
         if headers is not None:

@@ -128,7 +128,7 @@ class OllamaProvider:
             return TerminalEmbeddingError(f"{where} has no /api/embed (HTTP 404: {message}): it needs Ollama "
                                           "0.3.4 or later, or OLLAMA_URL is wrong")
         if code == 429:
-            from ..ckan import _retry_after_seconds
+            from ..sources.http import retry_after_seconds as _retry_after_seconds
 
             return RateLimited(f"{where} is rate limiting (HTTP 429): {message}",
                                retry_after=_retry_after_seconds(response.headers.get("Retry-After")))

@@ -42,10 +42,8 @@ proxy in front of the portal). Neither ever appears in a log line, a message or 
 """
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
-import re
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
@@ -53,6 +51,13 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 import requests.auth
+
+from ..dataset import DatasetRecord, normalize
+from .base import Capabilities, Listing, SourceError, SourceUnavailable
+from .http import retry_after_seconds as _retry_after_seconds
+from .http import scrub_text as _scrub_text
+from .http import scrub_url
+from .http import wire_bytes as _wire_bytes
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ _MAX_KEY = datetime.max.replace(tzinfo=timezone.utc)  # records without a timest
 _MAX_STEPBACKS = 100
 
 
-class CkanError(Exception):
+class CkanError(SourceError):
     """A CKAN Action API call failed. ``transient`` tells whether trying later may help."""
 
     transient = False
@@ -73,7 +78,7 @@ class CkanError(Exception):
         self.portal, self.action, self.status, self.error_type = portal, action, status, error_type
 
 
-class PortalUnavailable(CkanError):
+class PortalUnavailable(CkanError, SourceUnavailable):
     """Transient failures (5xx, 429, timeouts, connection errors) that outlived the retries."""
 
     transient = True
@@ -120,60 +125,14 @@ def modified_since_fq(dt: datetime) -> str:
     return f"metadata_modified:[{solr_date(dt)} TO *]"
 
 
-def scrub_url(url: str) -> str:
-    """The URL without user:password (for logs and messages)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _scrub_text(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
-
-
-_USERINFO_RE = re.compile(r"(?<=//)[^/@\s]+@")
-
-
-def _scrub_text(text: str) -> str:
-    return _USERINFO_RE.sub("***@", text)
-
-
 def _solr_phrase(value: str) -> str:
     """A value as a quoted Solr phrase (backslashes and quotes escaped)."""
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _wire_bytes(resp: requests.Response) -> int:
-    """The body's size as received (compressed, if it came compressed)."""
-    raw = getattr(resp, "raw", None)
-    try:
-        told = raw.tell() if raw is not None else 0
-    except (AttributeError, OSError, ValueError):
-        told = 0
-    return told if isinstance(told, int) and told > 0 else len(resp.content or b"")
-
-
 def _record_key(rec: dict) -> datetime:
     dt = parse_ckan_timestamp(rec.get("metadata_modified"))
     return _MAX_KEY if dt is None else to_ms(dt)
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 def _error_text(body: Any) -> tuple[str | None, str]:
@@ -546,3 +505,39 @@ class CkanClient:
             raise FilterRejected(f"{text} (fq {fq!r})", portal=self.portal, action=action, status=status,
                                  error_type=etype)
         raise CkanError(text, portal=self.portal, action=action, status=status, error_type=etype)
+
+
+# -- the source ------------------------------------------------------------------------------------
+class CkanSource:
+    """A CKAN portal as a source (sources/base.py): modified-since listings filtered by the portal,
+    records normalized into DatasetRecords, and the Action API (``client``) for reconciliation."""
+
+    kind = "ckan"
+    capabilities = Capabilities(incremental=True, reconcile=True)
+
+    def __init__(self, client: CkanClient, portal_url: str):
+        self.client, self.portal_url = client, portal_url
+
+    def __repr__(self) -> str:
+        return f"CkanSource({self.client!r})"
+
+    @property
+    def requests_made(self) -> int:
+        return self.client.requests_made
+
+    @property
+    def bytes_received(self) -> int:
+        return self.client.bytes_received
+
+    @property
+    def total(self) -> int | None:
+        return self.client.total
+
+    def records(self, packages: list) -> list[DatasetRecord]:
+        return [normalize(pkg, self.portal_url) for pkg in packages]
+
+    def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
+                     validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
+        for page in self.client.iter_pages(since, page_size=page_size):
+            yield self.records(page)
+        listing.complete = since is None

@@ -1,0 +1,65 @@
+"""What the pipeline asks of a source of datasets, whatever kind of portal it is.
+
+A source turns a portal's records into ``dataset.DatasetRecord`` pages. The pipeline (staging,
+hashes, history, embeddings, search) never sees the portal's own format: a DCAT dataset is a
+dataset. What a kind of portal can do differs, and the source says so in its ``Capabilities``:
+
+- ``incremental``: the portal filters by modification time itself (CKAN's ``fq``); without it
+  every run lists the whole catalogue, which is then complete, so removals are found every run;
+- ``conditional``: an unchanged catalogue answers ``304 Not Modified`` to the validators
+  (ETag / Last-Modified) of the last committed run: one request, nothing to process;
+- ``reconcile``: the portal lists identifiers cheaply and fetches chosen records (a cheap
+  comparison of the whole portal between full listings).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterator, Protocol
+
+from ..dataset import DatasetRecord
+
+
+class SourceError(Exception):
+    """Listing a portal failed. ``transient``: trying again later may help."""
+
+    transient = False
+
+
+class SourceUnavailable(SourceError):
+    """Transient failures (5xx, 429, timeouts, connection errors) that outlived the retries."""
+
+    transient = True
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    incremental: bool = False
+    conditional: bool = False
+    reconcile: bool = False
+
+
+@dataclass
+class Listing:
+    """What one listing found out besides its records. ``complete``: the records were the whole
+    portal (removals may be applied); ``not_modified``: the portal answered that nothing changed
+    since ``validators`` (no records); ``validators``: what to send next time, kept only when the
+    run commits."""
+
+    complete: bool = False
+    not_modified: bool = False
+    validators: dict = field(default_factory=dict)
+
+
+class Source(Protocol):
+    kind: str
+    capabilities: Capabilities
+    requests_made: int
+    bytes_received: int
+    total: int | None
+
+    def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
+                     validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
+        """Pages of records modified since ``since`` (all of them when None, or when the portal
+        cannot filter), filling ``listing`` as it goes."""
+        ...
