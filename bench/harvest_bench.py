@@ -70,7 +70,7 @@ def main() -> int:
             with db.prepare(db.connect_url(url)) as conn, db.prepare(db.connect_url(url)) as reader:
                 for label, full in (("full sync", True), ("incremental, nothing changed", False)):
                     started = time.perf_counter()
-                    stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=full)
+                    stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=full)
                     took = time.perf_counter() - started
                     print(f"{label:32s} {took:7.1f}s  {args.datasets / took if full else 0:8.0f} datasets/s  "
                           f"fetched={stats['fetched']} created={stats['created']} embedded={stats['embedded']} "
@@ -82,7 +82,7 @@ def main() -> int:
                     rec["metadata_modified"] = "2030-01-01T00:00:00"
                     portal_server.upsert_record(rec)
                 started = time.perf_counter()
-                stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider)
+                stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
                 took = time.perf_counter() - started
                 print(f"{'incremental, ' + str(len(edited)) + ' titles edited':32s} {took:7.1f}s  "
                       f"fetched={stats['fetched']} updated={stats['updated']} embedded={stats['embedded']} "

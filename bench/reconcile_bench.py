@@ -66,7 +66,7 @@ STEPS = ("fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert
 
 def timed_run(pipeline, conn, reader, portal, provider, **plan) -> tuple[dict, dict]:
     """One run through the pipeline's steps (as the DAG runs them), timing each."""
-    client = pipeline.client_for(portal)
+    client = pipeline.source_for(portal)
     run_id = pipeline.begin(conn, portal, **plan)["run_id"]
     times = {}
     for step in STEPS:
@@ -125,7 +125,7 @@ def main() -> int:
             provider = GeminiProvider(api_key="AIza-bench", base_url=fake.base_url, dimension=args.dimension)
             started = time.perf_counter()
             with db.prepare(db.connect_url(url)) as conn, db.prepare(db.connect_url(url)) as reader:
-                stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=True)
+                stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
             print(f"set-up: first full sync of {args.datasets} datasets in {time.perf_counter() - started:.1f}s "
                   f"(created={stats['created']})")
             made = drift(portal_server, records, random.Random(3), args.drift)

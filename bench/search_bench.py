@@ -137,7 +137,7 @@ def relevance(server, args) -> bool:
                 slug = re.sub(r"[^a-z0-9]+", "_", name.removesuffix(".jsonl").lower())[:40]
                 portal = Portal(name=slug, url=portal_server.base_url, politeness_delay=0,
                                 language=LANGUAGE.get(name, "english"))
-                stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=True)
+                stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
                 harvested += stats["created"]
         print(f"relevance set-up: {len(files)} sample files harvested as {len(files)} portals, {harvested} datasets, "
               f"model {provider.model}, in {time.perf_counter() - started:.0f}s")

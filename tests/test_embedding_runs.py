@@ -143,7 +143,7 @@ def test_a_429_storm_opens_the_breaker_for_every_task_and_the_next_run_embeds(
         try:
             with store_db.open_cli() as conn, store_db.open_cli() as reader:
                 run_id = pipeline.begin(conn, portal)["run_id"]
-                pipeline.fetch_modified(conn, portal, run_id, pipeline.client_for(portal))
+                pipeline.fetch_modified(conn, portal, run_id, pipeline.source_for(portal))
                 pipeline.hash_compare(conn, reader, portal, run_id)
                 barrier.wait(timeout=30)
                 provider = get_provider()

@@ -14,7 +14,7 @@ import yaml
 
 from harvester import changes as ch
 from harvester import history_cli, pipeline
-from harvester.ckan import CkanClient
+from harvester.sources.ckan import CkanClient
 from harvester.portal import get_portal
 from harvester.store import datasets, history, runs, staging
 

@@ -23,7 +23,7 @@ def portal(portal_server, samples):
 
 
 def first_sync(db, reader, portal, provider):
-    return pipeline.harvest(db, reader, portal, pipeline.client_for(portal), provider, full_sync=True)
+    return pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
 
 
 @pytest.fixture
@@ -74,9 +74,9 @@ def test_a_retried_reconciliation_starts_over_and_counts_once(db, reader, portal
     portal_server.upsert_record(late)
 
     run_id = pipeline.begin(db, portal, reconcile=True)["run_id"]
-    pipeline.fetch_modified(db, portal, run_id, pipeline.client_for(portal))
-    first = pipeline.reconcile(db, portal, run_id, pipeline.client_for(portal))
-    again = pipeline.reconcile(db, portal, run_id, pipeline.client_for(portal))   # the task's retry
+    pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
+    first = pipeline.reconcile(db, portal, run_id, pipeline.source_for(portal))
+    again = pipeline.reconcile(db, portal, run_id, pipeline.source_for(portal))   # the task's retry
     assert first == again and (again["reconcile_missing"], again["reconcile_fetched"]) == (1, 1)
     staged = db.execute("SELECT source_id, seq >= %s FROM staging_records WHERE run_id = %s",
                         (listing.RECONCILE_SEQ, run_id)).fetchall()
@@ -95,8 +95,8 @@ def test_a_failed_run_drops_its_listing_and_moves_nothing(db, reader, portal, po
     first_sync(db, reader, portal, provider)
     before = runs.status(db, portal.url)
     run_id = pipeline.begin(db, portal, reconcile=True)["run_id"]
-    pipeline.fetch_modified(db, portal, run_id, pipeline.client_for(portal))
-    pipeline.reconcile(db, portal, run_id, pipeline.client_for(portal))
+    pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
+    pipeline.reconcile(db, portal, run_id, pipeline.source_for(portal))
     assert db.execute("SELECT count(*) FROM staging_listing").fetchone()[0] == 10
     assert pipeline.abort(db, run_id, "RuntimeError: boom")
     assert db.execute("SELECT count(*) FROM staging_listing").fetchone()[0] == 0
@@ -116,9 +116,9 @@ def test_a_dataset_gone_between_listing_and_fetch_is_neither_fetched_nor_removed
             portal_server.remove_record(stale["id"])
 
     portal_server.on_request = vanish
-    stats = pipeline.harvest(db, reader, portal, pipeline.client_for(portal), provider, reconcile=True)
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, reconcile=True)
     assert (stats["reconcile_stale"], stats["reconcile_fetched"], stats["updated"], stats["removed"]) == (1, 0, 0, 0)
     assert db.execute("SELECT removed_at FROM datasets WHERE source_id = %s", (stale["id"],)).fetchone() == (None,)
     portal_server.on_request = None
-    stats = pipeline.harvest(db, reader, portal, pipeline.client_for(portal), provider)   # the count notices
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)   # the count notices
     assert (stats["removed"], stats["reconcile_removed"]) == (1, 1)

@@ -135,7 +135,7 @@ def test_a_retried_upsert_of_a_committed_run_changes_nothing(db, portal_server, 
     portal_server.set_records(samples("data-gov-au.jsonl"))
     portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
     run_id = pipeline.begin(db, portal)["run_id"]
-    pipeline.fetch_modified(db, portal, run_id, pipeline.client_for(portal))
+    pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
     with store_db.connect_url(db.info.dsn) as reader:
         pipeline.hash_compare(db, reader, portal, run_id)
     first = pipeline.upsert(db, portal, run_id, "no-model")

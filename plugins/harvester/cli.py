@@ -102,7 +102,7 @@ def cmd_harvest(args) -> int:
     portal = _resolve_portal(args.portal)
     provider = get_provider()
     with db.open_cli() as conn, db.open_cli() as reader:
-        stats = pipeline.harvest(conn, reader, portal, pipeline.client_for(portal), provider, full_sync=args.full,
+        stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=args.full,
                                  reconcile=args.reconcile, force_removals=args.force_removals,
                                  takeover=args.takeover)
     if args.json:
@@ -393,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .ckan import CkanError
+    from .sources.ckan import CkanError
     from .embeddings import EmbeddingError
     from .portal import PortalConfigError
     from .store.db import DatabaseConfigError, DatabaseLookupError

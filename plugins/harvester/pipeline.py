@@ -1,7 +1,8 @@
 """One harvest run as plain functions: begin, fetch_modified, reconcile, hash_compare, embed_changed, upsert.
 
 Connections are in autocommit mode; what must be atomic runs in an explicit transaction.
-Each takes what it works with (a portal, a run id, a database connection, a CKAN client, an
+Each takes what it works with (a portal, a run id, a database connection, the portal's source
+(sources/: CKAN, DCAT data.json, DCAT-AP RDF; a bare CkanClient is taken as a CKAN source), an
 embedding provider) and returns counts only: dataset content moves through PostgreSQL, never
 through the caller (in Airflow, never through XCom). Airflow-free: tasks.py wires these to Airflow.
 """
@@ -13,11 +14,12 @@ import math
 import time
 
 from . import dataset as ds
-from .ckan import CkanClient, FilterRejected, to_ms
+from .sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
+from .sources.ckan import FilterRejected, to_ms
 from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
-from .run import FULL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary
+from .run import FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary
 from .store import datasets, history, listing, runs, staging, vectors
 
 # What a reconciliation lists of every dataset.
@@ -33,6 +35,10 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
     runs.RunInProgress, unless it made no progress for the portal's stale_after (it is marked
     abandoned) or ``takeover`` aborts it."""
     past = runs.status(conn, portal.url)
+    if reconcile and not CAPABILITIES[portal.type].reconcile:
+        log.info("%s is a %s catalogue, read whole on every run: there is nothing to reconcile", portal.name,
+                 portal.type)
+        reconcile = False
     plan = plan_run(past.watermark, full_sync=full_sync, backfill=backfill, lookback=portal.lookback,
                     reconcile=reconcile, last_full_sync=past.last_full_sync, full_sync_every=portal.full_sync_every,
                     last_reconciliation=past.last_reconciliation, reconcile_every=portal.reconcile_every)
@@ -44,22 +50,9 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
     return {"run_id": run.run_id, "mode": run.mode}
 
 
-def client_for(portal: Portal, **overrides) -> CkanClient:
-    """The portal's CKAN client, with its credentials: the API token of its ``conn_id`` (looked up
-    in Airflow; a missing connection is a CredentialsError naming it and the portal) and the
-    user:password taken out of its url."""
-    from .credentials import api_key
-
-    settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
-                "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
-                **overrides}
-    return CkanClient(portal.url, **settings)
-
-
-def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple[int, int]:
-    """Normalize fetched packages and COPY them into staging from ``seq`` on, logging the ones that
-    cannot be used; returns (how many were staged, how many of them failed)."""
-    records = [ds.normalize(pkg, portal.url) for pkg in packages]
+def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord]) -> tuple[int, int]:
+    """COPY normalized records into staging from ``seq`` on, logging the ones that cannot be used;
+    returns (how many were staged, how many of them failed)."""
     staging.write(conn, run_id, seq, records)
     runs.touch(conn, run_id)
     bad = [r for r in records if not r.ok]
@@ -68,37 +61,49 @@ def _stage(conn, portal: Portal, run_id: int, seq: int, packages: list) -> tuple
     return len(records), len(bad)
 
 
-def _stage_listing(conn, portal: Portal, run_id: int, client: CkanClient, since) -> dict:
+def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, listing: Listing,
+                   validators: dict | None = None) -> dict:
     staging.clear(conn, run_id)
     progress = Progress(f"fetch_modified {portal.name}", None, log)
     seq = failed = 0
-    for page in client.iter_pages(since, page_size=portal.page_size):
-        progress.total = getattr(client, "total", None) or progress.total
-        staged, bad = _stage(conn, portal, run_id, seq, page)
+    for page in source.iter_records(since, portal.page_size, listing, validators):
+        progress.total = getattr(source, "total", None) or progress.total
+        staged, bad = _stage(conn, run_id, seq, page)
         seq, failed = seq + staged, failed + bad
         progress.advance(staged)
     return {"fetched": seq - failed, "failed": failed}
 
 
 @contextlib.contextmanager
-def _portal_traffic(conn, run_id: int, client: CkanClient):
+def _portal_traffic(conn, run_id: int, source: Source):
     """Add the step's requests and bytes received to the run's stats, whether it succeeds or not:
     every attempt's calls to the portal count."""
-    requests0, bytes0 = client.requests_made, client.bytes_received
+    requests0, bytes0 = source.requests_made, source.bytes_received
     try:
         yield
     finally:
-        runs.add_counts(conn, run_id, {"portal_requests": client.requests_made - requests0,
-                                       "portal_bytes": client.bytes_received - bytes0})
+        runs.add_counts(conn, run_id, {"portal_requests": source.requests_made - requests0,
+                                       "portal_bytes": source.bytes_received - bytes0})
 
 
-def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dict:
-    """Stream the portal's modified records (all of them on a full sync) into staging, page by page."""
+def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
+    """Stream the portal's modified records (all of them on a full sync) into staging, page by page.
+
+    A source that cannot filter by modification time lists its whole catalogue on every run, so
+    the run becomes a full sync (removals included), unless the catalogue answered that it did not
+    change since the last committed run (a conditional request: nothing to process), or its
+    listing was cut short (a page loop or the page limit of a paged catalogue)."""
+    source = as_source(source, portal)
     run = runs.require_running(conn, run_id)
     started = time.monotonic()
-    with _portal_traffic(conn, run_id, client):
+    listing = Listing()
+    validators = None
+    if source.capabilities.conditional and run.mode != FULL:
+        validators = runs.source_validators(conn, portal.url)
+    with _portal_traffic(conn, run_id, source):
         try:
-            counts = _stage_listing(conn, portal, run_id, client, run.since if run.mode != FULL else None)
+            counts = _stage_listing(conn, portal, run_id, source, run.since if run.mode != FULL else None, listing,
+                                    validators)
         except FilterRejected as exc:
             # Only a filter the portal refuses or ignores makes this a full sync. Any other failure
             # (the portal down, an HTML page or broken JSON where its answer should be, a CKAN error
@@ -109,14 +114,34 @@ def fetch_modified(conn, portal: Portal, run_id: int, client: CkanClient) -> dic
             log.warning("the portal rejected or ignored the modified-since filter (%s); "
                         "falling back to a full sync of %s", exc, portal.name)
             runs.set_mode(conn, run_id, FULL, None)
-            counts = _stage_listing(conn, portal, run_id, client, None)
+            counts = _stage_listing(conn, portal, run_id, source, None, listing)
+    if not source.capabilities.incremental:
+        _settle_mode(conn, portal, run, listing)
     runs.add_stats(conn, run_id, counts)
     log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
-             summary(counts, ("fetched", "failed")), client.requests_made, client.bytes_received)
+             summary(counts, ("fetched", "failed")), source.requests_made, source.bytes_received)
     return {"run_id": run_id, **counts}
 
 
-def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_request: int = 100) -> dict:
+def _settle_mode(conn, portal: Portal, run, listing: Listing) -> None:
+    """A source without a modified-since filter: what its listing makes of the run."""
+    if listing.not_modified:
+        log.info("the catalogue of %s did not change since the last committed run (the portal answered "
+                 "304 Not Modified): nothing to process", portal.name)
+        if run.mode == FULL:
+            runs.set_mode(conn, run.run_id, INCREMENTAL, run.since)
+        return
+    if listing.validators:
+        runs.set_source_validators(conn, run.run_id, listing.validators)
+    if listing.complete and run.mode != FULL:
+        runs.set_mode(conn, run.run_id, FULL, None)  # the whole catalogue was read: removals apply
+    elif not listing.complete and run.mode == FULL:
+        log.warning("the listing of %s was cut short: this run cannot tell which datasets are gone, so it "
+                    "removes none", portal.name)
+        runs.set_mode(conn, run.run_id, INCREMENTAL, run.since)
+
+
+def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_request: int = 100) -> dict:
     """Make sure the run ends with an exact copy of the portal, cheaply.
 
     A full sync listed everything already: nothing to do. An incremental run that is not due to
@@ -124,12 +149,18 @@ def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_
     live plus what this run brings, it is done. Otherwise (or when due, or asked) it lists every
     identifier with its metadata_modified only, fetches in full what we lack or hold stale, and
     leaves the datasets the portal no longer lists to upsert, which removes them under the guard."""
+    source = as_source(source, portal)
     run = runs.require_running(conn, run_id)
     if run.mode == FULL:
         log.info("run %s of %s is a full sync: it listed the whole portal, nothing to reconcile", run_id, portal.name)
         return {"run_id": run_id, "reconciled": 0}
+    if not source.capabilities.reconcile:
+        log.info("%s is a %s catalogue: it cannot list identifiers apart, and a run that read it whole removes "
+                 "what it no longer lists; nothing to reconcile", portal.name, portal.type)
+        return {"run_id": run_id, "reconciled": 0}
+    client = source.client
     started = time.monotonic()
-    with _portal_traffic(conn, run_id, client):
+    with _portal_traffic(conn, run_id, source):
         reason = run.reconcile_reason
         if reason is None:
             total = client.count()
@@ -145,7 +176,7 @@ def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_
             runs.set_reconcile(conn, run_id, reason)
         else:
             log.info("reconcile: %s", reason)
-        counts = _reconcile(conn, portal, run_id, client, ids_per_request)
+        counts = _reconcile(conn, portal, run_id, source, ids_per_request)
     runs.add_stats(conn, run_id, counts)
     log.info("reconcile done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("reconcile_listed", "reconcile_missing", "reconcile_stale", "reconcile_fetched")),
@@ -156,7 +187,8 @@ def reconcile(conn, portal: Portal, run_id: int, client: CkanClient, *, ids_per_
 _reconcile_step = reconcile  # harvest()'s `reconcile` flag shadows the step's name
 
 
-def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_request: int) -> dict:
+def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_request: int) -> dict:
+    client = source.client
     listing.clear(conn, run_id)
     seq = listing.next_seq(conn, run_id)
     unusable = whole_records = 0
@@ -178,7 +210,7 @@ def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_re
             if not whole_records:
                 log.warning("reconcile: %s ignored fl=%s and sends whole records; reconciling from them as from "
                             "a full listing (same outcome, more bytes)", portal.name, ",".join(LISTING_FIELDS))
-            staged, _ = _stage(conn, portal, run_id, seq, full)
+            staged, _ = _stage(conn, run_id, seq, source.records(full))
             seq, whole_records = seq + staged, whole_records + staged
         progress.advance(len(page))
     if unusable:
@@ -192,7 +224,7 @@ def _reconcile(conn, portal: Portal, run_id: int, client: CkanClient, ids_per_re
     progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
     for ids in listing.iter_to_fetch(conn, run_id):
         for page in client.fetch_by_ids(ids, per_request=ids_per_request):
-            staged, _ = _stage(conn, portal, run_id, seq, page)
+            staged, _ = _stage(conn, run_id, seq, source.records(page))
             seq, fetched = seq + staged, fetched + staged
             progress.advance(staged)
     if not whole_records and fetched < to_fetch:
@@ -220,7 +252,8 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
         shards = plan_shards(pending, settings or EmbedSettings.from_env())
         out["pending_texts"] = pending
         out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards} for i in range(shards)]
-    log.info("hash_compare done: %s", summary(out, ("created", "updated", "unchanged", "failed", "review", "pending_texts")))
+    log.info("hash_compare done: %s", summary(out, ("created", "updated", "reidentified", "unchanged",
+                                                     "failed", "review", "pending_texts")))
     return out
 
 
@@ -306,15 +339,15 @@ def resume(conn, portal: Portal, run_id: int, dag_run_id: str | None, *, takeove
                     "complete it", run_id, portal.name, run.mode, before.status, before.error)
 
 
-def harvest(conn, reader, portal: Portal, client: CkanClient, provider: EmbeddingProvider, *,
+def harvest(conn, reader, portal: Portal, source: Source, provider: EmbeddingProvider, *,
             full_sync: bool = False, reconcile: bool = False, force_removals: bool = False,
             takeover: bool = False, dag_run_id: str | None = None) -> dict:
     """A whole run in one call (the CLI's `harvester harvest`); a failure marks the run failed."""
     run_id = begin(conn, portal, dag_run_id=dag_run_id, full_sync=full_sync, reconcile=reconcile,
                    takeover=takeover)["run_id"]
     try:
-        fetch_modified(conn, portal, run_id, client)
-        _reconcile_step(conn, portal, run_id, client)
+        fetch_modified(conn, portal, run_id, source)
+        _reconcile_step(conn, portal, run_id, source)
         hash_compare(conn, reader, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider)
         return upsert(conn, portal, run_id, provider.model, provider.max_batch, force_removals=force_removals)

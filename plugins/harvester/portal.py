@@ -23,7 +23,9 @@ from .changes import SignificanceConfig
 from .run import DEFAULT_STALE_AFTER
 
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
-PORTAL_TYPES = ("ckan",)
+# ckan: the CKAN Action API; dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a
+# DCAT-AP catalogue in RDF (sources/).
+PORTAL_TYPES = ("ckan", "dcat-json", "dcat-rdf")
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
@@ -87,6 +89,11 @@ class Portal:
     notify: tuple = ()
     # The text-search configuration its datasets are indexed with (`language:`; search.py).
     language: str = "simple"
+
+    @property
+    def language_code(self) -> str | None:
+        """The two-letter code of ``language`` (``de`` for german); None for ``simple``."""
+        return next((code for code, name in LANGUAGE_CODES.items() if name == self.language), None)
 
     @property
     def dag_id(self) -> str:
@@ -256,7 +263,15 @@ def _portal(entry: Any) -> Portal:
         lookback = parse_duration(entry["lookback"]) if "lookback" in entry else DEFAULT_LOOKBACK
     except ValueError as exc:
         raise ValueError(f"lookback {exc}") from None
-    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY, zero_ok=True)
+    if kind != "ckan":
+        # A DCAT catalogue is one document (or one paged listing): every run reads it whole.
+        for key in ("reconcile_every", "conn_id"):
+            if entry.get(key) is not None:
+                raise ValueError(f"{key} applies to type ckan only: a {kind} catalogue is read whole on every run"
+                                 + (" (removals are found every run)" if key == "reconcile_every" else
+                                    "; put user:password in the url for a catalogue behind Basic auth"))
+    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY if kind == "ckan" else None,
+                                         zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
     try:
         stale_after = parse_duration(entry["stale_after"]) if "stale_after" in entry else DEFAULT_STALE_AFTER

@@ -76,7 +76,7 @@ def fetch_modified(portal: Portal, run: dict) -> dict:
 
     with _connection() as conn:
         _resume(conn, portal, run)
-        return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.client_for(portal))
+        return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.source_for(portal))
 
 
 def reconcile(portal: Portal, run: dict) -> dict:
@@ -86,7 +86,7 @@ def reconcile(portal: Portal, run: dict) -> dict:
 
     with _connection() as conn:
         _resume(conn, portal, run)
-        return pipeline.reconcile(conn, portal, run["run_id"], pipeline.client_for(portal))
+        return pipeline.reconcile(conn, portal, run["run_id"], pipeline.source_for(portal))
 
 
 def _provider():

@@ -198,6 +198,18 @@ def _drop_staging(conn, run_ids: list[int]) -> None:
         conn.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", (run_ids,))
 
 
+def source_validators(conn, portal_url: str) -> dict | None:
+    """What the portal's catalogue said identifies it (ETag, Last-Modified) at the last committed run."""
+    row = conn.execute("SELECT source_validators FROM portal_sync_status WHERE portal_url = %s",
+                       (portal_url,)).fetchone()
+    return row[0] if row else None
+
+
+def set_source_validators(conn, run_id: int, validators: dict) -> None:
+    """The validators of what this run read; the portal's status takes them when the run commits."""
+    conn.execute("UPDATE sync_runs SET source_validators = %s WHERE run_id = %s", (Jsonb(validators), run_id))
+
+
 def add_stats(conn, run_id: int, stats: dict) -> None:
     """Merge a step's counts into the run's stats (a step's retry overwrites its own keys)."""
     conn.execute("UPDATE sync_runs SET stats = stats || %s, heartbeat_at = now() WHERE run_id = %s",
@@ -226,16 +238,18 @@ def commit(conn, run: RunRow, stats: dict, datasets_synced: int, listing_unusabl
     whole = run.lists_whole_portal
     conn.execute(
         "INSERT INTO portal_sync_status AS p (portal_url, portal_name, last_successful_sync, last_sync_mode,"
-        " sync_status, datasets_synced, last_full_sync, last_reconciliation, listing_unusable, updated_at)"
+        " sync_status, datasets_synced, last_full_sync, last_reconciliation, listing_unusable, updated_at,"
+        " source_validators)"
         " VALUES (%(url)s, %(name)s, %(start)s, %(mode)s, 'completed', %(synced)s, %(full)s, %(whole)s,"
-        " coalesce(%(unusable)s, 0), now())"
+        " coalesce(%(unusable)s, 0), now(), (SELECT r.source_validators FROM sync_runs r WHERE r.run_id = %(run)s))"
         " ON CONFLICT (portal_url) DO UPDATE SET portal_name = EXCLUDED.portal_name,"
         " last_successful_sync = EXCLUDED.last_successful_sync, last_sync_mode = EXCLUDED.last_sync_mode,"
         " sync_status = 'completed', datasets_synced = EXCLUDED.datasets_synced,"
         " last_full_sync = coalesce(EXCLUDED.last_full_sync, p.last_full_sync),"
         " last_reconciliation = coalesce(EXCLUDED.last_reconciliation, p.last_reconciliation),"
-        " listing_unusable = coalesce(%(unusable)s, p.listing_unusable), updated_at = now()",
-        {"url": run.portal_url, "name": run.portal_name, "start": run.started_at, "mode": run.mode,
+        " listing_unusable = coalesce(%(unusable)s, p.listing_unusable), updated_at = now(),"
+        " source_validators = coalesce(EXCLUDED.source_validators, p.source_validators)",
+        {"url": run.portal_url, "name": run.portal_name, "start": run.started_at, "mode": run.mode, "run": run.run_id,
          "synced": datasets_synced, "full": run.started_at if run.mode == "full" else None,
          "whole": run.started_at if whole else None, "unusable": listing_unusable if whole else None})
 
