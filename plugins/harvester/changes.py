@@ -102,7 +102,8 @@ DATE_CHANGED = "date_changed"
 METADATA_UPDATED = "metadata_updated"
 REMOVED = "removed"
 RESTORED = "restored"
-CHANGE_TYPES = (NEW, CONTENT_UPDATED, TITLE_CHANGED, DATE_CHANGED, METADATA_UPDATED, REMOVED, RESTORED)
+REIDENTIFIED = "reidentified"
+CHANGE_TYPES = (NEW, CONTENT_UPDATED, TITLE_CHANGED, DATE_CHANGED, METADATA_UPDATED, REMOVED, RESTORED, REIDENTIFIED)
 # Tie-break among kinds that contributed equally to a change's score, most significant first.
 KIND_ORDER = (CONTENT_UPDATED, TITLE_CHANGED, DATE_CHANGED, METADATA_UPDATED)
 
@@ -451,6 +452,20 @@ def restoration(old: Mapping | None, new: Mapping, config: SignificanceConfig = 
     return _change(RESTORED, changed, weights, (RESTORED, *ranked), config)
 
 
+def reidentification(old: Mapping | None, new: Mapping, old_id: str, new_id: str,
+                     config: SignificanceConfig = DEFAULT) -> Change:
+    """The portal gave a dataset a new identifier (same text, listed under another id): a
+    ``reidentified`` change recording both ids, plus whatever else changed, scored as that."""
+    changed = {"source_id": _value_change(old_id, new_id)}
+    if old is None:
+        return _change(REIDENTIFIED, changed, [], (REIDENTIFIED,), config)
+    fields = _changed_fields(old, new)
+    kinds = _kind_weights(old, new, fields, config)
+    ranked = _ranked(kinds)
+    return _change(REIDENTIFIED, {**changed, **fields}, [w for k in ranked for w in kinds[k]],
+                   (REIDENTIFIED, *ranked), config)
+
+
 # -- summary ------------------------------------------------------------------------------------
 def _names(keys: list[str], limit: int = 3) -> str:
     shown = ", ".join(keys[:limit])
@@ -483,6 +498,9 @@ def _description_summary(change: Mapping) -> str:
 def summarize(changed_fields: Mapping) -> str:
     """One line for humans, e.g. ``title; description (+35% length); tags +2 -1; resources: 1 format changed``."""
     parts = []
+    if "source_id" in changed_fields:
+        ids = changed_fields["source_id"]
+        parts.append(f"identifier {ids.get('old')} -> {ids.get('new')}")
     if "title" in changed_fields:
         parts.append("title")
     if "description" in changed_fields:

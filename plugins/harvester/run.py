@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Mapping
 
 STAT_KEYS = (
-    "fetched", "created", "updated", "unchanged", "failed", "skipped", "removed",
+    "fetched", "created", "updated", "unchanged", "failed", "skipped", "removed", "reidentified",
     "embedding_requests", "embedded", "embeddings_reused", "portal_requests", "portal_bytes",
 )
 # Also recorded: what the cache saved (estimates).

@@ -4,20 +4,25 @@ Everything is set-based: one statement per step for the whole run, never one per
 """
 from __future__ import annotations
 
-OUTCOMES = ("created", "updated", "unchanged", "failed")
+OUTCOMES = ("created", "updated", "unchanged", "failed", "reidentified")
 
 
 def classify(conn, run_id: int, portal_url: str) -> dict[str, int]:
     """Set each staged record's outcome: failed (unusable), duplicate (an older copy of a record
     fetched twice in the run), created, updated (content or metadata changed, or a removed dataset
-    back again) or unchanged. Returns the counts per outcome, and ``fetched``: usable records the
+    back again), unchanged, or reidentified (see ``_reidentify``). Returns the counts per outcome,
+    and ``fetched``: usable records the
     run fetched in full (by its listing and by a reconciliation), duplicates included."""
     params = {"run": run_id, "portal": portal_url}
     # Fresh statistics after the bulk load: planned on an empty staging table's, the self-joins
     # below become nested loops that take minutes on a 20k-record run instead of a second.
     conn.execute("ANALYZE staging_records")
+    whole = conn.execute("SELECT mode = 'full' OR reconcile_reason IS NOT NULL FROM sync_runs WHERE run_id = %(run)s",
+                         params).fetchone()
     with conn.transaction():
         _classify(conn, params)
+        if whole and whole[0]:
+            _reidentify(conn, params)
     counts = dict(conn.execute(
         "SELECT outcome, count(*) FROM staging_records WHERE run_id = %(run)s GROUP BY outcome", params).fetchall())
     out = {key: int(counts.get(key, 0)) for key in OUTCOMES}
@@ -54,6 +59,32 @@ def _classify(conn, params: dict) -> None:
         """, params)
 
 
+def _reidentify(conn, params: dict) -> None:
+    """In a run that listed the whole portal: a new record with exactly the text (content_hash) of
+    a live dataset the listing no longer shows is that dataset under a new identifier (portals
+    re-key: UUIDs replaced by codes). Its outcome becomes ``reidentified`` with the old id, so the
+    merge renames the dataset (history, versions and vector carried over) instead of creating one
+    and removing the other. Pairs are one to one: several with the same text pair in id order."""
+    conn.execute(
+        """
+        WITH gone AS (
+            SELECT d.source_id, d.content_hash,
+                   row_number() OVER (PARTITION BY d.content_hash ORDER BY d.source_id) AS n
+            FROM datasets d
+            WHERE d.portal_url = %(portal)s AND d.removed_at IS NULL
+              AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.run_id = %(run)s AND s.source_id = d.source_id)
+              AND NOT EXISTS (SELECT 1 FROM staging_listing l WHERE l.run_id = %(run)s AND l.source_id = d.source_id)
+        ), appeared AS (
+            SELECT seq, content_hash, row_number() OVER (PARTITION BY content_hash ORDER BY source_id) AS n
+            FROM staging_records WHERE run_id = %(run)s AND outcome = 'created'
+        )
+        UPDATE staging_records s SET outcome = 'reidentified', previous_source_id = g.source_id,
+            content_changed = false
+        FROM appeared a JOIN gone g ON g.content_hash = a.content_hash AND g.n = a.n
+        WHERE s.run_id = %(run)s AND s.seq = a.seq
+        """, params)
+
+
 def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple") -> dict[str, int]:
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
@@ -61,6 +92,14 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
     datasets are indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets
     left without a vector (embedding deferred)."""
     params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
+    # Re-identified datasets take their new id first; the upsert below then updates them in place.
+    conn.execute(
+        """
+        UPDATE datasets d SET source_id = s.source_id
+        FROM staging_records s
+        WHERE s.run_id = %(run)s AND s.outcome = 'reidentified'
+          AND d.portal_url = %(portal)s AND d.source_id = s.previous_source_id
+        """, params)
     conn.execute(
         """
         INSERT INTO datasets AS d (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
@@ -70,7 +109,7 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
             NULL, NULL, s.raw, %(config)s::regconfig
         FROM staging_records s
-        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
         ON CONFLICT (portal_url, source_id) DO UPDATE SET
             name = EXCLUDED.name, url = EXCLUDED.url, url_hash = EXCLUDED.url_hash,
             content_hash = EXCLUDED.content_hash, metadata_hash = EXCLUDED.metadata_hash,

@@ -48,13 +48,15 @@ from ..dataset import normalize_url, sha256_hex
 
 log = logging.getLogger(__name__)
 
-RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.RESTORED)
+RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.RESTORED,
+                  ch.REIDENTIFIED)
 
 _STAGED_COLUMNS = ("run_id", "source_id", "change_type", "changed_fields", "significance", "requires_review",
                    "snapshot", "new_version", "record_change")
 _STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool")
 
-# The run's created and updated records (classify leaves one per source_id: older copies are
+# The run's created, updated and reidentified records (the latter with the dataset under its old
+# id; classify leaves one per source_id: older copies are
 # 'duplicate'), and records seen unchanged whose dataset has no version yet (harvested before
 # history existed), each with the dataset's current version snapshot and removed_at. Without a
 # version, the dataset's row stands in for the old snapshot.
@@ -62,12 +64,13 @@ _TO_COMPARE = """
     SELECT s.source_id, s.title, s.description, s.raw, s.outcome, d.id, d.removed_at, v.snapshot,
            CASE WHEN v.dataset_id IS NULL THEN d.title END,
            CASE WHEN v.dataset_id IS NULL THEN d.description END,
-           CASE WHEN v.dataset_id IS NULL THEN d.raw END
+           CASE WHEN v.dataset_id IS NULL THEN d.raw END,
+           s.previous_source_id
     FROM staging_records s
-    LEFT JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
+    LEFT JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id)
     LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
     WHERE s.run_id = %(run)s
-      AND (s.outcome IN ('created', 'updated')
+      AND (s.outcome IN ('created', 'updated', 'reidentified')
            OR (s.outcome = 'unchanged' AND d.id IS NOT NULL AND v.dataset_id IS NULL))
     ORDER BY s.seq
 """
@@ -80,7 +83,7 @@ def clear(conn, run_id: int) -> None:
 
 def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
     source_id, title, description, raw, outcome, dataset_id, removed_at, current, old_title, old_description, \
-        old_raw = row
+        old_raw, previous_source_id = row
     new = ch.snapshot(title, description, raw)
     has_version = current is not None
     if has_version:
@@ -91,6 +94,8 @@ def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple
         old = None
     if dataset_id is None:
         change = ch.detect(None, new, config)
+    elif outcome == "reidentified":
+        change = ch.reidentification(old, new, previous_source_id, source_id, config)
     elif removed_at is not None:
         change = ch.restoration(old, new, config)
     else:
@@ -174,7 +179,7 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
     missing = conn.execute(
         """
         SELECT count(*) FROM staging_records s
-        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated')
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
           AND NOT EXISTS (SELECT 1 FROM staging_changes c WHERE c.run_id = s.run_id AND c.source_id = s.source_id)
         """, params).fetchone()[0]
     if missing:
@@ -314,7 +319,8 @@ def describe(change_type: str, changed_fields: dict) -> str:
     if text:
         return text
     return {ch.NEW: "first version", ch.REMOVED: "removed from the portal",
-            ch.RESTORED: "back on the portal, unchanged"}.get(change_type, "no field changes")
+            ch.RESTORED: "back on the portal, unchanged",
+            ch.REIDENTIFIED: "listed under a new identifier"}.get(change_type, "no field changes")
 
 
 def list_changes(conn, portal_url: str | None = None, *, review_only: bool = False, since: datetime | None = None,
