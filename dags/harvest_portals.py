@@ -17,10 +17,11 @@ from harvester.run import format_duration
 
 DOC = """
 ### Harvest {name}
-Harvests dataset metadata from the CKAN portal {url} into PostgreSQL + pgvector.
+Harvests dataset metadata from the {kind} portal {url} into PostgreSQL + pgvector.
 
 * **fetch_modified** lists datasets modified since the last completed run (minus a {lookback} overlap),
-  or all of them on a full sync, into a per-run staging table.
+  or all of them on a full sync, into a per-run staging table. A DCAT catalogue is read whole every run
+  (then a full sync), unless it answers that it did not change since the last one (HTTP 304).
 * **reconcile** asks the portal for its count (one request); when it disagrees with ours, when asked
   (`reconcile`) or {reconcile_every}, lists every identifier (ids and modification times only),
   fetches what we lack or hold stale, and lets upsert remove what the portal no longer lists.
@@ -49,8 +50,9 @@ def build(portal: Portal):
         catchup=False,
         max_active_runs=1,
         dagrun_timeout=timedelta(hours=12),
-        tags=["harvester", "ckan", portal.name],
-        doc_md=DOC.format(name=portal.name, url=portal.url, lookback=format_duration(portal.lookback),
+        tags=["harvester", portal.type, portal.name],
+        doc_md=DOC.format(name=portal.name, url=portal.url, kind=portal.type,
+                          lookback=format_duration(portal.lookback),
                           reconcile_every="when the last one is older than " + format_duration(portal.reconcile_every)
                           if portal.reconcile_every is not None else "(reconcile_every is off)",
                           stale_after=format_duration(portal.stale_after)),

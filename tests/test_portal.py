@@ -31,6 +31,16 @@ def test_defaults():
     assert p.max_removal_share == 0.2 and p.significance.title == 0.3 and p.significance.review_threshold == 0.7
 
 
+def test_dcat_types_and_their_defaults():
+    json_portal, rdf_portal = parse_portals({"portals": [
+        {"name": "ar", "url": "https://datos.gob.ar/data.json", "type": "dcat-json", "language": "es"},
+        {"name": "ch", "url": "https://ckan.opendata.swiss/catalog.xml", "type": "dcat-rdf", "language": "fr"}]})
+    assert (json_portal.type, json_portal.reconcile_every, json_portal.language_code) == ("dcat-json", None, "es")
+    assert (rdf_portal.type, rdf_portal.language, rdf_portal.language_code) == ("dcat-rdf", "french", "fr")
+    (ckan,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org"}]})
+    assert ckan.type == "ckan" and ckan.language_code is None
+
+
 def test_significance_overrides():
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "significance": {
         "title": 0.5, "review_threshold": 0.5}}]})
@@ -40,7 +50,12 @@ def test_significance_overrides():
 @pytest.mark.parametrize("entry, message", [
     ({"name": "bad name", "url": "https://x.org"}, "portals[0] (bad name): name 'bad name' must be letters"),
     ({"name": "x", "url": "ftp://x.org"}, "portals[0] (x): url 'ftp://x.org' must be an http(s) URL"),
-    ({"name": "x", "url": "https://x.org", "type": "dcat"}, "type 'dcat' is not supported; valid types are: ckan"),
+    ({"name": "x", "url": "https://x.org", "type": "dcat"},
+     "type 'dcat' is not supported; valid types are: ckan, dcat-json, dcat-rdf"),
+    ({"name": "x", "url": "https://x.org/data.json", "type": "dcat-json", "reconcile_every": "1d"},
+     "portals[0] (x): reconcile_every applies to type ckan only: a dcat-json catalogue is read whole on every run"),
+    ({"name": "x", "url": "https://x.org/catalog.ttl", "type": "dcat-rdf", "conn_id": "x_token"},
+     "conn_id applies to type ckan only: a dcat-rdf catalogue is read whole on every run; put user:password in"),
     ({"name": "x", "url": "https://x.org", "page_size": 5000}, "page_size 5000 must be a whole number from 1 to 1000"),
     ({"name": "x", "url": "https://x.org", "lookback": "soon"}, "lookback 'soon' is not a duration"),
     ({"name": "x", "url": "https://x.org", "schedule": "@sometimes"}, "schedule '@sometimes' is not a preset"),
