@@ -1,0 +1,641 @@
+"""DCAT-AP catalogues in RDF (``dcat-rdf``): RDF/XML, Turtle or JSON-LD pages, Hydra-paged.
+
+Each ``dcat:Dataset`` of a page becomes a ``DatasetRecord`` whose ``raw`` is a CKAN-shaped package
+(``id``, ``title``, ``notes``, ``tags``, ``organization``, ``groups``, ``resources``, ``license_id``,
+``metadata_modified``, ``extras``, ...), so hashes, change detection and search keys work on it
+exactly as on a CKAN package. The mapping (``records_from_graph``) needs no network.
+
+- Identity: the dataset's IRI; a blank node is named by its ``dct:identifier``, else by its
+  landing page (``landing:<sha256 of the normalized URL>``), else the record is failed.
+- Text: the literal in the preferred language (``language``, else English, else untagged, else
+  the first tag in sorted order); every language is kept in ``translations`` (title, description,
+  keywords).
+- Dates are kept as written; a lexical form that is not a date leaves ``metadata_modified`` None.
+- Everything else the dataset says (identifier, spatial, temporal, contact point, ...) goes into
+  ``extras``, blank nodes written out as nested dicts, so the metadata hash sees it.
+
+Paging (``iter_pages``) follows Hydra ``next`` / legacy ``nextPage`` links of the page's
+``PagedCollection`` / ``PartialCollectionView`` node; a page seen twice or more than ``max_pages``
+pages end the listing with a warning (``complete`` False). A page that does not parse raises
+``RdfParseError`` naming the URL. Remote JSON-LD ``@context`` documents are fetched through the
+same ``fetch`` (never by rdflib itself), once per listing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import unicodedata
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import urljoin, urlsplit
+
+import rdflib
+from rdflib import BNode, Graph, Literal, URIRef
+from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
+
+from ..dataset import (DatasetRecord, clean_text, content_hash, embedding_text, metadata_hash, normalize_url,
+                       parse_timestamp, sha256_hex)
+from .base import Capabilities, Listing, SourceError
+from .http import scrub_url
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str], tuple[bytes, str]]
+
+ACCEPT = "application/rdf+xml, text/turtle, application/ld+json;q=0.9, */*;q=0.1"
+VCARD = Namespace("http://www.w3.org/2006/vcard/ns#")
+# The W3C namespace and the one Hydra had before it moved there (all the samples use the W3C one).
+HYDRA_NAMESPACES = (Namespace("http://www.w3.org/ns/hydra/core#"), Namespace("http://purl.org/hydra/core#"))
+
+_CONTENT_TYPES = {
+    "application/rdf+xml": "xml", "application/xml": "xml", "text/xml": "xml",
+    "text/turtle": "turtle", "application/x-turtle": "turtle", "text/n3": "n3",
+    "application/n-triples": "nt", "application/ld+json": "json-ld", "application/json": "json-ld",
+}
+_SUFFIXES = {".rdf": "xml", ".xml": "xml", ".owl": "xml", ".ttl": "turtle", ".n3": "n3", ".nt": "nt",
+             ".jsonld": "json-ld", ".json": "json-ld"}
+_GUESS_ORDER = ("xml", "turtle", "json-ld")
+_MAX_CONTEXT_FETCHES = 10  # remote JSON-LD contexts per page
+_NODE_DEPTH = 3  # how deep blank nodes are written out into extras
+
+# Predicates mapped to package fields; everything else the dataset says goes into extras.
+_MAPPED = frozenset({
+    RDF.type, DCTERMS.title, DCTERMS.description, DCAT.keyword, DCTERMS.publisher, DCAT.theme,
+    DCAT.distribution, DCTERMS.license, DCTERMS.modified, DCTERMS.issued, DCAT.landingPage,
+})
+# IRI objects of these predicates are written out (like blank nodes) when the page describes them.
+_EXPANDED = frozenset({DCAT.contactPoint, DCTERMS.temporal, DCTERMS.spatial})
+_PREFIXES = {
+    str(DCTERMS): "dct", str(DCAT): "dcat", str(FOAF): "foaf", str(VCARD): "vcard", str(RDF): "rdf",
+    str(RDFS): "rdfs", str(SKOS): "skos", "http://www.w3.org/ns/adms#": "adms", "http://schema.org/": "schema",
+    "http://spdx.org/rdf/terms#": "spdx", "http://data.europa.eu/r5r/": "dcatap",
+    "http://dcat-ap.de/def/dcatde/": "dcatde", "http://www.w3.org/2002/07/owl#": "owl",
+    "http://www.w3.org/ns/prov#": "prov", "http://www.w3.org/ns/locn#": "locn",
+    "http://data.europa.eu/930/": "geodcatap", "http://www.w3.org/ns/odrl/2/": "odrl",
+}
+
+
+class RdfParseError(ValueError):
+    """A page could not be read as RDF; the message names its URL and the parser's error."""
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def rdf_format(content_type: str | None, url: str) -> str | None:
+    """The rdflib format named by the Content-Type, else by the URL's suffix; None: unknown."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media in _CONTENT_TYPES:
+        return _CONTENT_TYPES[media]
+    path = urlsplit(url).path.lower()
+    for suffix, fmt in _SUFFIXES.items():
+        if path.endswith(suffix):
+            return fmt
+    return None
+
+
+def parse_page(body: bytes, content_type: str | None, url: str, *, fetch: Fetch | None = None,
+               contexts: dict[str, Any] | None = None) -> Graph:
+    """One page as a graph (relative IRIs resolved against ``url``). Without a known format, RDF/XML,
+    Turtle and JSON-LD are tried in turn. Remote JSON-LD contexts are fetched with ``fetch`` (an
+    error without it) and kept in ``contexts``."""
+    fmt = rdf_format(content_type, url)
+    tries = (fmt,) if fmt else _GUESS_ORDER
+    errors = []
+    for candidate in tries:
+        try:
+            graph = _parse_as(body, candidate, url, fetch, contexts if contexts is not None else {})
+        except (SourceError, RdfParseError):
+            raise
+        except Exception as exc:  # rdflib raises many kinds (SAXParseException, BadSyntax, ...)
+            errors.append(f"{candidate}: {type(exc).__name__}: {_shorten(str(exc))}")
+            continue
+        if _is_catalogue(graph):
+            return graph
+        errors.append(f"{candidate}: {len(graph)} statements, none of them DCAT or Hydra")
+    raise RdfParseError(f"{scrub_url(url)}: not readable as a DCAT catalogue ({'; '.join(errors)})")
+
+
+def _is_catalogue(graph: Graph) -> bool:
+    """Whether the graph says anything in DCAT or Hydra terms. RDF/XML parsers read any XML (an
+    HTML error page becomes a few meaningless statements): such a page must not pass for an empty
+    catalogue."""
+    namespaces = (str(DCAT), *(str(ns) for ns in HYDRA_NAMESPACES))
+    return any(str(p).startswith(namespaces) or (p == RDF.type and str(o).startswith(namespaces))
+               for _, p, o in graph)
+
+
+_NORMALIZE_LOCK = threading.Lock()
+
+
+@contextmanager
+def _lexical_forms_as_written() -> Iterator[None]:
+    """rdflib rewrites the lexical form of every literal it can read as its datatype (by default, a
+    process-wide switch): "1994-01-01 00:00:00" becomes "1994-01-01T00:00:00", an xsd:date
+    "2006-11-21T01:02:03" loses its time. Off while we parse, so values stay as the portal wrote them."""
+    with _NORMALIZE_LOCK:
+        before = rdflib.NORMALIZE_LITERALS
+        rdflib.NORMALIZE_LITERALS = False
+        try:
+            yield
+        finally:
+            rdflib.NORMALIZE_LITERALS = before
+
+
+def _parse_as(body: bytes, fmt: str, url: str, fetch: Fetch | None, contexts: dict[str, Any]) -> Graph:
+    graph = Graph()
+    if fmt == "json-ld":
+        data: str | bytes = json.dumps(_inline_contexts(json.loads(body), url, fetch, contexts))
+    else:
+        data = body
+    with _lexical_forms_as_written():
+        graph.parse(data=data, format=fmt, publicID=url)
+    return graph
+
+
+def _inline_contexts(document: Any, url: str, fetch: Fetch | None, contexts: dict[str, Any]) -> Any:
+    """The JSON-LD document with every remote ``@context`` (and ``@import``) replaced by its content,
+    so rdflib never opens a URL itself."""
+    budget = [_MAX_CONTEXT_FETCHES]
+    active: list[str] = []  # the remote contexts being inlined, to stop one that includes itself
+
+    def remote(ref: str, base: str) -> Any:
+        target = urljoin(base, ref)
+        where = f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)}"
+        if target in active:
+            raise RdfParseError(f"{where} includes itself")
+        if target not in contexts:
+            if fetch is None:
+                raise RdfParseError(f"{where} (nothing to fetch it with)")
+            if budget[0] <= 0:
+                raise RdfParseError(f"{where}: more than {_MAX_CONTEXT_FETCHES} remote contexts in one page")
+            budget[0] -= 1
+            contexts[target] = _fetch_context(target, url, fetch)
+        active.append(target)
+        try:
+            return walk(contexts[target], target)
+        finally:
+            active.pop()
+
+    def context_value(value: Any, base: str) -> Any:
+        if isinstance(value, str):
+            return remote(value, base)
+        if isinstance(value, list):
+            return [context_value(v, base) for v in value]
+        if isinstance(value, dict) and isinstance(value.get("@import"), str):
+            imported = remote(value["@import"], base)
+            rest = {k: v for k, v in value.items() if k != "@import"}
+            return {**imported, **rest} if isinstance(imported, dict) else rest
+        return value
+
+    def walk(node: Any, base: str) -> Any:
+        if isinstance(node, list):
+            return [walk(v, base) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: walk(v, base) for k, v in node.items() if k != "@context"}
+        if "@context" in node:
+            out["@context"] = walk(context_value(node["@context"], base), base)
+        return out
+
+    return walk(document, url)
+
+
+def _fetch_context(target: str, url: str, fetch: Fetch) -> Any:
+    try:
+        body, _ = fetch(target)
+        document = json.loads(body)
+    except SourceError:
+        raise
+    except Exception as exc:
+        raise RdfParseError(f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)}: "
+                            f"{type(exc).__name__}: {_shorten(str(exc))}") from exc
+    if not isinstance(document, dict) or "@context" not in document:
+        raise RdfParseError(f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)} has no @context")
+    return document["@context"]
+
+
+def _shorten(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# -- literals and nodes ------------------------------------------------------------------------
+def _lang(literal: Literal) -> str:
+    return (literal.language or "").lower()
+
+
+def _literals(graph: Graph, node: Any, predicate: URIRef) -> list[Literal]:
+    return sorted((o for o in graph.objects(node, predicate) if isinstance(o, Literal)),
+                  key=lambda lit: (_lang(lit), str(lit)))
+
+
+def pick_language(literals: Iterable[Literal], language: str | None) -> Literal | None:
+    """The literal in ``language`` (an ISO 639-1 code; "de" also takes "de-CH"), else English, else
+    untagged, else the first in (tag, text) order."""
+    ordered = sorted(literals, key=lambda lit: (_lang(lit), str(lit)))
+    if not ordered:
+        return None
+    for wanted in ([language.lower()] if language else []) + ["en"]:
+        for exact in (True, False):
+            for lit in ordered:
+                tag = _lang(lit)
+                if tag == wanted if exact else tag.split("-")[0] == wanted:
+                    return lit
+    untagged = [lit for lit in ordered if not lit.language]
+    return (untagged or ordered)[0]
+
+
+def _text(graph: Graph, node: Any, predicate: URIRef, language: str | None) -> str | None:
+    lit = pick_language(_literals(graph, node, predicate), language)
+    return str(lit) if lit is not None else None
+
+
+def _by_language(literals: Iterable[Literal]) -> dict[str, str]:
+    """One text per language tag ("" for untagged): the first in sorted order when several."""
+    out: dict[str, str] = {}
+    for lit in sorted(literals, key=lambda lit: (_lang(lit), str(lit))):
+        out.setdefault(_lang(lit), str(lit))
+    return out
+
+
+def _values(graph: Graph, node: Any, predicate: URIRef) -> list[str]:
+    """The predicate's objects as strings (IRIs and lexical forms; blank nodes left out), sorted."""
+    return sorted({str(o) for o in graph.objects(node, predicate) if not isinstance(o, BNode)})
+
+
+def _is_http(value: str | None) -> bool:
+    return bool(value) and urlsplit(value).scheme.lower() in ("http", "https")
+
+
+def _first_url(values: list[str]) -> str | None:
+    """The first http(s) value, else the first value."""
+    return next((v for v in values if _is_http(v)), values[0] if values else None)
+
+
+def _compact(iri: str) -> str:
+    for namespace, prefix in _PREFIXES.items():
+        if iri.startswith(namespace) and len(iri) > len(namespace):
+            return f"{prefix}:{iri[len(namespace):]}"
+    return iri
+
+
+def _iri_tail(value: str) -> str:
+    return re.split(r"[/#]", value.rstrip("/#"))[-1] or value
+
+
+def _sort_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _plain(values: list[Any]) -> Any:
+    values = sorted(values, key=_sort_key)
+    return values[0] if len(values) == 1 else values
+
+
+def _node_value(graph: Graph, node: Any, depth: int, expand_iri: bool = False) -> Any:
+    """A node as JSON: literals by their lexical form, IRIs as strings, blank nodes (and, with
+    ``expand_iri``, described IRIs) as dicts of their properties, ``depth`` levels deep."""
+    if isinstance(node, Literal):
+        return str(node)
+    described = isinstance(node, BNode) or (expand_iri and (node, None, None) in graph)
+    if not described:
+        return str(node)
+    if depth <= 0:
+        return {} if isinstance(node, BNode) else str(node)
+    props = _properties(graph, node, depth - 1, skip=frozenset())
+    return props if isinstance(node, BNode) else {"@id": str(node), **props}
+
+
+def _properties(graph: Graph, node: Any, depth: int, skip: frozenset) -> dict[str, Any]:
+    grouped: dict[str, list[Any]] = {}
+    for predicate, obj in graph.predicate_objects(node):
+        if predicate in skip:
+            continue
+        value = _node_value(graph, obj, depth, expand_iri=predicate in _EXPANDED)
+        grouped.setdefault(_compact(str(predicate)), []).append(value)
+    return {key: _plain(values) for key, values in sorted(grouped.items())}
+
+
+# -- the mapping -------------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:100]
+
+
+def _organization(graph: Graph, dataset: Any, language: str | None) -> dict | None:
+    publishers = sorted(graph.objects(dataset, DCTERMS.publisher), key=lambda p: (isinstance(p, BNode), str(p)))
+    if not publishers:
+        return None
+    publisher = publishers[0]
+    if isinstance(publisher, Literal):
+        title = str(publisher)
+    else:
+        names = [lit for p in (FOAF.name, VCARD.fn, VCARD["organization-name"], SKOS.prefLabel, RDFS.label)
+                 for lit in _literals(graph, publisher, p)]
+        lit = pick_language(names, language)
+        title = str(lit) if lit is not None else (str(publisher) if isinstance(publisher, URIRef) else None)
+    if not title:
+        return None
+    org = {"title": clean_text(title), "name": _slug(title) or sha256_hex(title)[:16]}
+    if isinstance(publisher, URIRef):
+        org["id"] = str(publisher)
+    return org
+
+
+def _format(graph: Graph, distribution: Any) -> tuple[str, str]:
+    """(format, media type) of a distribution. The format is dct:format (an IRI's last segment, a
+    described node's label, a literal as written), else the media type's subtype ("text/csv" -> "csv")."""
+    def label(node: Any) -> str:
+        if isinstance(node, BNode):
+            for predicate in (RDFS.label, SKOS.prefLabel, RDF.value):
+                lit = pick_language(_literals(graph, node, predicate), None)
+                if lit is not None:
+                    return str(lit).strip()
+            return ""
+        return str(node).strip()
+
+    def first(predicate: URIRef) -> str:
+        found = sorted(filter(None, (label(o) for o in graph.objects(distribution, predicate))))
+        return found[0] if found else ""
+
+    media_type = first(DCAT.mediaType)
+    if "/media-types/" in media_type:  # an IANA IRI
+        media_type = media_type.split("/media-types/", 1)[1]
+    fmt = first(DCTERMS.format)
+    if fmt and ("/" in fmt or "#" in fmt):  # an IRI, or a media type written as the format
+        fmt = _iri_tail(fmt)
+    return fmt or (_iri_tail(media_type) if media_type else ""), media_type
+
+
+def _resources(graph: Graph, dataset: Any, language: str | None) -> list[dict]:
+    resources = []
+    for distribution in graph.objects(dataset, DCAT.distribution):
+        url = (_first_url(_values(graph, distribution, DCAT.downloadURL))
+               or _first_url(_values(graph, distribution, DCAT.accessURL))
+               or (str(distribution) if isinstance(distribution, URIRef) else ""))
+        fmt, media_type = _format(graph, distribution)
+        resource = {"url": url, "format": fmt, "name": clean_text(_text(graph, distribution, DCTERMS.title, language)),
+                    "description": clean_text(_text(graph, distribution, DCTERMS.description, language)),
+                    "mimetype": media_type, "license": _first_url(_values(graph, distribution, DCTERMS.license))}
+        if isinstance(distribution, URIRef):
+            resource["id"] = str(distribution)
+        resources.append(resource)
+    return sorted(resources, key=lambda r: (r["url"], r["format"], r["name"], r.get("id", "")))
+
+
+def _licenses(graph: Graph, dataset: Any) -> list[str]:
+    """The dataset's licences (IRIs first), else its distributions'."""
+    own = _values(graph, dataset, DCTERMS.license)
+    if not own:
+        own = sorted({v for d in graph.objects(dataset, DCAT.distribution) for v in _values(graph, d, DCTERMS.license)})
+    return sorted(own, key=lambda v: (not _is_http(v), v))
+
+
+def _modified(graph: Graph, dataset: Any) -> str | None:
+    """dct:modified of the dataset, else of the catalogue record about it (the lexical form)."""
+    values = _values(graph, dataset, DCTERMS.modified)
+    if not values:
+        values = sorted({v for record in graph.subjects(FOAF.primaryTopic, dataset)
+                         for v in _values(graph, record, DCTERMS.modified)})
+    return values[-1] if values else None
+
+
+def _identity(graph: Graph, dataset: Any, landing: str | None) -> str | None:
+    if isinstance(dataset, URIRef):
+        return str(dataset)
+    identifiers = [v.strip() for v in _values(graph, dataset, DCTERMS.identifier) if v.strip()]
+    if identifiers:
+        return identifiers[0]
+    if landing:
+        return "landing:" + sha256_hex(normalize_url(landing))[:32]
+    return None
+
+
+def _failed(graph: Graph, dataset: Any, dataset_id: str | None, title: str | None, reason: str,
+            catalog_url: str) -> DatasetRecord:
+    raw = {"id": dataset_id, "title": title, "catalog": catalog_url,
+           "properties": _properties(graph, dataset, _NODE_DEPTH, skip=frozenset())}
+    return DatasetRecord(source_id=None, raw=raw, error=reason)
+
+
+def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str | None) -> DatasetRecord:
+    """One ``dcat:Dataset`` node as a record (failed, with the reason, when it has no identity or title)."""
+    titles = _literals(graph, dataset, DCTERMS.title)
+    descriptions = _literals(graph, dataset, DCTERMS.description)
+    description_predicate = DCTERMS.description
+    if not descriptions and (dataset, DCTERMS.abstract, None) in graph:
+        descriptions, description_predicate = _literals(graph, dataset, DCTERMS.abstract), DCTERMS.abstract
+    title_lit = pick_language(titles, language)
+    landing = _first_url(_values(graph, dataset, DCAT.landingPage))
+    dataset_id = _identity(graph, dataset, landing)
+    title = clean_text(title_lit) if title_lit is not None else ""
+    if dataset_id is None:
+        return _failed(graph, dataset, None, title or None,
+                       f"dataset {title or '(untitled)'!r} has no IRI, dct:identifier or dcat:landingPage", catalog_url)
+    if not title:
+        return _failed(graph, dataset, dataset_id, None, f"dataset {dataset_id!r} has no dct:title", catalog_url)
+
+    description_lit = pick_language(descriptions, language)
+    keywords = _literals(graph, dataset, DCAT.keyword)
+    licenses = _licenses(graph, dataset)
+    modified = _modified(graph, dataset)
+    extras = _properties(graph, dataset, _NODE_DEPTH, skip=_MAPPED | {description_predicate})
+    if len(licenses) > 1:
+        extras["dct:license"] = licenses
+    tags = sorted({str(k).strip() for k in keywords if str(k).strip()})
+    keywords_by_language: dict[str, list[str]] = {}
+    for k in keywords:
+        keywords_by_language.setdefault(_lang(k), []).append(str(k).strip())
+    package = {
+        "id": dataset_id,
+        "title": str(title_lit),
+        "notes": str(description_lit) if description_lit is not None else "",
+        "url": landing,
+        "issued": (_values(graph, dataset, DCTERMS.issued) or [None])[0],
+        "metadata_modified": modified,
+        "license_id": licenses[0] if licenses else None,
+        "organization": _organization(graph, dataset, language),
+        "tags": [{"name": t} for t in tags],
+        "groups": [{"name": g} for g in _values(graph, dataset, DCAT.theme)],
+        "resources": _resources(graph, dataset, language),
+        "extras": [{"key": k, "value": v} for k, v in sorted(extras.items())],
+        "translations": {"title": _by_language(titles), "description": _by_language(descriptions),
+                         "keywords": {lang: sorted(set(ks)) for lang, ks in sorted(keywords_by_language.items())}},
+    }
+    description = clean_text(package["notes"])
+    url = landing if _is_http(landing) else dataset_id if _is_http(dataset_id) else f"{catalog_url}#{dataset_id}"
+    return DatasetRecord(
+        source_id=dataset_id,
+        name=None,
+        url=url,
+        url_hash=sha256_hex(normalize_url(url)),
+        title=title,
+        description=description,
+        tags=tags,
+        organization=(package["organization"] or {}).get("title"),
+        metadata_modified=parse_timestamp(modified),
+        content_hash=content_hash(embedding_text(title, description)),
+        metadata_hash=metadata_hash(package),
+        raw=package,
+    )
+
+
+def records_from_graph(graph: Graph, catalog_url: str, language: str | None) -> list[DatasetRecord]:
+    """Every ``dcat:Dataset`` of the graph as a record, in id order (failed records last)."""
+    nodes = set(graph.subjects(RDF.type, DCAT.Dataset))
+    records = [record_from_node(graph, node, catalog_url, language) for node in nodes]
+    return sorted(records, key=lambda r: (r.source_id is None, r.source_id or "", r.error or ""))
+
+
+# -- paging ------------------------------------------------------------------------------------
+def next_page(graph: Graph, page_url: str) -> str | None:
+    """The Hydra next page of this page, resolved against its URL: ``next`` / ``nextPage`` of the
+    paging node (the node named by the page's own URL first, then typed paging nodes, then any)."""
+    views = {s for ns in HYDRA_NAMESPACES for cls in (ns.PagedCollection, ns.PartialCollectionView)
+             for s in graph.subjects(RDF.type, cls)}
+    links = [(s, str(o).strip()) for ns in HYDRA_NAMESPACES for p in (ns.next, ns.nextPage)
+             for s, o in graph.subject_objects(p) if str(o).strip()]
+    if not links:
+        return None
+    ranked = sorted(links, key=lambda sl: (str(sl[0]) != page_url, sl[0] not in views, sl[1]))
+    chosen = ranked[0][1]
+    others = {link for _, link in ranked[1:]} - {chosen}
+    if others:
+        log.warning("%s: several Hydra next pages (%s); following %s", scrub_url(page_url),
+                    ", ".join(sorted(others)), chosen)
+    return urljoin(page_url, chosen)
+
+
+def total_items(graph: Graph) -> int | None:
+    """``hydra:totalItems`` of the page (the largest, when several nodes say), None if absent."""
+    totals = []
+    for ns in HYDRA_NAMESPACES:
+        for value in graph.objects(None, ns.totalItems):
+            try:
+                totals.append(int(str(value)))
+            except ValueError:
+                pass
+    return max(totals) if totals else None
+
+
+class RdfListing(Iterator[list[DatasetRecord]]):
+    """The pages of one listing from ``url`` on; its counters say how it went: ``pages`` fetched,
+    records ``listed``, ``loop_cut`` when a page came round again, ``complete`` once it ended by
+    itself (not by a loop or the page limit), ``total`` from the first page's hydra:totalItems."""
+
+    def __init__(self, url: str, fetch: Fetch, *, language: str | None = None, max_pages: int = 1000):
+        self.url, self.fetch, self.language, self.max_pages = url, fetch, language, max_pages
+        self.pages = 0
+        self.listed = 0
+        self.loop_cut = False
+        self.complete = False
+        self.total: int | None = None
+        self._contexts: dict[str, Any] = {}
+        self._pages = self._generate()
+
+    def __next__(self) -> list[DatasetRecord]:
+        return next(self._pages)
+
+    def _generate(self) -> Iterator[list[DatasetRecord]]:
+        seen_pages: set[str] = set()
+        seen_ids: set[str] = set()
+        page_url: str | None = self.url
+        while page_url:
+            if normalize_url(page_url) in seen_pages:
+                log.warning("%s: page %s came round again; listing cut there", scrub_url(self.url), scrub_url(page_url))
+                self.loop_cut = True
+                return
+            if self.pages >= self.max_pages:
+                log.warning("%s: more than %d pages; listing stopped before %s", scrub_url(self.url), self.max_pages,
+                            scrub_url(page_url))
+                return
+            seen_pages.add(normalize_url(page_url))
+            body, content_type = self.fetch(page_url)
+            self.pages += 1
+            graph = parse_page(body, content_type, page_url, fetch=self.fetch, contexts=self._contexts)
+            if self.pages == 1:
+                self.total = total_items(graph)
+            records = self._new_records(records_from_graph(graph, self.url, self.language), seen_ids)
+            self.listed += len(records)
+            if records:
+                yield records
+            page_url = next_page(graph, page_url)
+        self.complete = True
+
+    @staticmethod
+    def _new_records(records: list[DatasetRecord], seen_ids: set[str]) -> list[DatasetRecord]:
+        fresh = []
+        for record in records:
+            if record.source_id is not None:
+                if record.source_id in seen_ids:
+                    continue
+                seen_ids.add(record.source_id)
+            fresh.append(record)
+        return fresh
+
+
+def iter_pages(url: str, fetch: Fetch, *, language: str | None = None, max_pages: int = 1000) -> RdfListing:
+    """The datasets of the catalogue at ``url``, a list per page; ``fetch(url) -> (body, content type)``.
+    The returned iterator carries the listing's counters (``pages``, ``listed``, ``loop_cut``, ``complete``)."""
+    return RdfListing(url, fetch, language=language, max_pages=max_pages)
+
+
+class DcatRdfSource:
+    """A DCAT-AP RDF catalogue over HTTP (``fetcher``: an ``http.HttpFetcher``). Lists the whole
+    catalogue every run: no incremental or conditional requests, no reconciliation."""
+
+    kind = "dcat-rdf"
+    capabilities = Capabilities()
+
+    def __init__(self, url: str, *, fetcher, language: str | None = None, max_pages: int = 1000):
+        self.url, self.fetcher, self.language, self.max_pages = url, fetcher, language, max_pages
+        self._listing: RdfListing | None = None
+
+    def __repr__(self) -> str:
+        return f"DcatRdfSource({scrub_url(self.url)!r})"
+
+    def fetch(self, url: str) -> tuple[bytes, str]:
+        resp = self.fetcher.get(url, headers={"Accept": ACCEPT})
+        if not 200 <= resp.status_code < 300:
+            raise SourceError(f"{scrub_url(self.url)}: GET {scrub_url(url)}: HTTP {resp.status_code}")
+        return resp.content, resp.headers.get("Content-Type", "")
+
+    def iter_pages(self) -> Iterator[list[DatasetRecord]]:
+        self._listing = iter_pages(self.url, self.fetch, language=self.language, max_pages=self.max_pages)
+        return self._listing
+
+    def iter_records(self, since=None, page_size: int | None = None, listing: Listing | None = None,
+                     validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
+        """``base.Source``: the whole catalogue whatever ``since`` (the portal cannot filter)."""
+        yield from self.iter_pages()
+        if listing is not None:
+            listing.complete = self.complete
+
+    @property
+    def pages(self) -> int:
+        return self._listing.pages if self._listing else 0
+
+    @property
+    def listed(self) -> int:
+        return self._listing.listed if self._listing else 0
+
+    @property
+    def loop_cut(self) -> bool:
+        return bool(self._listing and self._listing.loop_cut)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._listing and self._listing.complete)
+
+    @property
+    def total(self) -> int | None:
+        return self._listing.total if self._listing else None
+
+    @property
+    def requests_made(self) -> int:
+        return getattr(self.fetcher, "requests_made", 0)
+
+    @property
+    def bytes_received(self) -> int:
+        return getattr(self.fetcher, "bytes_received", 0)
