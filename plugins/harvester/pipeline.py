@@ -133,11 +133,13 @@ def _settle_mode(conn, portal: Portal, run, listing: Listing) -> None:
         return
     if listing.validators:
         runs.set_source_validators(conn, run.run_id, listing.validators)
-    if listing.complete and run.mode != FULL:
-        runs.set_mode(conn, run.run_id, FULL, None)  # the whole catalogue was read: removals apply
-    elif not listing.complete and run.mode == FULL:
-        log.warning("the listing of %s was cut short: this run cannot tell which datasets are gone, so it "
-                    "removes none", portal.name)
+    if listing.complete:
+        if run.mode != FULL:
+            runs.set_mode(conn, run.run_id, FULL, None)  # the whole catalogue was read: removals apply
+        return
+    log.warning("the listing of %s was cut short: this run cannot tell which datasets are gone, so it "
+                "removes none", portal.name)
+    if run.mode == FULL:
         runs.set_mode(conn, run.run_id, INCREMENTAL, run.since)
 
 
