@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import tracemalloc
+import zlib
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -480,6 +481,8 @@ class CatalogueServer:
         if path == "/gzip-encoded.json":
             assert "gzip" in headers.get("accept-encoding", "")
             return 200, {**validators, "Content-Encoding": "gzip"}, self.gzipped
+        if path == "/deflate-encoded.json":
+            return 200, {"Content-Encoding": "deflate"}, zlib.compress(self.body)
         if path == "/data.json.gz":
             return 200, {"Content-Type": "application/gzip"}, self.gzipped
         if path == "/cut.json":
@@ -537,10 +540,12 @@ def test_a_catalogue_over_http_then_not_modified(server):
     assert "if-none-match" not in server.requests[-1][1]
 
 
-def test_a_gzip_answer_streams_and_counts_compressed_bytes(server):
+def test_compressed_answers_stream_and_count_compressed_bytes(server):
     encoded = source(server.url + "/gzip-encoded.json")
     assert sum(len(p) for p in encoded.iter_pages(None)) == 639
     assert encoded.bytes_received == len(server.gzipped) < len(server.body) / 5
+    deflated = source(server.url + "/deflate-encoded.json")
+    assert sum(len(p) for p in deflated.iter_pages(None)) == 639
     as_file = source(server.url + "/data.json.gz")
     assert sum(len(p) for p in as_file.iter_pages(None)) == 639
 
