@@ -174,3 +174,21 @@ def test_a_multilingual_catalogue_keeps_every_language(harvest, catalogue, db, g
     for title, translations in rows:
         assert set(translations["keywords"]) == {"de", "fr", "it", "rm", "en"}
         assert title == translations["title"]["fr"]
+
+
+def test_broken_dcat_us_entries_are_failed_with_their_reason_and_the_others_land(harvest, catalogue, db, gemini,
+                                                                                   caplog):
+    path = DCAT / "dcat-us" / "ckanext-datajson" / "missing-identifier-title.data.json"
+    entries = json.loads(path.read_text())["dataset"]
+    usable = [e for e in entries if e.get("identifier") and e.get("title")]
+    assert (len(entries), len(usable)) == (3, 1)
+    catalogue.set_document("/data.json", path.read_bytes())
+    harvest.configure(catalogue.url("/data.json"), type="dcat-json")
+    caplog.set_level(logging.WARNING, logger="harvester")
+    assert harvest.run().state == "success"
+    run_id, mode, status, stats = last_run(db)
+    assert (status, stats["created"], stats["failed"]) == ("committed", 1, 2)
+    assert live_ids(db) == {usable[0]["identifier"]}
+    failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("record failed")]
+    assert len(failures) == 2
+    assert any("identifier" in m for m in failures) and any("title" in m for m in failures), failures
