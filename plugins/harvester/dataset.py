@@ -218,15 +218,24 @@ def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
     title = clean_text(pkg.get("title")) or (name or source_id)
     description = clean_text(pkg.get("notes"))
     url = landing_page(portal_url, name or source_id)
+    return package_record(pkg, source_id=source_id, name=name, url=url, title=title, description=description,
+                          tags=_names(pkg.get("tags")), organization=_organization(pkg))
+
+
+def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, description: str, tags: list[str],
+                   organization: str | None, name: str | None = None, url_hash: str | None = None) -> DatasetRecord:
+    """The record of a CKAN-shaped package, whatever kind of portal it came from (sources/ map
+    theirs to this shape), with the three hashes computed one way for all. ``title`` and
+    ``description`` are already cleaned; ``url_hash`` defaults to the hash of the normalized url."""
     return DatasetRecord(
         source_id=source_id,
         name=name,
         url=url,
-        url_hash=sha256_hex(normalize_url(url)),
+        url_hash=url_hash or sha256_hex(normalize_url(url)),
         title=title,
         description=description,
-        tags=_names(pkg.get("tags")),
-        organization=_organization(pkg),
+        tags=tags,
+        organization=organization,
         metadata_modified=parse_timestamp(pkg.get("metadata_modified")),
         content_hash=content_hash(embedding_text(title, description)),
         metadata_hash=metadata_hash(pkg),

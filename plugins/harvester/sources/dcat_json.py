@@ -41,8 +41,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import ijson
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from ..dataset import (DatasetRecord, clean_text, content_hash, embedding_text, metadata_hash, normalize_url,
-                       parse_timestamp, sha256_hex)
+from ..dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
 from .base import Capabilities, Listing, SourceError, SourceUnavailable
 from .http import scrub_url
 
@@ -358,20 +357,8 @@ def normalize(entry: Any, catalog_url: str) -> DatasetRecord:
         url = f"{catalog_url}#{pkg['id']}"
         url_hash = sha256_hex(f"{normalize_url(catalog_url)}#{pkg['id']}")
     org = pkg["organization"]
-    return DatasetRecord(
-        source_id=pkg["id"],
-        name=None,
-        url=url,
-        url_hash=url_hash,
-        title=title,
-        description=description,
-        tags=sorted({t["name"] for t in pkg["tags"]}),
-        organization=org.get("title") if org else None,
-        metadata_modified=parse_timestamp(pkg["metadata_modified"]),
-        content_hash=content_hash(embedding_text(title, description)),
-        metadata_hash=metadata_hash(pkg),
-        raw=pkg,
-    )
+    return package_record(pkg, source_id=pkg["id"], url=url, url_hash=url_hash, title=title, description=description,
+                          tags=sorted({t["name"] for t in pkg["tags"]}), organization=org.get("title") if org else None)
 
 
 # -- streaming parse ------------------------------------------------------------------------------

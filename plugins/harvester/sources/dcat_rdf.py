@@ -35,8 +35,7 @@ import rdflib
 from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
 
-from ..dataset import (DatasetRecord, clean_text, content_hash, embedding_text, metadata_hash, normalize_url,
-                       parse_timestamp, sha256_hex)
+from ..dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
 from .base import Capabilities, Listing, SourceError
 from .http import scrub_url
 
@@ -465,20 +464,8 @@ def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str
     }
     description = clean_text(package["notes"])
     url = landing if _is_http(landing) else dataset_id if _is_http(dataset_id) else f"{catalog_url}#{dataset_id}"
-    return DatasetRecord(
-        source_id=dataset_id,
-        name=None,
-        url=url,
-        url_hash=sha256_hex(normalize_url(url)),
-        title=title,
-        description=description,
-        tags=tags,
-        organization=(package["organization"] or {}).get("title"),
-        metadata_modified=parse_timestamp(modified),
-        content_hash=content_hash(embedding_text(title, description)),
-        metadata_hash=metadata_hash(package),
-        raw=package,
-    )
+    return package_record(package, source_id=dataset_id, url=url, title=title, description=description, tags=tags,
+                          organization=(package["organization"] or {}).get("title"))
 
 
 def records_from_graph(graph: Graph, catalog_url: str, language: str | None) -> list[DatasetRecord]:
