@@ -16,11 +16,14 @@ Retry-After header and RetryInfo detail, 500 INTERNAL, 503 UNAVAILABLE, ...).
         server.base_url          # http://127.0.0.1:<port>
         server.fail_next(1, 429, retry_delay="7s")
         server.requests          # [(path, headers (lower-case names), parsed JSON body), ...]
+        server.hold_until_in_flight(4)  # requests wait until 4 are being answered at once
+        server.peak_in_flight    # the most requests it was answering at once
 """
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 
 import numpy as np
@@ -66,6 +69,11 @@ class FakeGemini(LocalAPIServer):
         self.valid_keys = set(valid_keys)
         self.models = set(models)
         self.delay = 0.0  # seconds to wait before answering (timeouts)
+        self.in_flight = 0  # requests being answered now
+        self.peak_in_flight = 0
+        self._flight = threading.Condition()
+        self._hold: int | None = None
+        self._hold_timeout = 0.0
 
     # -- control ------------------------------------------------------------------------------
     def fail_next(self, n: int = 1, status: int | None = 500, retry_after: float | str | None = None,
@@ -76,6 +84,13 @@ class FakeGemini(LocalAPIServer):
         detail in the body, as Gemini sends on 429."""
         self._queue_failure(n, status, retry_after, retry_delay, message)
 
+    def hold_until_in_flight(self, n: int, timeout: float = 20.0) -> None:
+        """Requests wait (before being answered) until ``n`` are being answered at once, then all
+        go through, and later ones are not held. If ``n`` never arrive together, the hold ends
+        after ``timeout`` seconds (and ``peak_in_flight`` shows how many did)."""
+        with self._flight:
+            self._hold, self._hold_timeout = n, timeout
+
     @property
     def texts(self) -> list[str]:
         """Every text received in successful or failed embedding requests, in order."""
@@ -84,6 +99,23 @@ class FakeGemini(LocalAPIServer):
 
     # -- serving ------------------------------------------------------------------------------
     def _answer(self, path: str, headers: dict, raw: bytes):
+        with self._flight:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            if self._hold is not None and self.in_flight >= self._hold:
+                self._hold = None
+                self._flight.notify_all()
+            elif self._hold is not None:
+                if not self._flight.wait_for(lambda: self._hold is None, timeout=self._hold_timeout):
+                    self._hold = None  # they never came together: stop holding anyone
+                    self._flight.notify_all()
+        try:
+            return self._respond(path, headers, raw)
+        finally:
+            with self._flight:
+                self.in_flight -= 1
+
+    def _respond(self, path: str, headers: dict, raw: bytes):
         """(status, extra headers, JSON body) for one request."""
         body = self._record(path, headers, raw)
         if self.delay:

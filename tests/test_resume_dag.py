@@ -147,7 +147,8 @@ def test_clearing_the_whole_dag_run_reopens_its_run(harvest, portal_server, db, 
 
 
 def test_clearing_a_failed_embed_changed_embeds_only_what_is_missing(harvest, portal_server, db, samples, gemini,
-                                                                     other_database, database_url):
+                                                                     other_database, database_url, monkeypatch):
+    monkeypatch.setenv("HARVESTER_EMBED_CONCURRENCY", "1")  # the batches in order: the last one is refused
     records = distinct_records(samples, 250)
     portal_server.set_records(records)
     harvest.configure(portal_server.base_url)

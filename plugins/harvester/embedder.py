@@ -5,19 +5,26 @@ spent twice: a failed run's retry, another portal with the same text, a reverted
 it. When the breaker is open, or a batch keeps failing, the remaining texts stay pending
 (``embedded_content_hash <> content_hash``); the run still commits and the next run embeds them.
 An authentication error is not the provider being unwell: it fails the task at once.
+
+Up to ``concurrency`` batches are in flight at once (HARVESTER_EMBED_CONCURRENCY), so a remote
+provider's latency is not paid batch after batch. Only the provider calls run on worker threads;
+the reading, the breaker's bookkeeping (each call admitted before it is sent, its outcome recorded
+when it returns: the breaker uses the task's connection), the vectors' writes and the counts stay
+on the calling thread.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import time
+from concurrent import futures
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from . import dataset as ds
-from .breaker import BreakerConfig
+from .breaker import HALF_OPEN, BreakerConfig
 from .embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
 from .run import Progress, summary
 from .store import runs, vectors
@@ -25,6 +32,7 @@ from .store.breaker import SharedBreaker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_CONCURRENCY = 64  # HARVESTER_EMBED_CONCURRENCY: worker threads (and HTTP connections) per task
 
 
 @dataclass(frozen=True)
@@ -35,12 +43,13 @@ class EmbedSettings:
     backlog_per_run: int | None = None  # texts left pending by earlier runs embedded per run (None: all)
     shard_size: int = 5000        # pending texts per mapped embed_changed task
     max_shards: int = 8
+    concurrency: int = 8          # provider requests in flight at once per embed_changed task
 
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
         env = os.environ if environ is None else environ
 
-        def number(name, default, kind=float, minimum=0):
+        def number(name, default, kind=float, minimum=0, maximum=None):
             raw = env.get(name)
             if raw in (None, ""):
                 return default
@@ -50,6 +59,8 @@ class EmbedSettings:
                 raise ValueError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
             if value < minimum:
                 raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+            if maximum is not None and value > maximum:
+                raise ValueError(f"{name}={raw!r} must be at most {maximum}")
             return value
 
         backlog = number("HARVESTER_EMBED_BACKLOG_PER_RUN", None, int)
@@ -58,7 +69,8 @@ class EmbedSettings:
                    max_delay=number("HARVESTER_EMBED_MAX_DELAY_SECS", cls.max_delay),
                    backlog_per_run=backlog,
                    shard_size=number("HARVESTER_EMBED_SHARD_SIZE", cls.shard_size, int, 1),
-                   max_shards=number("HARVESTER_EMBED_MAX_SHARDS", cls.max_shards, int, 1))
+                   max_shards=number("HARVESTER_EMBED_MAX_SHARDS", cls.max_shards, int, 1),
+                   concurrency=number("HARVESTER_EMBED_CONCURRENCY", cls.concurrency, int, 1, MAX_CONCURRENCY))
 
 
 def plan_shards(pending: int, settings: EmbedSettings) -> int:
@@ -108,12 +120,167 @@ def _dimension(provider: EmbeddingProvider, breaker: SharedBreaker, settings: Em
                  counts)
 
 
+def concurrency(provider: EmbeddingProvider, settings: EmbedSettings) -> int:
+    """Requests in flight at once: the setting, or fewer if the provider says so (a local model on
+    the CPU: ``max_concurrency`` 1)."""
+    limit = getattr(provider, "max_concurrency", None)
+    return max(1, min(settings.concurrency, limit)) if limit else settings.concurrency
+
+
+class _Inline:
+    """An executor that runs each call at once on the calling thread (concurrency 1: no threads)."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - handed over like a worker's exception
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
+
+
+class _Batch:
+    """One batch of pending texts on its way through the provider."""
+
+    __slots__ = ("seq", "rows", "texts", "attempts", "not_before", "probe")
+
+    def __init__(self, seq: int, rows: list[tuple]):
+        self.seq, self.rows = seq, rows
+        self.texts = [ds.embedding_text(r[1], r[2]) for r in rows]
+        self.attempts = 0        # calls made so far
+        self.not_before = 0.0    # time.monotonic() before which its next call may not start
+        self.probe = False       # its current call was admitted as a half-open probe
+
+    @property
+    def what(self) -> str:
+        return f"embedding batch of {len(self.texts)} texts"
+
+
+class _Batches:
+    """Embeds batches with up to ``concurrency`` provider calls in flight. Only the provider's
+    ``embed_documents`` runs on worker threads; the breaker (whose state is read and written through
+    ``conn``), the vectors' writes and the counts stay on the calling thread. At most
+    ``concurrency`` batches are held at a time (in flight, or waiting for their next attempt)."""
+
+    def __init__(self, conn, run_id: int, provider: EmbeddingProvider, dimension: int, breaker: SharedBreaker,
+                 settings: EmbedSettings, counts: dict, progress: Progress):
+        self.conn, self.run_id, self.provider, self.dimension = conn, run_id, provider, dimension
+        self.breaker, self.settings, self.counts, self.progress = breaker, settings, counts, progress
+        self.concurrency = concurrency(provider, settings)
+        self.waiting: list[_Batch] = []            # read, or due for another attempt; by not_before
+        self.in_flight: dict[Future, _Batch] = {}
+        self.left = 0                              # texts left pending
+        self.stopped: str | None = None            # why no more calls are sent (the breaker)
+        self.fatal: BaseException | None = None    # a terminal error: raised once in-flight calls are in
+        self.unflushed = 0                         # calls counted here but not yet in the run's stats
+
+    def run(self, batches: Iterator[list[tuple]]) -> int:
+        """Embed from ``batches`` until they run out or the breaker stops the calls (the rest of
+        ``batches`` is left to the caller). Returns the texts of read batches left pending. A
+        terminal error is raised once the calls in flight are in and their vectors stored."""
+        if self.concurrency > 1:
+            log.info("embedding with up to %d requests in flight", self.concurrency)
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="embed") if self.concurrency > 1 else _Inline()
+        seq = 0
+        exhausted = False
+        held = False  # a half-open breaker turned a call away while ours were in flight: wait for them
+        try:
+            while True:
+                while (not exhausted and self.stopped is None and self.fatal is None
+                       and len(self.in_flight) + len(self.waiting) < self.concurrency):
+                    rows = next(batches, None)
+                    if rows is None:
+                        exhausted = True
+                    else:
+                        self.waiting.append(_Batch(seq, rows))
+                        seq += 1
+                while (self.waiting and not held and self.stopped is None and self.fatal is None
+                       and self.waiting[0].not_before <= time.monotonic()):
+                    decision = self.breaker.admit()
+                    if not decision.allowed:
+                        if decision.state == HALF_OPEN and self.in_flight:
+                            held = True  # our own calls may hold the probe slots
+                            break
+                        self.stopped = (f"circuit breaker {self.breaker.name} is {decision.state}: "
+                                        f"retry in {decision.retry_in:.0f}s")
+                        log.warning("%s; leaving the remaining texts pending for the next run", self.stopped)
+                        break
+                    batch = self.waiting.pop(0)
+                    batch.attempts += 1
+                    batch.probe = decision.probe
+                    self.counts["embedding_requests"] += 1
+                    self.unflushed += 1
+                    self.in_flight[pool.submit(self.provider.embed_documents, batch.texts)] = batch
+                if self.stopped is not None or self.fatal is not None:
+                    self.left += sum(len(b.rows) for b in self.waiting)
+                    self.waiting.clear()
+                if not self.in_flight:
+                    if not self.waiting:
+                        break
+                    time.sleep(max(0.0, self.waiting[0].not_before - time.monotonic()))  # a retry's delay
+                    continue
+                timeout = None if held or not self.waiting else max(0.0, self.waiting[0].not_before - time.monotonic())
+                done, _ = futures.wait(self.in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
+                if done:
+                    held = False
+                for future in sorted(done, key=lambda f: self.in_flight[f].seq):
+                    self._finished(self.in_flight.pop(future), future)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self._flush({})
+        if self.fatal is not None:
+            raise self.fatal
+        return self.left
+
+    def _finished(self, batch: _Batch, future: Future) -> None:
+        """Record a call's outcome with the breaker; store its vectors, schedule its next attempt,
+        or leave it pending."""
+        exc = future.exception()
+        if exc is None:
+            self.breaker.record_success(probe=batch.probe)
+            stored = vectors.write(self.conn, self.provider.model, self.dimension, [r[0] for r in batch.rows],
+                                   future.result())
+            self.counts["embedded"] += stored
+            self._flush({"embedded": stored})
+            self.progress.advance(len(batch.rows))
+            return
+        self._flush({})
+        if isinstance(exc, TerminalEmbeddingError) or not isinstance(exc, EmbeddingError):
+            self.fatal = self.fatal or exc  # not recorded: no breaker fixes a wrong key
+            self.left += len(batch.rows)
+            return
+        rate_limited = isinstance(exc, RateLimited)
+        self.breaker.record_failure(rate_limited=rate_limited, error_text=str(exc), probe=batch.probe)
+        log.warning("%s failed (attempt %d of %d): %s", batch.what, batch.attempts, self.settings.attempts, exc)
+        if batch.attempts >= self.settings.attempts or self.stopped is not None or self.fatal is not None:
+            self.left += len(batch.rows)
+            return
+        delay = min(self.settings.max_delay, exc.retry_after if rate_limited and exc.retry_after else
+                    self.settings.retry_delay * batch.attempts)
+        batch.not_before = time.monotonic() + delay
+        self.waiting.append(batch)
+        self.waiting.sort(key=lambda b: (b.not_before, b.seq))
+
+    def _flush(self, more: dict) -> None:
+        """Add ``more`` and the calls not yet counted to the run's stats."""
+        counts = dict(more)
+        if self.unflushed:
+            counts["embedding_requests"] = self.unflushed
+        if counts:
+            runs.add_counts(self.conn, self.run_id, counts)
+        self.unflushed = 0
+
+
 def embed_pending(conn, reader, portal_url: str, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
-                  breaker_config: BreakerConfig | None = None, label: str = "") -> dict:
+                  breaker_config: BreakerConfig | None = None, label: str = "", build_index: bool = True) -> dict:
     """Embed one shard of the portal's pending texts. Returns this call's counts; they are also
     added to the run's stats as they happen. Vectors of the provider's model already stored with
-    another dimension raise TerminalEmbeddingError (retrying cannot help)."""
+    another dimension raise TerminalEmbeddingError (retrying cannot help). ``build_index`` False: a
+    bulk load (the model's index was dropped; the run's upsert builds it once), no index is made."""
     settings = settings or EmbedSettings.from_env()
     breaker = SharedBreaker(conn, provider.name, provider.model, breaker_config or BreakerConfig.from_env())
     counts = {"embedding_requests": 0, "embedded": 0}
@@ -134,35 +301,20 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
             log.warning("%s; leaving the texts pending for the next run", stopped)
         else:
             try:
-                vectors.ensure_index(conn, provider.model, dimension)
+                if build_index:
+                    vectors.ensure_index(conn, provider.model, dimension)
+                else:
+                    vectors.check_dimension(conn, provider.model, dimension)
             except vectors.DimensionMismatch as exc:
                 raise TerminalEmbeddingError(f"nothing was embedded: {exc}") from None
     backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
     progress = Progress(f"embed_changed {label}shard {shard + 1}/{shards} ({provider.model})", total, log)
-    for batch in vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
-                                      shard=shard, shards=shards, backlog_limit=backlog):
-        if stopped or dimension is None:  # (None: none were pending a moment ago; the next run sees them)
-            left_pending += len(batch)
-            continue
-        before = counts["embedding_requests"]
-        texts = [ds.embedding_text(r[1], r[2]) for r in batch]
-        try:
-            result = _call(breaker, functools.partial(provider.embed_documents, texts),
-                           f"embedding batch of {len(texts)} texts", settings, counts)
-        except BreakerOpen as exc:
-            stopped = str(exc)
-            left_pending += len(batch)
-            log.warning("%s; leaving the remaining texts pending for the next run", exc)
-            continue
-        finally:
-            runs.add_counts(conn, run_id, {"embedding_requests": counts["embedding_requests"] - before})
-        if result is None:
-            left_pending += len(batch)
-            continue
-        stored = vectors.write(conn, provider.model, dimension, [r[0] for r in batch], result)
-        counts["embedded"] += stored
-        runs.add_counts(conn, run_id, {"embedded": stored})
-        progress.advance(len(batch))
+    batches = vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
+                                   shard=shard, shards=shards, backlog_limit=backlog)
+    if not stopped and dimension is not None:  # (None: none were pending a moment ago; the next run sees them)
+        left_pending += _Batches(conn, run_id, provider, dimension, breaker, settings, counts, progress).run(batches)
+    for batch in batches:  # not read: the breaker stopped the calls (or no vector size): the next run's
+        left_pending += len(batch)
     counts["left_pending"] = left_pending
     log.info("embed_changed shard %d/%d done: %s", shard + 1, shards,
              summary(counts, ("embedding_requests", "embedded", "left_pending")))

@@ -36,6 +36,9 @@ class EmbeddingProvider(Protocol):
     max_batch: int     # texts per request
     # Optional: ``dimension_needs_call`` (bool), true while reading ``dimension`` would call the
     # provider (Ollama's probe), so the caller makes that read through its circuit breaker.
+    # Optional: ``max_concurrency`` (int), the most ``embed_documents`` calls worth having in flight
+    # at once (HARVESTER_EMBED_CONCURRENCY is lowered to it). ``embed_documents`` may be called
+    # from several threads at once.
 
     def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
         """One L2-normalized vector per text, in order: a single request of at most max_batch texts."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -42,6 +43,9 @@ KEY_HELP = (f"set the password of the Airflow connection {CONNECTION_ID} "
             f"(e.g. AIRFLOW_CONN_GEMINI_DEFAULT='{{\"conn_type\": \"generic\", \"password\": \"<key>\"}}') "
             "or the environment variable GEMINI_API_KEY")
 
+# Made once per provider, however many threads embed at once: the SDK's client (its httpx
+# connection pool) is shared by them, and httpx clients are safe to call from several threads.
+_CLIENT_LOCK = threading.Lock()
 _GOOGLE_KEY = re.compile(r"AIza[0-9A-Za-z_\-]{6,}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
 
@@ -120,6 +124,12 @@ class GeminiProvider:
     def _get_client(self):
         if self._client is not None:
             return self._client
+        with _CLIENT_LOCK:
+            if self._client is None:
+                self._client = self._new_client()
+            return self._client
+
+    def _new_client(self):
         try:
             from google import genai
             from google.genai import types
@@ -133,8 +143,7 @@ class GeminiProvider:
         if self.base_url:
             options.base_url = self.base_url
         self._key = key
-        self._client = genai.Client(api_key=key, vertexai=False, http_options=options)
-        return self._client
+        return genai.Client(api_key=key, vertexai=False, http_options=options)
 
     def _scrub(self, text: str) -> str:
         if self._key:

@@ -89,6 +89,7 @@ def _load(path: str):
 class LocalProvider:
     name = "local"
     max_batch = 64
+    max_concurrency = 1  # one model per process, already using every core: batches go one at a time
 
     def __init__(self, path: str | None = None):
         self.path = path or model_path()

@@ -33,6 +33,7 @@ DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_MODEL = "nomic-embed-text"
 DEFAULT_MAX_BATCH = 64
 PROBE_TEXT = "dimension probe"
+POOL_SIZE = 64  # connections kept per host: HARVESTER_EMBED_CONCURRENCY's maximum
 
 
 def _env_number(name: str, default, kind=int):
@@ -67,7 +68,11 @@ class OllamaProvider:
         self.max_batch = int(max_batch or _env_number("OLLAMA_MAX_BATCH", DEFAULT_MAX_BATCH))
         self.timeout = float(timeout or _env_number("OLLAMA_TIMEOUT", 120.0, float))
         self._dimension = int(dimension or _env_number("OLLAMA_EMBEDDING_DIMENSION", 0)) or None
+        # Shared by the threads that embed at once (HARVESTER_EMBED_CONCURRENCY): enough pooled
+        # connections that none is dropped and reopened.
         self._session = requests.Session()
+        self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=POOL_SIZE))
+        self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=POOL_SIZE))
 
     def __repr__(self) -> str:
         return f"OllamaProvider(model={self.model!r}, url={_redact(self.url)!r})"
