@@ -16,6 +16,7 @@ import time
 from . import dataset as ds
 from .sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
 from .sources.ckan import FilterRejected, to_ms
+from .sources.readahead import read_ahead
 from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
@@ -63,14 +64,20 @@ def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord]) -> tupl
 
 def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, listing: Listing,
                    validators: dict | None = None) -> dict:
+    """Stage the source's listing page by page. The source reads (fetches, parses, normalizes) the
+    next page in a thread of its own while this one is staged (sources/readahead.py): one page
+    queued at most; its errors reach the caller as they are; the thread has ended on return."""
     staging.clear(conn, run_id)
     progress = Progress(f"fetch_modified {portal.name}", None, log)
     seq = failed = 0
-    for page in source.iter_records(since, portal.page_size, listing, validators):
-        progress.total = getattr(source, "total", None) or progress.total
-        staged, bad = _stage(conn, run_id, seq, page)
-        seq, failed = seq + staged, failed + bad
-        progress.advance(staged)
+    with read_ahead(source.iter_records(since, portal.page_size, listing, validators), depth=1,
+                    name=f"harvester-listing-{run_id}") as pages:
+        for page in pages:
+            progress.total = getattr(source, "total", None) or progress.total
+            staged, bad = _stage(conn, run_id, seq, page)
+            seq, failed = seq + staged, failed + bad
+            progress.advance(staged)
+            del page  # not held while the next one is awaited
     return {"fetched": seq - failed, "failed": failed}
 
 
@@ -237,8 +244,24 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
             "reconcile_unusable": unusable}
 
 
+def _plan_index(conn, portal: Portal, model: str, pending: int, settings: vectors.IndexSettings | None) -> bool:
+    """Whether this run's pending texts are a bulk load for the model's HNSW index: then the index
+    is dropped now, the vectors are written without per-row index upkeep, and upsert builds it once."""
+    settings = settings or vectors.IndexSettings.from_env()
+    if pending < max(1, settings.bulk_min):  # (no count of the table for a small run)
+        return False
+    held = vectors.held(conn, model)
+    if not vectors.bulk_load_wanted(held, pending, settings):
+        return False
+    dropped = vectors.drop_index(conn, model)
+    log.info("bulk load: %d texts to embed against %d vectors of %s held: %s; its HNSW index is built once "
+             "after the embedding (searches of this model use exact scans until then)", pending, held, model,
+             f"dropped the index {', '.join(dropped)}" if dropped else "it has no index yet")
+    return True
+
+
 def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = None,
-                 settings: EmbedSettings | None = None) -> dict:
+                 settings: EmbedSettings | None = None, index_settings: vectors.IndexSettings | None = None) -> dict:
     """Classify staged records against what we hold (created, updated, unchanged, failed) and work
     out each new and updated dataset's change (type, fields, significance) into staging;
     ``reader`` is a second connection that streams them. With the provider's ``model``, also plan
@@ -252,8 +275,11 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
     if model is not None:
         pending = vectors.count_pending(conn, run_id, portal.url, model)
         shards = plan_shards(pending, settings or EmbedSettings.from_env())
+        bulk = _plan_index(conn, portal, model, pending, index_settings)
         out["pending_texts"] = pending
-        out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards} for i in range(shards)]
+        out["bulk_index"] = bulk
+        out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards, "bulk_index": bulk}
+                               for i in range(shards)]
     log.info("hash_compare done: %s", summary(out, ("created", "updated", "reidentified", "unchanged",
                                                      "failed", "review", "pending_texts")))
     return out
@@ -261,13 +287,15 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
 
 def embed_changed(conn, reader, portal: Portal, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
-                  breaker_config=None) -> dict:
+                  breaker_config=None, bulk_index: bool = False) -> dict:
     """Embed every text of the portal (in this shard) that has no vector for the provider's model
     yet: this run's new and changed texts and whatever earlier runs left pending, each distinct
-    text once, through the shared circuit breaker. ``reader`` streams the pending texts."""
+    text once, through the shared circuit breaker. ``reader`` streams the pending texts.
+    ``bulk_index``: hash_compare dropped the model's index for a bulk load; upsert builds it."""
     runs.require_running(conn, run_id)
     counts = embed_pending(conn, reader, portal.url, run_id, provider, shard=shard, shards=shards,
-                           settings=settings, breaker_config=breaker_config, label=f"{portal.name} ")
+                           settings=settings, breaker_config=breaker_config, label=f"{portal.name} ",
+                           build_index=not bulk_index)
     return {"run_id": run_id, "shard": shard, **counts}
 
 
@@ -281,6 +309,10 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         # A retry of a task whose commit went through (the worker died after it): nothing to redo.
         log.info("run %s of %s is already committed", run_id, portal.name)
         return {"run_id": run_id, **done.stats}
+    # After a bulk load (or a run that failed during one), the model's index is built once, before
+    # the run's datasets become visible: their vectors are searchable through it from the commit on.
+    vectors.restore_index(conn, model)
+    runs.touch(conn, run_id)
     with conn.transaction():
         run = runs.require_running(conn, run_id)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
@@ -350,8 +382,8 @@ def harvest(conn, reader, portal: Portal, source: Source, provider: EmbeddingPro
     try:
         fetch_modified(conn, portal, run_id, source)
         _reconcile_step(conn, portal, run_id, source)
-        hash_compare(conn, reader, portal, run_id, provider.model)
-        embed_changed(conn, reader, portal, run_id, provider)
+        planned = hash_compare(conn, reader, portal, run_id, provider.model)
+        embed_changed(conn, reader, portal, run_id, provider, bulk_index=planned.get("bulk_index", False))
         return upsert(conn, portal, run_id, provider.model, provider.max_batch, force_removals=force_removals)
     except BaseException as exc:
         abort(conn, run_id, f"{type(exc).__name__}: {exc}")

@@ -127,7 +127,8 @@ def embed_changed(portal: Portal, work: dict) -> dict:
         _resume(conn, portal, work)
         try:
             return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
-                                          shard=work["shard"], shards=work["shards"])
+                                          shard=work["shard"], shards=work["shards"],
+                                          bulk_index=bool(work.get("bulk_index")))
         except TerminalEmbeddingError as exc:
             _fail_fast(exc)
 

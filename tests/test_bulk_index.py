@@ -1,0 +1,223 @@
+"""Bulk vector loads: a run that brings many vectors compared with what its model's HNSW index
+holds (a first sync, a model switch) writes them with no index and builds the index once before
+its commit; small runs insert into the live index. Real PostgreSQL + pgvector, the local CKAN
+portal, the real google-genai SDK against the local Gemini-protocol server."""
+import logging
+
+import pytest
+
+from harvester import pipeline
+from harvester.portal import Portal
+from harvester.store import vectors
+from harvester.store.vectors import IndexSettings, bulk_load_wanted
+
+from test_embedding_runs import distinct_records
+
+MODEL = "gemini-embedding-001@768"
+
+
+# -- the decision (pure) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("held, incoming, wanted", [
+    (0, 10000, True),          # a first sync
+    (0, 9999, False),          # under bulk_min: the live index takes them
+    (30000, 10000, True),      # a quarter of what the index will hold
+    (30001, 10000, False),     # less than a quarter: inserting is cheaper than building it all again
+    (400000, 12000, False),
+    (0, 0, False),
+])
+def test_bulk_when_the_run_brings_at_least_a_quarter_of_the_index(held, incoming, wanted):
+    assert bulk_load_wanted(held, incoming, IndexSettings()) is wanted
+
+
+def test_bulk_min_zero_still_needs_something_to_load():
+    assert bulk_load_wanted(0, 0, IndexSettings(bulk_min=0)) is False
+    assert bulk_load_wanted(0, 1, IndexSettings(bulk_min=0)) is True
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"HARVESTER_INDEX_BULK_MIN": "many"}, "HARVESTER_INDEX_BULK_MIN='many'"),
+    ({"HARVESTER_INDEX_BULK_SHARE": "1.5"}, "HARVESTER_INDEX_BULK_SHARE='1.5'"),
+    ({"HARVESTER_INDEX_BUILD_MEMORY": "lots"}, "HARVESTER_INDEX_BUILD_MEMORY='lots'"),
+    ({"HARVESTER_INDEX_BUILD_WORKERS": "-1"}, "HARVESTER_INDEX_BUILD_WORKERS='-1'"),
+])
+def test_bad_settings_name_the_variable(env, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        IndexSettings.from_env(env)
+
+
+def test_settings_from_the_environment():
+    got = IndexSettings.from_env({"HARVESTER_INDEX_BULK_MIN": "5", "HARVESTER_INDEX_BULK_SHARE": "0.5",
+                                  "HARVESTER_INDEX_BUILD_MEMORY": "256MB", "HARVESTER_INDEX_BUILD_WORKERS": "0"})
+    assert got == IndexSettings(bulk_min=5, bulk_share=0.5, build_memory="256MB", build_workers=0)
+
+
+# -- in runs ---------------------------------------------------------------------------------------
+def model_indexes(db) -> dict[str, str]:
+    """index name -> its model, for the HNSW indexes on embeddings."""
+    rows = db.execute(
+        "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'"
+        " WHERE i.indrelid = 'embeddings'::regclass").fetchall()
+    return {name: predicate.split("'")[1] for name, predicate in rows}
+
+
+def index_oid(db, model):
+    row = db.execute("SELECT to_regclass(%s)::oid", (vectors.index_name(model),)).fetchone()
+    return row[0]
+
+
+@pytest.fixture
+def reader(database_url):
+    from harvester.store import db as store_db
+
+    conn = store_db.prepare(store_db.connect_url(database_url))
+    yield conn
+    conn.close()
+
+
+def steps(db, reader, portal, provider, full_sync=False):
+    """A run step by step (what the DAG's tasks do), returning hash_compare's plan; stops before upsert."""
+    run_id = pipeline.begin(db, portal, full_sync=full_sync)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
+    planned = pipeline.hash_compare(db, reader, portal, run_id, provider.model)
+    return run_id, planned
+
+
+def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, portal_server, samples, gemini,
+                                                                monkeypatch, caplog):
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    portal_server.set_records(distinct_records(samples, 250))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    vectors.ensure_index(db, provider.model, provider.dimension)  # an (empty) index from an earlier start
+    assert vectors.index_name(MODEL) in model_indexes(db)
+
+    caplog.set_level(logging.INFO, logger="harvester")
+    run_id, planned = steps(db, reader, portal, provider)
+    assert planned["pending_texts"] == 250 and planned["bulk_index"] is True
+    assert all(work["bulk_index"] for work in planned["embed_shards"])
+    assert model_indexes(db) == {}, "the bulk load starts by dropping the model's index"
+    assert "bulk load: 250 texts to embed against 0 vectors" in caplog.text
+
+    for work in planned["embed_shards"]:
+        pipeline.embed_changed(db, reader, portal, run_id, provider, shard=work["shard"], shards=work["shards"],
+                               bulk_index=True)
+    assert db.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0] == 250
+    assert model_indexes(db) == {}, "vectors were written with no index to keep up"
+
+    stats = pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
+    assert (stats["created"], stats["embedded"]) == (250, 250)
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+    probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
+    plan = vectors.explain_search(db, MODEL, 768, probe)
+    assert f"Index Scan using {vectors.index_name(MODEL)}" in plan, plan
+    # the index holds every vector: an index scan finds as many as the table has
+    with db.transaction():
+        db.execute("SET LOCAL hnsw.ef_search = 400")
+        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+                           " ORDER BY embedding::vector(768) <=> %s::vector(768) LIMIT 300) t",
+                           (MODEL, probe)).fetchone()[0]
+    assert found == 250
+
+    # A small run afterwards inserts into the live index: the same index (same oid), not dropped.
+    oid = index_oid(db, MODEL)
+    records = distinct_records(samples, 260)
+    portal_server.set_records(records)
+    run_id, planned = steps(db, reader, portal, provider, full_sync=True)
+    assert planned["pending_texts"] == 10 and planned["bulk_index"] is False
+    pipeline.embed_changed(db, reader, portal, run_id, provider, bulk_index=False)
+    pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
+    assert index_oid(db, MODEL) == oid
+    assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 260
+
+
+def test_a_model_switch_is_a_bulk_load_and_leaves_the_other_models_index_alone(
+        db, reader, portal_server, samples, gemini, monkeypatch):
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    portal_server.set_records(distinct_records(samples, 150))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    first = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
+    old_oid = index_oid(db, first.model)
+    assert old_oid is not None
+
+    monkeypatch.setenv("GEMINI_EMBEDDING_DIMENSION", "256")  # another model identity: ...@256
+    second = get_provider()
+    assert second.model != first.model
+    run_id, planned = steps(db, reader, portal, second)
+    assert planned["pending_texts"] == 150 and planned["bulk_index"] is True
+    assert index_oid(db, first.model) == old_oid, "another model's index is not touched"
+    pipeline.embed_changed(db, reader, portal, run_id, second, bulk_index=True)
+    pipeline.upsert(db, portal, run_id, second.model, second.max_batch)
+    assert model_indexes(db) == {vectors.index_name(first.model): first.model,
+                                 vectors.index_name(second.model): second.model}
+    assert index_oid(db, first.model) == old_oid
+
+
+def test_a_run_that_fails_during_a_bulk_load_gets_its_index_back_from_the_next_run(
+        db, reader, portal_server, samples, gemini, monkeypatch):
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    portal_server.set_records(distinct_records(samples, 250))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    gemini.fail_next(1, status=None)   # one batch goes through...
+    gemini.fail_next(1, status=401)    # ...then the key is refused: the run fails
+    with pytest.raises(Exception, match="API key"):
+        pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert model_indexes(db) == {}
+    kept = db.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0]
+    # the vectors paid for are kept (with requests in flight together, the last batch may have landed too)
+    assert 100 <= kept < 250
+
+    # Under bulk_min now: the next run inserts into an index it builds first over the vectors
+    # kept, and its commit leaves every vector indexed.
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "1000")
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), get_provider())
+    assert (stats["created"], stats["embedded"]) == (250, 250 - kept)
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+
+
+def test_upsert_builds_a_missing_index_even_when_nothing_is_left_to_embed(db, reader, portal_server, samples, gemini,
+                                                                          monkeypatch):
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, 120))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    vectors.drop_index(db, provider.model)  # as a bulk load that failed after the embedding leaves it
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert stats["embedded"] == 0
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+
+
+def test_through_airflow_every_mapped_shard_loads_without_the_index(harvest, portal_server, db, samples, gemini,
+                                                                     monkeypatch, caplog):
+    """hash_compare's plan reaches each mapped embed_changed task through XCom; upsert builds the index."""
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    monkeypatch.setenv("HARVESTER_EMBED_SHARD_SIZE", "100")
+    portal_server.set_records(distinct_records(samples, 250))
+    harvest.configure(portal_server.base_url)
+    caplog.set_level(logging.INFO, logger="harvester")
+    dag_run = harvest.run()
+    assert dag_run.state == "success"
+    # upsert found no index (no shard made one) and built it over all 250 vectors
+    assert f"built the HNSW index {vectors.index_name(MODEL)} over the 250 vectors of {MODEL}" in caplog.text
+    states = harvest.task_states(dag_run)
+    assert [k for k in states if k[0] == "embed_changed"] == [("embed_changed", i) for i in range(3)]
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(run_id=dag_run.run_id, dag_id=dag_run.dag_id,
+                                                 task_id="hash_compare", key="return_value").one()
+        work = XComModel.deserialize_value(row)
+    assert [w["bulk_index"] for w in work] == [True, True, True]
+    assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 250
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
