@@ -118,7 +118,7 @@ def test_each_model_gets_its_own_hnsw_index(db):
                            " AND indexname LIKE 'embeddings_hnsw_%'").fetchall())
     assert len(defs) == 2
     small, big = defs[vectors.index_name("small-model")], defs[vectors.index_name("big-model@3072")]
-    assert "vector(384)" in small and "'small-model'" in small
+    assert "halfvec(384)" in small and "'small-model'" in small
     assert "halfvec(3072)" in big
 
 

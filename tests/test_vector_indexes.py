@@ -49,7 +49,7 @@ def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
 
 def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
     # A database made by an earlier version: BASE's index holds the name LARGE would have had.
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
                        " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)), sql.Literal(BASE)))
     oid = db.execute("SELECT %s::regclass::oid", (legacy_name(BASE),)).fetchone()[0]
 
@@ -81,4 +81,33 @@ def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invali
     definitions = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
                              " AND strpos(indexdef, %s) > 0", (f"'{model}'",)).fetchall()
     assert len(definitions) == 1 and definitions[0][0] == vectors.index_name(model)
-    assert "vector(24)" in definitions[0][1]
+    assert "halfvec(24)" in definitions[0][1]
+
+
+def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
+    """Earlier versions indexed models of up to 2000 dimensions as vector; searches now ask for the
+    halfvec index (half the size, built in about half the time): the next run's upsert (restore_index)
+    or embed step (ensure_index) replaces it, and searches use it again."""
+    model = "older-model"
+    db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
+    vectors.write(db, model, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+                       " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)), sql.Literal(model)))
+    probe = unit_vectors(1, 8, seed=3)[0]
+    # the old index (of the same name) does not serve the halfvec ordering searches use
+    assert f"Index Scan using {vectors.index_name(model)}" not in vectors.explain_search(db, model, 8, probe)
+
+    assert vectors.restore_index(db, model) is True
+    definition = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+                            (vectors.index_name(model),)).fetchone()[0]
+    assert "halfvec(8)" in definition and "halfvec_cosine_ops" in definition
+    assert f"Index Scan using {vectors.index_name(model)}" in vectors.explain_search(db, model, 8, probe)
+    assert vectors.restore_index(db, model) is False  # nothing left to do
+
+    db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(vectors.index_name(model))))
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+                       " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"), sql.Literal(model)))
+    vectors.ensure_index(db, model, 8)
+    assert indexes(db) == {vectors.index_name(model): model}
+    assert "halfvec" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+                                   (vectors.index_name(model),)).fetchone()[0]

@@ -311,9 +311,7 @@ def _vector_statements(dimension: int, where: str):
 
     from .store import vectors
 
-    expr = vectors.index_expression(dimension)
-    kind = "vector" if dimension <= vectors.HNSW_MAX_VECTOR_DIMS else "halfvec"
-    q = sql.SQL("%(query)s::{}({})").format(sql.SQL(kind), sql.Literal(int(dimension)))
+    expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
     hnsw = sql.SQL(
         """
         WITH nn AS MATERIALIZED (
@@ -330,18 +328,18 @@ def _vector_statements(dimension: int, where: str):
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
         """).format(expr=expr, q=q, where=sql.SQL(where))
-    # Every distance computed first (a materialized CTE), then sorted: an ORDER BY on the distance
-    # itself would be planned as an HNSW scan, which without the iterative scan stops at ef_search
+    # Every distance computed first (a materialized CTE), at full precision (the index holds
+    # half-precision copies), then sorted: an ORDER BY on the distance itself would be planned as an HNSW scan, which without the iterative scan stops at ef_search
     # and may find nothing that passes the filters.
     exact = sql.SQL(
         """
         WITH d AS MATERIALIZED (
-            SELECT s.dataset_id, {expr} <=> {q} AS distance
+            SELECT s.dataset_id, e.embedding::vector({dim}) <=> %(query)s::vector({dim}) AS distance
             FROM dataset_search s JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
             WHERE {where}
         )
         SELECT dataset_id, 1 - distance FROM d ORDER BY distance, dataset_id LIMIT %(n)s
-        """).format(expr=expr, q=q, where=sql.SQL(where))
+        """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
     return hnsw, exact
 
 
