@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from harvester import dataset as ds
 from harvester import embedder, pipeline
 from harvester.breaker import BreakerConfig
 from harvester.embedder import EmbedSettings
@@ -17,20 +16,9 @@ from harvester.embeddings.gemini import GeminiProvider
 from harvester.portal import Portal
 from harvester.store import db as store_db
 
+from test_embedding_runs import distinct_records
+
 MODEL = "gemini-embedding-001@768"
-
-
-def distinct_records(samples, n):
-    """n real records whose embedded texts all differ."""
-    seen, out = set(), []
-    for pkg in samples("catalog-data-gov.jsonl") + samples("dados-gov-br.jsonl"):
-        rec = ds.normalize(pkg, "http://x")
-        if rec.ok and rec.content_hash not in seen:
-            seen.add(rec.content_hash)
-            out.append(pkg)
-        if len(out) == n:
-            return out
-    raise AssertionError("not enough distinct records")
 
 
 def stage(portal_server, records) -> tuple[Portal, int]:
