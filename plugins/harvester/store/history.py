@@ -41,10 +41,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Iterator
 
-from psycopg.types.json import Jsonb
 
 from .. import changes as ch
 from ..dataset import normalize_url, sha256_hex
+from ..sources.readahead import read_ahead
+from .staging import as_jsonb
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple
     else:  # a baseline version, or a hash change no snapshot field shows
         change_type = ch.NEW if not has_version else ch.METADATA_UPDATED
         fields, significance, review = {}, 0.0, False
-    return (run_id, source_id, change_type, Jsonb(fields), Decimal(str(significance)), review, Jsonb(new),
+    return (run_id, source_id, change_type, as_jsonb(fields), Decimal(str(significance)), review, as_jsonb(new),
             new_version, record_change)
 
 
@@ -142,18 +143,22 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
         with reader.cursor(name=f"harvester_changes_{run_id}") as cur:
             cur.itersize = batch_size
             cur.execute(_TO_COMPARE, params)
-            while rows := cur.fetchmany(batch_size):
-                staged = [_staged_row(run_id, row, config) for row in rows]
-                _write_staged(conn, staged)
-                for row in staged:
-                    change_type, review, new_version, record_change = row[2], row[5], row[7], row[8]
-                    if record_change:
-                        counts[change_type] += 1
-                        counts["review"] += int(review)
-                    elif new_version:
-                        counts["baseline"] += 1
-                    else:
-                        counts["unchanged_snapshot"] += 1
+            # The next batch is fetched (PostgreSQL reads it, psycopg decodes its JSON) in a thread
+            # of its own while this one is worked out and written (see sources/readahead.py).
+            with read_ahead(iter(lambda: cur.fetchmany(batch_size), []), depth=1,
+                            name=f"harvester-changes-{run_id}") as batches:
+                for rows in batches:
+                    staged = [_staged_row(run_id, row, config) for row in rows]
+                    _write_staged(conn, staged)
+                    for row in staged:
+                        change_type, review, new_version, record_change = row[2], row[5], row[7], row[8]
+                        if record_change:
+                            counts[change_type] += 1
+                            counts["review"] += int(review)
+                        elif new_version:
+                            counts["baseline"] += 1
+                        else:
+                            counts["unchanged_snapshot"] += 1
     conn.execute("ANALYZE staging_changes")  # the upsert joins it: plan on its real size
     out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
     log.info("compute_changes run %s: %s", run_id, ", ".join(f"{k}={v}" for k, v in out.items()))
