@@ -171,6 +171,17 @@ def _split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
 
 
+def _read_whole(resp: requests.Response) -> None:
+    """Read a streamed answer's body in as few reads as the socket allows; ``resp.content``,
+    ``.text`` and ``.json()`` then return it as usual. Read by requests itself (stream=False), it
+    comes in 10 KB chunks, each of which gives the GIL up and must take it back: with another
+    thread busy (the listing is read ahead while the previous page is staged, see
+    sources/readahead.py) each chunk waited for the switch interval, and a page of 1000 records
+    (~8 MB) took seconds instead of milliseconds. Errors are those requests raises for the body
+    (ChunkedEncodingError, ConnectionError for a read timeout, ContentDecodingError)."""
+    resp._content = b"".join(resp.iter_content(chunk_size=None)) or b""
+
+
 class _BasicAuth(requests.auth.HTTPBasicAuth):
     def __repr__(self) -> str:
         return "<BasicAuth ***>"
@@ -453,7 +464,8 @@ class CkanClient:
             retry_after = status = None
             try:
                 resp = self.session.get(url, params=params, headers=self._headers, auth=self._auth,
-                                        timeout=self.timeout)
+                                        timeout=self.timeout, stream=True)
+                _read_whole(resp)
             except requests.Timeout as exc:
                 last = f"timeout after {self.timeout}s ({type(exc).__name__})"
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
