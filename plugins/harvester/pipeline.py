@@ -319,6 +319,10 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         reuse = vectors.reuse(conn, run_id, model, run.started_at)
         reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language)
+        # Search's copies of the vectors (sql/010): merge wrote those of the datasets it linked; a
+        # run that listed the whole portal, or the first of a model, checks every dataset's.
+        if run.lists_whole_portal or not vectors.copies_checked(conn, portal.url, model):
+            vectors.copy_for_search(conn, portal.url, model)
         written = history.write_history(conn, run_id, portal.url, run.started_at)
         removals = {"removed": 0}
         if run.lists_whole_portal:

@@ -4,6 +4,8 @@ Everything is set-based: one statement per step for the whole run, never one per
 """
 from __future__ import annotations
 
+from . import vectors
+
 OUTCOMES = ("created", "updated", "unchanged", "failed", "reidentified")
 # The columns of staging_records that statements filter, join, group or sort on (classify analyzes them).
 _PLANNED_COLUMNS = ("run_id", "seq", "source_id", "error", "outcome", "content_changed", "content_hash",
@@ -97,7 +99,7 @@ def _reidentify(conn, params: dict) -> None:
 def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple") -> dict[str, int]:
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
-    ``model``. ``search_config`` (the portal's language) is the text-search configuration its
+    ``model`` (search's copy of each vector linked now written beside it: dataset_vectors). ``search_config`` (the portal's language) is the text-search configuration its
     datasets are indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets
     left without a vector (embedding deferred)."""
     params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
@@ -138,13 +140,16 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
           AND d.portal_url = %(portal)s AND d.source_id = s.source_id
         """, params)
     # A vector is linked only when it is of the dataset's current text: a dataset whose text
-    # changed never keeps its old vector.
-    conn.execute(
+    # changed never keeps its old vector. Search's copy of each newly linked vector goes beside it.
+    linked = conn.execute(
         """
         UPDATE datasets d SET embedded_content_hash = d.content_hash
         WHERE d.portal_url = %(portal)s AND d.embedded_content_hash IS DISTINCT FROM d.content_hash
           AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash AND e.model = %(model)s)
-        """, params)
+        RETURNING d.id
+        """, params).fetchall()
+    if linked:
+        vectors.copy_for_search(conn, portal_url, model, [row[0] for row in linked])
     skipped = conn.execute(
         """
         SELECT count(*) FROM staging_records s

@@ -325,6 +325,54 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
     return len(rows)
 
 
+def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int] | None = None) -> int:
+    """Inside the caller's transaction (a run's upsert): ``dataset_vectors`` (sql/010) brought up to
+    date, in one statement, with a copy of the ``model`` vector of each dataset's current text where
+    its copy is missing, of another model or of an older text: for ``dataset_ids`` (those a run
+    linked to a vector), or with None for every dataset of the portal. Written in dataset id order,
+    the order search's exact path reads them in. After a pass over every dataset, the portal is
+    marked checked for ``model`` when each of its live datasets has its copy (a model switch still
+    embedding, or texts waiting for their vector, leave it unmarked: the next run checks again).
+    Returns the copies written."""
+    written, behind = conn.execute(
+        """
+        WITH b AS MATERIALIZED (
+            SELECT s.dataset_id, s.content_hash, s.removed_at FROM dataset_search s
+            WHERE s.portal_url = %(portal)s AND (%(ids)s::bigint[] IS NULL OR s.dataset_id = ANY(%(ids)s::bigint[]))
+              AND NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = s.dataset_id
+                                AND c.model = %(model)s AND c.content_hash = s.content_hash)
+        ), w AS (
+            INSERT INTO dataset_vectors AS v (dataset_id, model, content_hash, embedding)
+            SELECT b.dataset_id, e.model, e.content_hash, e.embedding
+            FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
+            ORDER BY b.dataset_id
+            ON CONFLICT (dataset_id) DO UPDATE SET
+                model = EXCLUDED.model, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
+            RETURNING v.dataset_id
+        )
+        SELECT (SELECT count(*) FROM w),
+               (SELECT count(*) FROM b WHERE b.removed_at IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM w WHERE w.dataset_id = b.dataset_id))
+        """, {"portal": portal_url, "model": model,
+              "ids": None if dataset_ids is None else list(dataset_ids)}).fetchone()
+    if dataset_ids is None:
+        if behind:
+            conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal_url,))
+        else:
+            conn.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES (%s, %s)"
+                         " ON CONFLICT (portal_url) DO UPDATE SET model = EXCLUDED.model, checked_at = now()",
+                         (portal_url, model))
+    return int(written)
+
+
+def copies_checked(conn, portal_url: str, model: str) -> bool:
+    """Whether a pass over every dataset of the portal last copied ``model``'s vectors: then a run
+    copies only the vectors it links; otherwise (a model switch, a database from before sql/010) it
+    checks them all."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM dataset_vectors_checked WHERE portal_url = %s AND model = %s)",
+                        (portal_url, model)).fetchone()[0]
+
+
 # -- reading: coverage, search, cache administration ------------------------------------------------
 def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
     """Per model: (live datasets with a vector of their current text, live datasets)."""

@@ -1,0 +1,99 @@
+"""dataset_vectors (sql/010): the copy of each dataset's vector that search's exact path reads, kept
+by the runs' upserts. Real PostgreSQL + pgvector, the local CKAN portal, the real google-genai SDK
+against the local Gemini-protocol server."""
+import copy
+from datetime import datetime, timedelta, timezone
+
+from harvester import pipeline
+from harvester.portal import Portal
+from harvester.store import vectors
+
+from test_bulk_index import reader  # noqa: F401 (a fixture: the run's second connection)
+from test_embedding_runs import distinct_records
+
+DRIFT = """
+    SELECT count(*) FROM datasets d
+    JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
+    LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
+    WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
+       OR v.embedding <> e.embedding
+"""
+
+
+def copies(db) -> dict[str, tuple[str, str]]:
+    """source_id -> (model, xmin of the copy's row: a new one whenever the row was written)."""
+    return {r[0]: (r[1], r[2]) for r in db.execute(
+        "SELECT d.source_id, v.model, v.xmin::text FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id")}
+
+
+def test_runs_copy_what_they_link_and_check_everything_when_the_model_changes(
+        db, reader, portal_server, samples, gemini, monkeypatch):
+    from harvester.embeddings import get_provider
+
+    records = distinct_records(samples, 40)
+    portal_server.set_records(records)
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    first = get_provider()
+
+    # A first sync: every dataset's copy, in dataset order, and the portal checked for the model.
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
+    before = copies(db)
+    assert len(before) == 40 and {m for m, _ in before.values()} == {first.model}
+    assert db.execute(DRIFT, {"model": first.model}).fetchone()[0] == 0
+    assert vectors.copies_checked(db, portal.url, first.model)
+    assert db.execute("SELECT array_agg(dataset_id ORDER BY ctid) = array_agg(dataset_id ORDER BY dataset_id)"
+                      " FROM dataset_vectors").fetchone()[0]
+
+    # An incremental run that changes nothing writes no copy.
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
+    assert copies(db) == before
+
+    # One dataset's text changes: its copy alone is written again, of its new text.
+    changed = copy.deepcopy(records)
+    changed[7]["title"] = changed[7]["title"] + " (revised)"
+    later = datetime.now(timezone.utc) + timedelta(minutes=5)
+    changed[7]["metadata_modified"] = later.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    portal_server.set_records(changed)
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
+    assert stats["updated"] == 1
+    after = copies(db)
+    assert {s for s in after if after[s] != before[s]} == {changed[7]["id"]}
+    assert db.execute(DRIFT, {"model": first.model}).fetchone()[0] == 0
+
+    # Another model: its first run checks every dataset of the portal and copies the new vectors.
+    monkeypatch.setenv("GEMINI_EMBEDDING_DIMENSION", "256")
+    second = get_provider()
+    assert second.model != first.model
+    assert not vectors.copies_checked(db, portal.url, second.model)
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), second)
+    assert {m for m, _ in copies(db).values()} == {second.model}
+    assert db.execute("SELECT DISTINCT vector_dims(embedding) FROM dataset_vectors").fetchall() == [(256,)]
+    assert db.execute(DRIFT, {"model": second.model}).fetchone()[0] == 0
+    assert vectors.copies_checked(db, portal.url, second.model)
+    assert not vectors.copies_checked(db, portal.url, first.model)
+
+
+def test_a_portal_with_datasets_still_waiting_for_vectors_is_checked_again(db, reader, portal_server, samples,
+                                                                         gemini):
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, 30))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+
+    # a vector invalidated (to be embedded again) takes its copy with it
+    source_id = db.execute("SELECT source_id FROM datasets ORDER BY id LIMIT 1").fetchone()[0]
+    assert vectors.invalidate(db, provider.model, portal_url=portal.url, source_id=source_id) == 1
+    assert source_id not in copies(db)
+    with db.transaction():
+        assert vectors.copy_for_search(db, portal.url, provider.model) == 0  # no vector to copy yet
+    assert not vectors.copies_checked(db, portal.url, provider.model), "one live dataset has no copy"
+
+    # the next run embeds it again, links it, and copies it
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert stats["embedded"] == 1
+    assert source_id in copies(db)
+    assert db.execute(DRIFT, {"model": provider.model}).fetchone()[0] == 0
+    assert vectors.copies_checked(db, portal.url, provider.model)
