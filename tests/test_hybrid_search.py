@@ -450,3 +450,80 @@ def test_the_search_table_follows_every_write_to_datasets(conn):
 
 class _Rollback(Exception):
     """Leaves the module's database as it was."""
+
+
+# -- dataset_vectors: the vectors by dataset, for the exact path -------------------------------------------
+COPY_DRIFT = """
+    SELECT count(*) FROM datasets d
+    JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
+    LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
+    WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
+       OR v.embedding <> e.embedding
+"""
+
+
+def test_each_run_copies_its_datasets_vectors_beside_them(conn):
+    vectors_held = conn.execute("SELECT count(*) FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash"
+                                " AND e.model = %s", (MODEL_NAME,)).fetchone()[0]
+    assert vectors_held > 800
+    assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == vectors_held
+    assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 0
+    # each portal's copies were written in dataset order, the order the exact path reads them in
+    position = "(ctid::text::point)[0] * 1000 + (ctid::text::point)[1]"
+    assert conn.execute(f"SELECT corr(dataset_id, {position}) FROM dataset_vectors").fetchone()[0] > 0.99
+
+
+def test_copy_for_search_writes_only_what_is_missing_or_behind(conn, corpus):
+    from harvester.store import vectors
+
+    portal = corpus["portals"]["br"]
+    assert vectors.copy_for_search(conn, portal, MODEL_NAME) == 0  # nothing changed since the harvest
+    with pytest.raises(_Rollback), conn.transaction():
+        ids = [r[0] for r in conn.execute("SELECT v.dataset_id FROM dataset_vectors v JOIN datasets d ON d.id ="
+                                          " v.dataset_id WHERE d.portal_url = %s ORDER BY 1 LIMIT 3", (portal,))]
+        conn.execute("DELETE FROM dataset_vectors WHERE dataset_id = %s", (ids[0],))
+        conn.execute("UPDATE dataset_vectors SET content_hash = 'an older text' WHERE dataset_id = %s", (ids[1],))
+        conn.execute("UPDATE dataset_vectors SET model = 'another-model' WHERE dataset_id = %s", (ids[2],))
+        assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 3
+        # the datasets a run linked: those only
+        assert vectors.copy_for_search(conn, portal, MODEL_NAME, [ids[0]]) == 1
+        assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 2
+        # every dataset of the portal (a full sync, a model's first run)
+        assert vectors.copy_for_search(conn, portal, MODEL_NAME) == 2
+        assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 0
+        assert vectors.copies_checked(conn, portal, MODEL_NAME)
+        raise _Rollback
+
+
+def test_the_exact_path_reads_the_copies_and_looks_up_the_rest(conn, embed):
+    """Exact ranking (a selective filter) takes each vector from dataset_vectors when the copy is of the
+    dataset's current text and of the query's model, and from embeddings otherwise: a missing, stale or
+    other-model copy changes nothing in the results."""
+    import numpy as np
+
+    query = embed("heritage buildings")
+    filters = SearchFilters(tag="patrimonio")  # 12 datasets: ranked exactly
+    check = lambda d: "patrimonio" in {fold(t).lower() for t in d[2]}  # noqa: E731
+    truth = _exact_similarities(conn, query, check)[:10]
+
+    def similarities():
+        found = search(conn, "heritage buildings", mode="vector", filters=filters, limit=10, query_vector=query)
+        return [i["similarity"] for i in found.items]
+
+    assert similarities() == truth
+    with pytest.raises(_Rollback), conn.transaction():
+        ids = [r[0] for r in conn.execute("SELECT s.dataset_id FROM dataset_search s"
+                                          " WHERE s.tags @> ARRAY['patrimonio'] ORDER BY 1")]
+        assert len(ids) >= 10
+        far = -np.asarray(query, dtype=np.float32)  # the opposite of the query
+        # the copies are what the exact path reads: a changed copy changes the ranking
+        conn.execute("UPDATE dataset_vectors SET embedding = %s WHERE dataset_id = ANY(%s)", (far, ids))
+        assert similarities() != truth
+        # ... and only a current one of the query's model counts: the others are looked up in embeddings
+        conn.execute("UPDATE dataset_vectors SET content_hash = 'an older text' WHERE dataset_id = ANY(%s)",
+                     (ids[0::3],))
+        conn.execute("UPDATE dataset_vectors SET model = 'another-model' WHERE dataset_id = ANY(%s)", (ids[1::3],))
+        conn.execute("DELETE FROM dataset_vectors WHERE dataset_id = ANY(%s)", (ids[2::3],))
+        assert similarities() == truth
+        raise _Rollback
+    assert similarities() == truth

@@ -328,17 +328,27 @@ def _vector_statements(dimension: int, where: str):
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
         """).format(expr=expr, q=q, where=sql.SQL(where))
-    # Every distance computed first (a materialized CTE), at full precision (the index holds
-    # half-precision copies), then sorted: an ORDER BY on the distance itself would be planned as an HNSW scan, which without the iterative scan stops at ef_search
-    # and may find nothing that passes the filters.
+    # Every distance computed first (materialized CTEs), at full precision (the index holds
+    # half-precision copies), then sorted: an ORDER BY on the distance itself would be planned as
+    # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
+    # passes the filters. The vectors come from dataset_vectors (sql/010), fetched as one sorted
+    # list of ids: rows in dataset order, read in that order. Datasets without a current copy of
+    # the model (a run not committed yet, a model switch) are looked up in embeddings.
     exact = sql.SQL(
         """
-        WITH d AS MATERIALIZED (
-            SELECT s.dataset_id, e.embedding::vector({dim}) <=> %(query)s::vector({dim}) AS distance
-            FROM dataset_search s JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
-            WHERE {where}
+        WITH f AS MATERIALIZED (
+            SELECT s.dataset_id, s.content_hash FROM dataset_search s WHERE {where}
+        ), c AS MATERIALIZED (
+            SELECT v.dataset_id, v.content_hash, v.embedding <=> %(query)s::vector({dim}) AS distance
+            FROM dataset_vectors v
+            WHERE v.dataset_id = ANY(ARRAY(SELECT f.dataset_id FROM f)) AND v.model = %(model)s
+        ), d AS (
+            SELECT f.dataset_id, coalesce(c.distance, (
+                       SELECT e.embedding::vector({dim}) <=> %(query)s::vector({dim}) FROM embeddings e
+                       WHERE e.content_hash = f.content_hash AND e.model = %(model)s)) AS distance
+            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
         )
-        SELECT dataset_id, 1 - distance FROM d ORDER BY distance, dataset_id LIMIT %(n)s
+        SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
         """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
     return hnsw, exact
 
@@ -366,11 +376,12 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     if narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit:
         return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
     with conn.transaction():
-        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(settings.ef_search),))
         # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
         # outer ORDER BY restores the exact order of what it found.
-        conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-        conn.execute("SELECT set_config('hnsw.max_scan_tuples', %s, true)", (str(settings.max_scan_tuples),))
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true),"
+                     " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                     " set_config('hnsw.max_scan_tuples', %s, true)",
+                     (str(settings.ef_search), str(settings.max_scan_tuples)))
         rows = conn.execute(hnsw, values).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
         rows = conn.execute(exact, values).fetchall()
