@@ -37,6 +37,17 @@ def _connection(migrate: bool = False):
         yield conn
     finally:
         conn.close()
+        _release_memory()
+
+
+def _release_memory() -> None:
+    """What the step freed goes back to the system before the next step of this process (memory.py),
+    and the task log says how large the process got."""
+    from . import memory
+
+    before, after = memory.release()
+    log.info("memory: %.0f MB resident, %.0f MB before handing back what the step freed; peak %.0f MB",
+             after, before, memory.peak_rss_mb())
 
 
 def _is_backfill(dag_run) -> bool:
