@@ -76,6 +76,7 @@ class FakeGemini(LocalAPIServer):
         self._flight = threading.Condition()
         self._hold: int | None = None
         self._hold_timeout = 0.0
+        self._odd_answers: list = []  # 200 answers to give instead of the vectors (answer_next)
 
     # -- control ------------------------------------------------------------------------------
     def fail_next(self, n: int = 1, status: int | None = 500, retry_after: float | str | None = None,
@@ -85,6 +86,12 @@ class FakeGemini(LocalAPIServer):
         ``retry_after``: a Retry-After header; ``retry_delay`` (e.g. "7s"): a google.rpc.RetryInfo
         detail in the body, as Gemini sends on 429."""
         self._queue_failure(n, status, retry_after, retry_delay, message)
+
+    def answer_next(self, body) -> None:
+        """The next embedding request is answered 200 with ``body``: a str as it is (text/plain, as a
+        proxy's page would be), anything else as JSON (an answer of the wrong shape)."""
+        with self._lock:
+            self._odd_answers.append(body)
 
     def hold_until_in_flight(self, n: int, timeout: float = 20.0) -> None:
         """Requests wait (before being answered) until ``n`` are being answered at once, then all
@@ -122,6 +129,10 @@ class FakeGemini(LocalAPIServer):
         body = self._record(path, headers, raw)
         if self.delay:
             time.sleep(self.delay)
+        with self._lock:
+            odd = self._odd_answers.pop(0) if self._odd_answers else None
+        if odd is not None:
+            return 200, {}, odd
         match = _PATH.match(path.split("?", 1)[0])
         if not match:
             return 404, {}, error_body(404, f"Path {path} was not found.")

@@ -185,6 +185,20 @@ def test_server_errors_are_transient(gemini, fake, status):
     assert len(fake.requests) == 1
 
 
+@pytest.mark.parametrize("answer, says, terminal", [
+    ("<html><body>502 Bad Gateway</body></html>", "not a JSON object", False),  # a proxy's page
+    ({"embeddings": [{"values": [0.5] * 767}]}, "a vector of 767 dimensions, expected 768", True),
+    ({"embeddings": [{"values": ["x"] * 768}]}, "values that are not numbers", False),
+    ({"embeddings": []}, "returned 0 embeddings for 1 texts", False),
+])
+def test_an_answer_of_the_wrong_shape_is_an_error_that_says_so(gemini, fake, answer, says, terminal):
+    fake.answer_next(answer)
+    with pytest.raises(EmbeddingError, match=says) as raised:
+        gemini.embed_documents(["one text"])
+    assert isinstance(raised.value, TerminalEmbeddingError) is terminal
+    assert len(gemini.embed_documents(["one text"])[0]) == 768  # the next answer is read as usual
+
+
 def test_timeouts_and_unreachable_servers_are_transient(fake):
     fake.delay = 1.0
     with pytest.raises(EmbeddingError) as info:

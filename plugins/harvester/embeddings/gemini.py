@@ -151,35 +151,50 @@ class GeminiProvider:
         return _GOOGLE_KEY.sub("AIza***", text)
 
     def _embed(self, texts: list[str], task_type: str) -> list[np.ndarray]:
-        from google.genai import types
+        import orjson
 
         client = self._get_client()
-        # Deterministic cap (the model reads at most 2048 tokens); the API rejects empty parts.
-        # One Content per text: given bare strings, the SDK merges them into one Content (one vector)
-        # for the multimodal embedding models (gemini-embedding-2 and later).
-        contents = [types.Content(role="user", parts=[types.Part(text=text[:MAX_TEXT_CHARS] if text.strip() else " ")])
-                    for text in texts]
-        config = types.EmbedContentConfig(task_type=task_type, output_dimensionality=self.dimension)
+        model = f"models/{self.model_name}"
+        # Deterministic cap (the model reads at most 2048 tokens); the API rejects empty parts. One
+        # request (one Content) per text: batchEmbedContents answers one vector for each.
+        body = {"requests": [{"model": model, "content": {"role": "user", "parts": [
+                    {"text": text[:MAX_TEXT_CHARS] if text.strip() else " "}]},
+                              "taskType": task_type, "outputDimensionality": self.dimension} for text in texts]}
         error: EmbeddingError | None = None
         try:
-            response = client.models.embed_content(model=self.model_name, contents=contents, config=config)
+            # The SDK's own request (endpoint, key header, timeout, errors raised as
+            # google.genai.errors), the body being what models.embed_content sends; the answer is
+            # read here rather than by embed_content, whose pydantic objects cost about 50 ms of CPU
+            # for 100 vectors of 768 dimensions, twice the JSON parsing, holding the GIL the other
+            # requests in flight wait for (py-spy over bench/first_sync_bench.py (f)). Pinned
+            # google-genai (requirements.txt); tests/test_embedding_providers.py checks the wire.
+            response = client._api_client.request("post", f"{model}:batchEmbedContents", body)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one of ours, scrubbed
             error = self._map_error(exc)
         if error is not None:
             # Raised here, not in the except block: no __context__ holding the SDK's request (and key).
             raise error
-        embeddings = response.embeddings or []
+        try:
+            answer = orjson.loads(response.body or "{}")
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise EmbeddingError(f"Gemini answered {len(response.body or '')} bytes that are not a JSON object")
+        embeddings = answer.get("embeddings") or []
         if len(embeddings) != len(texts):
             raise EmbeddingError(f"Gemini returned {len(embeddings)} embeddings for {len(texts)} texts")
-        vectors = []
-        for embedding in embeddings:
-            vector = np.asarray(embedding.values or [], dtype=np.float64)
-            if vector.shape != (self.dimension,):
-                raise TerminalEmbeddingError(f"Gemini returned a vector of {vector.shape[0]} dimensions, "
+        rows = [e.get("values") or [] if isinstance(e, dict) else [] for e in embeddings]
+        for row in rows:
+            if len(row) != self.dimension:
+                raise TerminalEmbeddingError(f"Gemini returned a vector of {len(row)} dimensions, "
                                              f"expected {self.dimension} ({self.model})")
-            norm = np.linalg.norm(vector)
-            vectors.append((vector / norm if norm else vector).astype(np.float32))
-        return vectors
+        try:
+            matrix = np.array(rows, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise EmbeddingError("Gemini returned a vector with values that are not numbers") from None
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        return list((matrix / norms).astype(np.float32))
 
     def _map_error(self, exc: Exception) -> EmbeddingError:
         from google.genai import errors as genai_errors
