@@ -221,3 +221,21 @@ def test_through_airflow_every_mapped_shard_loads_without_the_index(harvest, por
     assert [w["bulk_index"] for w in work] == [True, True, True]
     assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 250
     assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+
+
+def test_embed_changed_trusts_a_plan_of_nothing_to_embed(db, reader, portal_server, samples, gemini):
+    """hash_compare's count of zero pending texts spares embed_changed a second pass over the portal
+    (a no-change run of a large portal); any other count, or none, is looked for again."""
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, 20))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    run_id, planned = steps(db, reader, portal, provider)
+    assert planned["pending_texts"] == 20
+    # a plan of none is taken at its word: no query, no request (here it was not true: 20 were pending)
+    skipped = pipeline.embed_changed(db, reader, portal, run_id, provider, planned=0)
+    assert (skipped["embedding_requests"], skipped["embedded"]) == (0, 0)
+    assert not gemini.requests
+    done = pipeline.embed_changed(db, reader, portal, run_id, provider, planned=planned["pending_texts"])
+    assert done["embedded"] == 20

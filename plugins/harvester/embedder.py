@@ -313,8 +313,9 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
                                    shard=shard, shards=shards, backlog_limit=backlog)
     if not stopped and dimension is not None:  # (None: none were pending a moment ago; the next run sees them)
         left_pending += _Batches(conn, run_id, provider, dimension, breaker, settings, counts, progress).run(batches)
-    for batch in batches:  # not read: the breaker stopped the calls (or no vector size): the next run's
-        left_pending += len(batch)
+    if total:  # (none pending: no second pass over the portal's datasets to find none again)
+        for batch in batches:  # not read: the breaker stopped the calls (or no vector size): the next run's
+            left_pending += len(batch)
     counts["left_pending"] = left_pending
     log.info("embed_changed shard %d/%d done: %s", shard + 1, shards,
              summary(counts, ("embedding_requests", "embedded", "left_pending")))

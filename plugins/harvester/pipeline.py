@@ -287,12 +287,17 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
 
 def embed_changed(conn, reader, portal: Portal, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
-                  breaker_config=None, bulk_index: bool = False) -> dict:
+                  breaker_config=None, bulk_index: bool = False, planned: int | None = None) -> dict:
     """Embed every text of the portal (in this shard) that has no vector for the provider's model
     yet: this run's new and changed texts and whatever earlier runs left pending, each distinct
     text once, through the shared circuit breaker. ``reader`` streams the pending texts.
-    ``bulk_index``: hash_compare dropped the model's index for a bulk load; upsert builds it."""
+    ``bulk_index``: hash_compare dropped the model's index for a bulk load; upsert builds it.
+    ``planned``: the pending texts hash_compare counted for the whole run; 0 skips looking for them
+    again (a pass over every dataset of the portal: most of a no-change run's time at 100k)."""
     runs.require_running(conn, run_id)
+    if planned == 0:
+        log.info("embed_changed shard %d/%d: hash_compare found no text to embed", shard + 1, shards)
+        return {"run_id": run_id, "shard": shard, "embedding_requests": 0, "embedded": 0, "left_pending": 0}
     counts = embed_pending(conn, reader, portal.url, run_id, provider, shard=shard, shards=shards,
                            settings=settings, breaker_config=breaker_config, label=f"{portal.name} ",
                            build_index=not bulk_index)

@@ -139,7 +139,10 @@ def embed_changed(portal: Portal, work: dict) -> dict:
         try:
             return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
                                           shard=work["shard"], shards=work["shards"],
-                                          bulk_index=bool(work.get("bulk_index")))
+                                          bulk_index=bool(work.get("bulk_index")),
+                                          # what hash_compare counted (a provider changed in between
+                                          # leaves its texts pending for the next run, as a breaker would)
+                                          planned=work.get("pending_texts"))
         except TerminalEmbeddingError as exc:
             _fail_fast(exc)
 
