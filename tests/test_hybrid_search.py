@@ -16,6 +16,7 @@ import yaml
 from harvester.cli import main
 from harvester.embeddings.local import MODEL_NAME, LocalProvider
 from harvester.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
+from test_dataset_vectors import DRIFT as COPY_DRIFT  # copies that differ from their vector
 
 PORTALS = {
     "br": ("portuguese", ("dados-gov-br.jsonl",)),
@@ -453,14 +454,6 @@ class _Rollback(Exception):
 
 
 # -- dataset_vectors: the vectors by dataset, for the exact path -------------------------------------------
-COPY_DRIFT = """
-    SELECT count(*) FROM datasets d
-    JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
-    LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
-    WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
-       OR v.embedding <> e.embedding
-"""
-
 
 def test_each_run_copies_its_datasets_vectors_beside_them(conn):
     vectors_held = conn.execute("SELECT count(*) FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash"
