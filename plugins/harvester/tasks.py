@@ -33,11 +33,17 @@ def _connection(migrate: bool = False):
         conn = db.open_task(migrate=migrate)
     except (VectorExtensionError, db.DatabaseConfigError) as exc:  # retries would meet the same
         _fail_fast(exc)
+    _open_connections.append(conn)
     try:
         yield conn
     finally:
         conn.close()
-        _release_memory()
+        _open_connections.remove(conn)
+        if not _open_connections:  # once a step, as its last connection closes (some steps hold two)
+            _release_memory()
+
+
+_open_connections: list = []  # of the task running in this process (tasks run one at a time)
 
 
 def _release_memory() -> None:

@@ -99,9 +99,10 @@ def _reidentify(conn, params: dict) -> None:
 def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple") -> dict[str, int]:
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
-    ``model`` (search's copy of each vector linked now written beside it: dataset_vectors). ``search_config`` (the portal's language) is the text-search configuration its
-    datasets are indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets
-    left without a vector (embedding deferred)."""
+    ``model`` (search's copy of each vector linked now written beside it: dataset_vectors).
+    ``search_config`` (the portal's language) is the text-search configuration its datasets are
+    indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets left
+    without a vector (embedding deferred)."""
     params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
     # Re-identified datasets take their new id first; the upsert below then updates them in place.
     conn.execute(

@@ -41,7 +41,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Iterator
 
-
 from .. import changes as ch
 from ..dataset import normalize_url, sha256_hex
 from ..sources.readahead import read_ahead
