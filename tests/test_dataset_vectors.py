@@ -97,3 +97,98 @@ def test_a_portal_with_datasets_still_waiting_for_vectors_is_checked_again(db, r
     assert source_id in copies(db)
     assert db.execute(DRIFT, {"model": provider.model}).fetchone()[0] == 0
     assert vectors.copies_checked(db, portal.url, provider.model)
+
+
+def _later(minutes: int) -> str:
+    return (datetime.now(timezone.utc) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def test_a_checked_portal_looks_for_texts_to_embed_among_its_unlinked_datasets_only(db, reader, portal_server,
+                                                                                    samples, gemini):
+    """sql/012: once a pass found every live dataset of the portal with its copy of the model, a
+    dataset linked to its current text counts as having that model's vector; the others (new,
+    changed, waiting for a vector) are found through the datasets_pending index."""
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, 20))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+    content_hash = db.execute("SELECT content_hash FROM datasets ORDER BY id LIMIT 1").fetchone()[0]
+
+    # A vector gone behind the triggers' back: a checked portal trusts the link, an unchecked one looks.
+    with db.transaction():
+        db.execute("SET LOCAL session_replication_role = replica")
+        db.execute("DELETE FROM embeddings WHERE content_hash = %s", (content_hash,))
+    assert vectors.count_pending(db, 0, portal.url, provider.model) == 0
+    db.execute("DELETE FROM dataset_vectors_checked")
+    assert vectors.count_pending(db, 0, portal.url, provider.model) == 1
+    assert [b for b in vectors.iter_pending(reader, 0, portal.url, provider.model, 10)][0][0][0] == content_hash
+
+    # Unlinked datasets are found either way.
+    db.execute("UPDATE datasets SET embedded_content_hash = NULL WHERE content_hash = %s", (content_hash,))
+    db.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES (%s, %s)", (portal.url, provider.model))
+    assert vectors.count_pending(db, 0, portal.url, provider.model) == 1
+
+
+def test_a_vector_deleted_by_hand_unmarks_the_portals_of_its_text(db, reader, portal_server, samples, gemini):
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, 20))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+
+    # Not through `harvester embeddings invalidate` (which unlinks the datasets): the link stays.
+    source_id, content_hash = db.execute("SELECT source_id, content_hash FROM datasets ORDER BY id LIMIT 1").fetchone()
+    db.execute("DELETE FROM embeddings WHERE content_hash = %s", (content_hash,))
+    assert not vectors.copies_checked(db, portal.url, provider.model)
+    assert source_id not in copies(db)
+
+    # Pruning vectors no dataset has the text of leaves the mark alone.
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+    db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
+               " SELECT 'f' || repeat('0', 63), model, dimension, embedding FROM embeddings LIMIT 1")
+    assert vectors.prune(db) == 1
+    assert vectors.copies_checked(db, portal.url, provider.model)
+    assert db.execute(DRIFT, {"model": provider.model}).fetchone()[0] == 0
+
+
+def test_a_dataset_back_from_removal_after_a_model_switch_gets_the_new_models_vector(
+        db, reader, portal_server, samples, gemini, monkeypatch):
+    """Removed under one model, back (its text unchanged) after the portal moved to another, in an
+    incremental run whose embedding is deferred: the next run still embeds it with the new model,
+    though its link to the old model's vector would have said it had one."""
+    from harvester.embeddings import get_provider
+
+    records = distinct_records(samples, 20)
+    gone = records[3]
+    portal_server.set_records(records)
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    first = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
+    portal_server.set_records([r for r in records if r is not gone])
+    assert pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first, full_sync=True)["removed"] == 1
+
+    monkeypatch.setenv("GEMINI_EMBEDDING_DIMENSION", "256")
+    second = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), second, full_sync=True)
+    assert vectors.copies_checked(db, portal.url, second.model)
+
+    back = {**copy.deepcopy(gone), "metadata_modified": _later(5)}
+    portal_server.set_records([r for r in records if r is not gone] + [back])
+    monkeypatch.setenv("CB_FAILURE_THRESHOLD", "1")
+    gemini.fail_next(10_000, status=503)
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), second)
+    assert (stats["fetched"], stats["embedded"]) == (1, 0)
+    assert db.execute("SELECT removed_at IS NULL FROM datasets WHERE source_id = %s", (gone["id"],)).fetchone()[0]
+
+    gemini._fail.clear()
+    db.execute("DELETE FROM circuit_breakers")  # the API is back: no waiting out the breaker
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), second)
+    assert stats["embedded"] == 1
+    assert copies(db)[gone["id"]][0] == second.model
+    assert db.execute(DRIFT, {"model": second.model}).fetchone()[0] == 0

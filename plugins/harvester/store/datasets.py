@@ -128,7 +128,10 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             title = EXCLUDED.title, description = EXCLUDED.description, tags = EXCLUDED.tags,
             organization = EXCLUDED.organization, metadata_modified = EXCLUDED.metadata_modified,
             updated_at = EXCLUDED.updated_at, last_seen_at = EXCLUDED.last_seen_at,
-            removed_at = NULL, raw = EXCLUDED.raw, search_config = EXCLUDED.search_config
+            removed_at = NULL, raw = EXCLUDED.raw, search_config = EXCLUDED.search_config,
+            -- a dataset back from removal is linked again below, to a vector of this run's model:
+            -- its old link may be to a model the portal has since left (see vectors._pending)
+            embedded_content_hash = CASE WHEN d.removed_at IS NULL THEN d.embedded_content_hash END
         """, params)
     # The portal's language changed: its other datasets are indexed again (once, set-based).
     conn.execute("UPDATE datasets SET search_config = %(config)s::regconfig"

@@ -238,7 +238,15 @@ def restore_index(conn, model: str, settings: IndexSettings | None = None) -> bo
     return True
 
 
-_PENDING = """
+def _pending(checked: bool) -> str:
+    """The texts of a run's portal without a vector of the model: this run's created and updated
+    records, and the portal's other live datasets. With ``checked`` (copies_checked: a pass found
+    every live dataset with its copy of the model, sql/010 and sql/012), a dataset still linked to
+    its current text (embedded_content_hash = content_hash) has that model's vector, so only the
+    unlinked ones are looked at, through the datasets_pending partial index: a no-change run no
+    longer probes embeddings once per dataset of the portal."""
+    unlinked = "AND d.embedded_content_hash IS DISTINCT FROM d.content_hash" if checked else ""
+    return f"""
     FROM (
         SELECT s.content_hash, s.title, s.description, true AS from_run
         FROM staging_records s
@@ -246,7 +254,7 @@ _PENDING = """
         UNION ALL
         SELECT d.content_hash, d.title, d.description, false AS from_run
         FROM datasets d
-        WHERE d.portal_url = %(portal)s AND d.removed_at IS NULL
+        WHERE d.portal_url = %(portal)s AND d.removed_at IS NULL {unlinked}
           AND NOT EXISTS (SELECT 1 FROM staging_records s
                           WHERE s.run_id = %(run)s AND s.source_id = d.source_id
                             AND s.outcome IN ('created', 'updated'))
@@ -260,7 +268,8 @@ def count_pending(conn, run_id: int, portal_url: str, model: str, shard: int = 0
     """Distinct texts of the portal without a vector for ``model``: this run's changes and
     anything earlier runs left pending (in one shard of ``shards``, by content hash)."""
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
-    return conn.execute(f"SELECT count(DISTINCT content_hash) {_PENDING}", params).fetchone()[0]
+    pending = _pending(copies_checked(conn, portal_url, model))
+    return conn.execute(f"SELECT count(DISTINCT content_hash) {pending}", params).fetchone()[0]
 
 
 def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int, *, shard: int = 0,
@@ -271,11 +280,12 @@ def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int
     must be a connection of its own."""
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
     backlog = 0
+    pending = _pending(copies_checked(conn, portal_url, model))
     with conn.transaction():
         with conn.cursor(name="harvester_pending_texts") as cur:
             cur.itersize = batch_size
             cur.execute("SELECT content_hash, title, description, from_run FROM ("
-                        f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {_PENDING}"
+                        f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {pending}"
                         " ORDER BY content_hash, from_run DESC) p ORDER BY from_run DESC, content_hash", params)
             while rows := cur.fetchmany(batch_size):
                 if backlog_limit is not None:
@@ -367,7 +377,8 @@ def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int
 
 def copies_checked(conn, portal_url: str, model: str) -> bool:
     """Whether a pass over every dataset of the portal last copied ``model``'s vectors: then a run
-    copies only the vectors it links; otherwise (a model switch, a database from before sql/010) it
+    copies only the vectors it links, and looks for texts to embed among its unlinked datasets only
+    (_pending); otherwise (a model switch, a vector deleted, a database from before sql/010) it
     checks them all."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM dataset_vectors_checked WHERE portal_url = %s AND model = %s)",
                         (portal_url, model)).fetchone()[0]
