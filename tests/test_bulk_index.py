@@ -2,8 +2,12 @@
 holds (a first sync, a model switch) writes them with no index and builds the index once before
 its commit; small runs insert into the live index. Real PostgreSQL + pgvector, the local CKAN
 portal, the real google-genai SDK against the local Gemini-protocol server."""
+import contextlib
 import logging
+import threading
+import time
 
+import psycopg
 import pytest
 
 from harvester import pipeline
@@ -180,6 +184,65 @@ def test_a_run_that_fails_during_a_bulk_load_gets_its_index_back_from_the_next_r
     monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "1000")
     stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), get_provider())
     assert (stats["created"], stats["embedded"]) == (250, 250 - kept)
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+
+
+def test_the_index_is_built_on_a_second_connection_during_the_merge_and_the_run_commits_once_it_is_built(
+        db, reader, database_url, portal_server, samples, gemini, monkeypatch):
+    from harvester.embeddings import get_provider
+    from harvester.store import runs
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    portal_server.set_records(distinct_records(samples, 150))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    run_id, planned = steps(db, reader, portal, provider)
+    assert planned["bulk_index"] is True
+    pipeline.embed_changed(db, reader, portal, run_id, provider, bulk_index=True)
+    second = lambda: contextlib.nullcontext(reader)  # noqa: E731
+
+    # A build that fails fails the upsert: nothing of the run is committed.
+    monkeypatch.setenv("HARVESTER_INDEX_BUILD_MEMORY", "lots")
+    with pytest.raises(ValueError, match="HARVESTER_INDEX_BUILD_MEMORY"):
+        pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch, open_connection=second)
+    monkeypatch.delenv("HARVESTER_INDEX_BUILD_MEMORY")
+    assert runs.get(db, run_id).status == "running"
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0 and model_indexes(db) == {}
+
+    # The build held up by a lock on embeddings: the merge goes on meanwhile, the commit waits for it.
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("LOCK TABLE embeddings IN SHARE ROW EXCLUSIVE MODE")  # blocks CREATE INDEX, not reads
+        out, errors = {}, []
+
+        def upsert():
+            try:
+                out.update(pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch,
+                                           open_connection=second))
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        thread = threading.Thread(target=upsert)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while True:
+            blocker.execute("SELECT pg_stat_clear_snapshot()")  # (read once a transaction otherwise)
+            states = dict(blocker.execute(
+                "SELECT pid, CASE WHEN wait_event_type = 'Lock' THEN 'waiting for a lock' ELSE state END"
+                " FROM pg_stat_activity WHERE pid = ANY(%s)",
+                ([db.info.backend_pid, reader.info.backend_pid],)).fetchall())
+            merged = blocker.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'datasets'::regclass"
+                                     " AND mode = 'RowExclusiveLock'", (db.info.backend_pid,)).fetchone()[0]
+            if (states.get(reader.info.backend_pid) == "waiting for a lock" and merged
+                    and states.get(db.info.backend_pid) == "idle in transaction"):
+                break  # the build waits; the merge has written and waits for the build, uncommitted
+            assert time.monotonic() < deadline and thread.is_alive(), (states, merged, errors)
+            time.sleep(0.05)
+        assert blocker.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0
+        blocker.rollback()  # the lock goes: the build runs, then the run commits
+        thread.join(60)
+    assert not errors, errors
+    assert (out["created"], out["embedded"]) == (150, 150)
+    assert runs.get(db, run_id).status == "committed"
     assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
 
 

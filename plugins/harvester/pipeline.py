@@ -304,11 +304,40 @@ def embed_changed(conn, reader, portal: Portal, run_id: int, provider: Embedding
     return {"run_id": run_id, "shard": shard, **counts}
 
 
+class _IndexBuild:
+    """The model's HNSW index built on a connection of its own (``open_connection()``, a context
+    manager) in a thread, while the upsert's transaction merges: the build keeps PostgreSQL's
+    parallel workers busy, the merge is one backend, and on a few cores neither has to wait for
+    the other. ``wait()`` returns once it is built, or raises what stopped it."""
+
+    def __init__(self, open_connection, model: str):
+        import threading
+
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(open_connection, model),
+                                        name="harvester-index-build", daemon=True)
+        self._thread.start()
+
+    def _run(self, open_connection, model: str) -> None:
+        try:
+            with open_connection() as conn:
+                vectors.restore_index(conn, model)
+        except BaseException as exc:  # handed to wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
-           force_removals: bool = False) -> dict:
+           force_removals: bool = False, open_connection=None) -> dict:
     """One transaction: staging merged into datasets, vectors linked, versions and changes written,
     datasets gone from a clean full sync marked removed, the run's stats written, the watermark
-    moved to the run's start, the run's staging dropped."""
+    moved to the run's start, the run's staging dropped. ``open_connection``: a context manager
+    giving a second connection, on which the model's HNSW index, when a bulk load left it to
+    build, is built during the merge (without it: before the merge)."""
     done = runs.get(conn, run_id)
     if done.status == "committed":
         # A retry of a task whose commit went through (the worker died after it): nothing to redo.
@@ -316,7 +345,22 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         return {"run_id": run_id, **done.stats}
     # After a bulk load (or a run that failed during one), the model's index is built once, before
     # the run's datasets become visible: their vectors are searchable through it from the commit on.
-    vectors.restore_index(conn, model)
+    build = None
+    if vectors.index_missing(conn, model) is not None:
+        if open_connection is None:
+            vectors.restore_index(conn, model)
+        else:
+            build = _IndexBuild(open_connection, model)
+    try:
+        return _merge_and_commit(conn, portal, run_id, model, max_batch, force_removals, build)
+    finally:
+        if build is not None:
+            with contextlib.suppress(BaseException):  # (the merge's own error is the one to raise)
+                build.wait()
+
+
+def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: int, force_removals: bool,
+                      build: _IndexBuild | None) -> dict:
     runs.touch(conn, run_id)
     with conn.transaction():
         run = runs.require_running(conn, run_id)
@@ -346,6 +390,8 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         if removals.get("removal_guard_tripped"):
             stats["removals_withheld"] = removals.get("would_remove", 0)
         unusable = stats.get("reconcile_unusable", 0) if run.mode != FULL else stats.get("failed", 0)
+        if build is not None:
+            build.wait()  # the index is there before the run's datasets are visible
         # datasets_synced: the live datasets held for the portal now (after the merge and removals).
         runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable)
         staging.clear(conn, run_id)
@@ -393,7 +439,8 @@ def harvest(conn, reader, portal: Portal, source: Source, provider: EmbeddingPro
         _reconcile_step(conn, portal, run_id, source)
         planned = hash_compare(conn, reader, portal, run_id, provider.model)
         embed_changed(conn, reader, portal, run_id, provider, bulk_index=planned.get("bulk_index", False))
-        return upsert(conn, portal, run_id, provider.model, provider.max_batch, force_removals=force_removals)
+        return upsert(conn, portal, run_id, provider.model, provider.max_batch, force_removals=force_removals,
+                      open_connection=lambda: contextlib.nullcontext(reader))  # idle by now
     except BaseException as exc:
         abort(conn, run_id, f"{type(exc).__name__}: {exc}")
         raise

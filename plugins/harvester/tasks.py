@@ -172,7 +172,8 @@ def upsert(portal: Portal, run: dict) -> dict:
     with _connection() as conn:
         _resume(conn, portal, run)
         stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
-                                force_removals=bool(ctx["params"].get("force_removals")))
+                                force_removals=bool(ctx["params"].get("force_removals")),
+                                open_connection=_connection)
     events = ctx.get("outlet_events")
     if events is not None:
         from airflow.sdk import Asset

@@ -221,18 +221,24 @@ def drop_index(conn, model: str) -> list[str]:
     return dropped
 
 
-def restore_index(conn, model: str, settings: IndexSettings | None = None) -> bool:
-    """Build the model's HNSW index if vectors of it are stored without one (after a bulk load, or
-    a run that failed during one), or with one an earlier version made of full-precision vectors;
-    True when it built one."""
+def index_missing(conn, model: str) -> int | None:
+    """The dimension of ``model``'s stored vectors when they have no HNSW index of the kind search
+    uses (after a bulk load, a run that failed during one, or an index an earlier version made of
+    full-precision vectors); None when there is nothing to build."""
     indexes = _model_indexes(conn, model)
     if indexes and all(kind == index_kind(size) for _, _, size, kind in indexes):
-        return False
+        return None
     row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s LIMIT 1", (model,)).fetchone()
-    if row is None:
+    return None if row is None else int(row[0])
+
+
+def restore_index(conn, model: str, settings: IndexSettings | None = None) -> bool:
+    """Build the model's HNSW index if index_missing says so; True when it built one."""
+    dimension = index_missing(conn, model)
+    if dimension is None:
         return False
     started = time.monotonic()
-    ensure_index(conn, model, int(row[0]), settings)
+    ensure_index(conn, model, dimension, settings)
     log.info("built the HNSW index %s over the %d vectors of %s in %.1fs", index_name(model), held(conn, model),
              model, time.monotonic() - started)
     return True
