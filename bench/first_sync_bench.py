@@ -7,7 +7,9 @@ records of about 9 KB each, derived from ../shared/ckan-samples by harvest_bench
     time, JSON-parsed, a SHA-256 of each record's canonical JSON, COPY into a plain table of the
     same PostgreSQL. What fetch + parse + hash + COPY of these records can cost at best.
 (b) a full sync through `airflow dags test harvest_bench -c '{"full_sync": true}'`, with a
-    zero-latency local Gemini-protocol server (tests/fake_gemini.py) for the vectors;
+    zero-latency local Gemini-protocol server (tests/fake_gemini.py) for the vectors (--vectors
+    words, the default: shaped like real text embeddings, texts sharing words near each other;
+    --vectors random: random directions, the hardest case for the HNSW index to build);
 (c) the same full sync again, the portal unchanged: every vector is cached;
 (d) an incremental run right after (nothing changed: one listing request, the count check);
 (e) an empty DAG of the same shape (harvest_floor: begin -> fetch_modified -> reconcile ->
@@ -146,12 +148,12 @@ def _serve_portal(datasets: int, pipe) -> None:
     portal.stop()
 
 
-def _serve_gemini(delay: float, pipe) -> None:
+def _serve_gemini(delay: float, vectors: str, pipe) -> None:
     """Child process: the local Gemini-protocol server (threaded: concurrent requests each wait
-    ``delay`` seconds at the same time), until told to stop."""
+    ``delay`` seconds at the same time) answering ``vectors`` vectors (FakeGemini), until told to stop."""
     from fake_gemini import FakeGemini
 
-    fake = FakeGemini(valid_keys={GEMINI_KEY})
+    fake = FakeGemini(valid_keys={GEMINI_KEY}, vectors=vectors)
     fake.delay = delay
     fake.start()
     pipe.send(fake.base_url)
@@ -345,14 +347,14 @@ class Bench:
         from harvester.store.server import EmbeddedServer
 
         n = self.args.datasets
-        say(f"{n:,} synthetic datasets; home {self.home}; {os.cpu_count()} CPUs")
+        say(f"{n:,} synthetic datasets; home {self.home}; {os.cpu_count()} CPUs; --vectors {self.args.vectors}")
         knobs = {k: v for k, v in sorted(os.environ.items())
                  if k.startswith(("HARVESTER_", "GEMINI_", "CB_")) and k != "GEMINI_API_KEY"}
         print("settings from the environment: " + (", ".join(f"{k}={v}" for k, v in knobs.items()) or
                                                      "none (the defaults)"))
         # The portal builds its records in its own process while the rest is set up.
         self.portal = LocalServer("local CKAN portal", _serve_portal, n)
-        self.gemini.append(LocalServer("local Gemini-protocol server", _serve_gemini, 0.0))
+        self.gemini.append(LocalServer("local Gemini-protocol server", _serve_gemini, 0.0, self.args.vectors))
 
         t0 = time.perf_counter()
         self.server = EmbeddedServer(self.home / "pg")
@@ -580,7 +582,7 @@ class Bench:
                 found, ms = timed(hnsw, q)
                 hnsw_ms.append(ms)
                 got.append(len(found & truth) / max(1, min(K, len(truth))))
-        return {"model": model, "vectors": count, "ef_search": ef, "queries": len(queries),
+        return {"model": model, "vectors": count, "vectors_kind": self.args.vectors, "ef_search": ef, "queries": len(queries),
                 "uses_index": vectors.index_name(model) in plan, "recall": statistics.fmean(got),
                 "hnsw_p50": percentile(hnsw_ms, .5), "hnsw_p95": percentile(hnsw_ms, .95),
                 "exact_p50": percentile(exact_ms, .5), "exact_p95": percentile(exact_ms, .95)}
@@ -619,7 +621,7 @@ class Bench:
                     self.record(fastest_stage(done))
         if "f" in args.stages:
             say(f"(f) full sync into a fresh database, {args.latency * 1000:.0f} ms of provider latency per request")
-            slow = LocalServer("local Gemini-protocol server with latency", _serve_gemini, args.latency)
+            slow = LocalServer("local Gemini-protocol server with latency", _serve_gemini, args.latency, args.vectors)
             self.gemini.append(slow)
             slow.wait_ready()  # its start-up is not the stage's CPU
             self.record(self.dag_test("f", f"full sync, {args.latency * 1000:.0f} ms provider latency",
@@ -701,8 +703,13 @@ def print_recall(r: dict) -> None:
         print("  warning: the nearest-neighbour query does not use the model's HNSW index")
     print(f"  recall@{K} {r['recall']:.3f}; HNSW p50 {r['hnsw_p50']:.1f} ms, p95 {r['hnsw_p95']:.1f} ms; "
           f"exact p50 {r['exact_p50']:.1f} ms, p95 {r['exact_p95']:.1f} ms")
-    print("  (the local server's vectors are pseudo-random directions, no structure: a harder case for HNSW "
-          "than real embeddings, so this recall is not comparable with search_bench's)")
+    if r["vectors_kind"] == "random":
+        print("  (--vectors random: the local server's vectors are random directions, no structure: a far harder "
+              "case for HNSW, to build and to search, than real embeddings)")
+    else:
+        print("  (--vectors words: texts sharing words have near vectors, of a low intrinsic dimension, as real "
+              "embeddings; the synthetic portal repeats each sample record about 40 times, its titles told apart "
+              "by a number, so each query has dozens of near-ties)")
 
 
 def verdict(ok: bool) -> str:
@@ -775,6 +782,10 @@ def main() -> int:
     parser.add_argument("--stages", default="abcdef", help="which stages to run (default abcdef; c and d need b)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of (d) and (e) each, interleaved (the fastest counts)")
+    parser.add_argument("--vectors", choices=("words", "random"), default="words",
+                        help="the local Gemini server's vectors: words (default: texts sharing words are near, a low "
+                             "intrinsic dimension, as real embeddings) or random (random directions: the hardest "
+                             "case for an HNSW index, which no real model produces)")
     parser.add_argument("--latency", type=float, default=0.4, help="seconds of provider latency per request in (f)")
     parser.add_argument("--queries", type=int, default=20, help="query vectors for recall@10")
     parser.add_argument("--politeness-delay", type=float, default=0.0,

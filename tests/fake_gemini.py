@@ -25,8 +25,10 @@ import hashlib
 import re
 import threading
 import time
+import zlib
 
 import numpy as np
+import orjson
 
 from local_http import LocalAPIServer
 
@@ -46,13 +48,54 @@ _MESSAGES = {
 }
 
 
-def pseudo_embedding(text: str, task_type: str | None, dimension: int | None) -> list[float]:
+def pseudo_vector(text: str, task_type: str | None, dimension: int | None) -> np.ndarray:
+    """A random direction seeded by the text (and task type): unrelated texts, unrelated vectors."""
     seed = int.from_bytes(hashlib.sha256(f"{task_type or ''}\0{text}".encode()).digest()[:8], "big")
     full = np.random.default_rng(seed).standard_normal(FULL_DIMENSION)
     full /= np.linalg.norm(full)
     # The API's values are float32 (protobuf ``float``): its JSON carries about nine significant
-    # digits, not the seventeen of a float64 repr (which would also triple this server's CPU time).
-    return np.round(full[: dimension or FULL_DIMENSION], 9).tolist()
+    # digits, not the seventeen of a float64 repr.
+    return full[: dimension or FULL_DIMENSION].astype(np.float32)
+
+
+def pseudo_embedding(text: str, task_type: str | None, dimension: int | None) -> list[float]:
+    return pseudo_vector(text, task_type, dimension).tolist()
+
+
+class WordVectors:
+    """Vectors shaped like real text embeddings, for benches (``FakeGemini(vectors="words")``):
+    every word has a fixed direction (one of ``size`` rows, chosen by the word's CRC32), drawn
+    mostly within a fixed ``rank``-dimensional subspace plus a little noise; a text's vector is
+    the normalized sum of its words' directions. Texts sharing words are near each other and the
+    data has a low intrinsic dimension, as with real sentence embeddings (bench/search_bench.py's
+    stand-in, without its corpus-wide IDF: this server sees one batch at a time). Random
+    directions (the default) are the hardest case there is for an HNSW index, to build and to
+    search: no real model's vectors look like that."""
+
+    WORD = re.compile(r"\w+")
+
+    def __init__(self, rank: int = 64, size: int = 1 << 15):
+        self.rank, self.size = rank, size
+        self._tables: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def table(self, dimension: int) -> np.ndarray:
+        with self._lock:
+            table = self._tables.get(dimension)
+            if table is None:
+                rng = np.random.default_rng(dimension)
+                basis = np.linalg.qr(rng.standard_normal((dimension, self.rank)))[0].T
+                noise = 0.3 * (self.rank / dimension) ** 0.5
+                table = self._tables[dimension] = (rng.standard_normal((self.size, self.rank)) @ basis
+                                                   + rng.standard_normal((self.size, dimension)) * noise
+                                                   ).astype(np.float32)
+            return table
+
+    def __call__(self, text: str, task_type: str | None, dimension: int | None) -> np.ndarray:
+        words = self.WORD.findall(text.lower())[:200] or [""]
+        rows = np.fromiter((zlib.crc32(w.encode()) % self.size for w in words), dtype=np.int64, count=len(words))
+        vector = self.table(dimension or FULL_DIMENSION)[rows].sum(axis=0)
+        return vector / (np.linalg.norm(vector) or 1.0)
 
 
 def error_body(code: int, message: str | None = None, details: list | None = None) -> dict:
@@ -66,8 +109,13 @@ def error_body(code: int, message: str | None = None, details: list | None = Non
 class FakeGemini(LocalAPIServer):
     name = "fake-gemini"
 
-    def __init__(self, valid_keys=("AIza-fake-valid-key",), models=("gemini-embedding-001",)):
+    def __init__(self, valid_keys=("AIza-fake-valid-key",), models=("gemini-embedding-001",), vectors: str = "random"):
+        """``vectors``: "random" (pseudo_vector: a random direction per text) or "words"
+        (WordVectors: like real embeddings)."""
         super().__init__()
+        if vectors not in ("random", "words"):
+            raise ValueError(f"vectors={vectors!r}: random or words")
+        self.vector = pseudo_vector if vectors == "random" else WordVectors()
         self.valid_keys = set(valid_keys)
         self.models = set(models)
         self.delay = 0.0  # seconds to wait before answering (timeouts)
@@ -177,8 +225,9 @@ class FakeGemini(LocalAPIServer):
                 return 400, {}, error_body(400, f"* BatchEmbedContentsRequest.requests[{i}].model: unexpected "
                                                 f"model name format or model mismatch")
             text = "".join(part.get("text", "") for part in req.get("content", {}).get("parts", []))
-            embeddings.append({"values": pseudo_embedding(text, req.get("taskType"), req.get("outputDimensionality"))})
-        return 200, {}, {"embeddings": embeddings}
+            embeddings.append({"values": self.vector(text, req.get("taskType"), req.get("outputDimensionality"))})
+        # float32 arrays, written by orjson as the API writes them (each value's shortest float32 form)
+        return 200, {}, orjson.dumps({"embeddings": embeddings}, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def _get(self, path: str):
         return 404, {}, error_body(404, f"Path {path} was not found.")
