@@ -145,15 +145,7 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
         """, params)
     # A vector is linked only when it is of the dataset's current text: a dataset whose text
     # changed never keeps its old vector. Search's copy of each newly linked vector goes beside it.
-    linked = conn.execute(
-        """
-        UPDATE datasets d SET embedded_content_hash = d.content_hash
-        WHERE d.portal_url = %(portal)s AND d.embedded_content_hash IS DISTINCT FROM d.content_hash
-          AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash AND e.model = %(model)s)
-        RETURNING d.id
-        """, params).fetchall()
-    if linked:
-        vectors.copy_for_search(conn, portal_url, model, [row[0] for row in linked])
+    vectors.link(conn, portal_url, model)
     skipped = conn.execute(
         """
         SELECT count(*) FROM staging_records s

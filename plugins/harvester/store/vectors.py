@@ -344,20 +344,54 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
 def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int] | None = None) -> int:
     """Inside the caller's transaction (a run's upsert): ``dataset_vectors`` (sql/010) brought up to
     date, in one statement, with a copy of the ``model`` vector of each dataset's current text where
-    its copy is missing, of another model or of an older text: for ``dataset_ids`` (those a run
-    linked to a vector), or with None for every dataset of the portal. Written in dataset id order,
-    the order search's exact path reads them in. After a pass over every dataset, the portal is
-    marked checked for ``model`` when each of its live datasets has its copy (a model switch still
-    embedding, or texts waiting for their vector, leave it unmarked: the next run checks again).
-    Returns the copies written."""
-    written, behind = conn.execute(
-        """
-        WITH b AS MATERIALIZED (
+    its copy is missing, of another model or of an older text: for ``dataset_ids``, or with None for
+    every dataset of the portal. Written in dataset id order, the order search's exact path reads
+    them in. After a pass over every dataset, the portal is marked checked for ``model`` when each
+    of its live datasets has its copy (a model switch still embedding, or texts waiting for their
+    vector, leave it unmarked: the next run checks again). Returns the copies written."""
+    written, behind, _ = _copy(conn, """
+        b AS MATERIALIZED (
             SELECT s.dataset_id, s.content_hash, s.removed_at FROM dataset_search s
             WHERE s.portal_url = %(portal)s AND (%(ids)s::bigint[] IS NULL OR s.dataset_id = ANY(%(ids)s::bigint[]))
               AND NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = s.dataset_id
                                 AND c.model = %(model)s AND c.content_hash = s.content_hash)
-        ), w AS (
+        )""", {"portal": portal_url, "model": model, "ids": None if dataset_ids is None else list(dataset_ids)})
+    if dataset_ids is None:
+        if behind:
+            conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal_url,))
+        else:
+            conn.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES (%s, %s)"
+                         " ON CONFLICT (portal_url) DO UPDATE SET model = EXCLUDED.model, checked_at = now()",
+                         (portal_url, model))
+    return int(written)
+
+
+def link(conn, portal_url: str, model: str) -> int:
+    """Inside the caller's transaction (merge): every dataset of the portal whose current text has
+    a ``model`` vector and is not linked to it yet gets linked (embedded_content_hash), and its
+    copy for search written (copy_for_search), in one statement: the linked ids never travel to
+    this process (100,000 of them on a first sync). Returns the datasets linked."""
+    _, _, linked = _copy(conn, """
+        l AS (
+            UPDATE datasets d SET embedded_content_hash = d.content_hash
+            WHERE d.portal_url = %(portal)s AND d.embedded_content_hash IS DISTINCT FROM d.content_hash
+              AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash AND e.model = %(model)s)
+            RETURNING d.id, d.content_hash, d.removed_at
+        ), b AS MATERIALIZED (
+            SELECT l.id AS dataset_id, l.content_hash, l.removed_at FROM l
+            WHERE NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = l.id
+                                AND c.model = %(model)s AND c.content_hash = l.content_hash)
+        )""", {"portal": portal_url, "model": model}, count="(SELECT count(*) FROM l)")
+    return int(linked)
+
+
+def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
+    """The copies of the datasets of ``behind`` (CTEs ending in ``b``: dataset_id, content_hash,
+    removed_at of datasets whose copy is missing or behind) written; returns (copies written, live
+    datasets of b left without one, ``count``)."""
+    return conn.execute(
+        f"""
+        WITH {behind}, w AS (
             INSERT INTO dataset_vectors AS v (dataset_id, model, content_hash, embedding)
             SELECT b.dataset_id, e.model, e.content_hash, e.embedding
             FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
@@ -368,17 +402,9 @@ def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int
         )
         SELECT (SELECT count(*) FROM w),
                (SELECT count(*) FROM b WHERE b.removed_at IS NULL
-                  AND NOT EXISTS (SELECT 1 FROM w WHERE w.dataset_id = b.dataset_id))
-        """, {"portal": portal_url, "model": model,
-              "ids": None if dataset_ids is None else list(dataset_ids)}).fetchone()
-    if dataset_ids is None:
-        if behind:
-            conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal_url,))
-        else:
-            conn.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES (%s, %s)"
-                         " ON CONFLICT (portal_url) DO UPDATE SET model = EXCLUDED.model, checked_at = now()",
-                         (portal_url, model))
-    return int(written)
+                  AND NOT EXISTS (SELECT 1 FROM w WHERE w.dataset_id = b.dataset_id)),
+               {count}
+        """, params).fetchone()
 
 
 def copies_checked(conn, portal_url: str, model: str) -> bool:
