@@ -364,12 +364,17 @@ def test_a_changed_language_reindexes_the_portal_at_its_next_run(conn, corpus, c
         assert conn.execute("SELECT DISTINCT search_config::text FROM datasets WHERE portal_url = %s",
                             (de,)).fetchall() == [("english",)]
         assert conn.execute(english, (de,)).fetchone()[0] >= 2
+        # noted for the portal (sql/013): the next runs in English leave its datasets alone
+        assert conn.execute("SELECT search_config::text FROM portal_sync_status WHERE portal_url = %s",
+                            (de,)).fetchone() == ("english",)
     finally:
         corpus["file"].write_text(yaml.safe_dump({"portals": corpus["entries"]}))
         assert main(["harvest", "de", "--json"]) == 0
         capsys.readouterr()
     assert conn.execute("SELECT DISTINCT search_config::text FROM datasets WHERE portal_url = %s",
                         (de,)).fetchall() == [("german",)]
+    assert conn.execute("SELECT search_config::text FROM portal_sync_status WHERE portal_url = %s",
+                        (de,)).fetchone() == ("german",)
 
 
 def test_hybrid_answers_with_text_alone_when_the_embedding_provider_fails(conn):

@@ -133,9 +133,17 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             -- its old link may be to a model the portal has since left (see vectors._pending)
             embedded_content_hash = CASE WHEN d.removed_at IS NULL THEN d.embedded_content_hash END
         """, params)
-    # The portal's language changed: its other datasets are indexed again (once, set-based).
-    conn.execute("UPDATE datasets SET search_config = %(config)s::regconfig"
-                 " WHERE portal_url = %(portal)s AND search_config <> %(config)s::regconfig", params)
+    # The portal's language changed: its other datasets are indexed again (once, set-based). They
+    # are looked at only when the configuration the last run noted (sql/013) is not this one.
+    conn.execute(
+        """
+        UPDATE datasets SET search_config = %(config)s::regconfig
+        WHERE portal_url = %(portal)s AND search_config <> %(config)s::regconfig
+          AND NOT EXISTS (SELECT 1 FROM portal_sync_status p
+                          WHERE p.portal_url = %(portal)s AND p.search_config = %(config)s::regconfig)
+        """, params)
+    conn.execute("UPDATE portal_sync_status SET search_config = %(config)s::regconfig"
+                 " WHERE portal_url = %(portal)s AND search_config IS DISTINCT FROM %(config)s::regconfig", params)
     conn.execute(
         """
         UPDATE datasets d SET last_seen_at = %(seen)s
