@@ -787,7 +787,7 @@ def main() -> int:
                              "intrinsic dimension, as real embeddings) or random (random directions: the hardest "
                              "case for an HNSW index, which no real model produces)")
     parser.add_argument("--latency", type=float, default=0.4, help="seconds of provider latency per request in (f)")
-    parser.add_argument("--queries", type=int, default=20, help="query vectors for recall@10")
+    parser.add_argument("--queries", type=int, default=50, help="query vectors for recall@10")
     parser.add_argument("--politeness-delay", type=float, default=0.0,
                         help="the portal's politeness_delay (default 0: the portal is local)")
     args = parser.parse_args()

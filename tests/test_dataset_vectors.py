@@ -26,6 +26,19 @@ def copies(db) -> dict[str, tuple[str, str]]:
         "SELECT d.source_id, v.model, v.xmin::text FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id")}
 
 
+def harvested(db, reader, portal_server, samples, n: int):
+    """A portal of ``n`` distinct records after its first sync (every copy written, the portal
+    checked for the model): (portal, provider)."""
+    from harvester.embeddings import get_provider
+
+    portal_server.set_records(distinct_records(samples, n))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+    return portal, provider
+
+
 def test_runs_copy_what_they_link_and_check_everything_when_the_model_changes(
         db, reader, portal_server, samples, gemini, monkeypatch):
     from harvester.embeddings import get_provider
@@ -75,13 +88,7 @@ def test_runs_copy_what_they_link_and_check_everything_when_the_model_changes(
 
 def test_a_portal_with_datasets_still_waiting_for_vectors_is_checked_again(db, reader, portal_server, samples,
                                                                          gemini):
-    from harvester.embeddings import get_provider
-
-    portal_server.set_records(distinct_records(samples, 30))
-    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
-    provider = get_provider()
-    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
-    assert vectors.copies_checked(db, portal.url, provider.model)
+    portal, provider = harvested(db, reader, portal_server, samples, 30)
 
     # a vector invalidated (to be embedded again) takes its copy with it
     source_id = db.execute("SELECT source_id FROM datasets ORDER BY id LIMIT 1").fetchone()[0]
@@ -108,13 +115,7 @@ def test_a_checked_portal_looks_for_texts_to_embed_among_its_unlinked_datasets_o
     """sql/012: once a pass found every live dataset of the portal with its copy of the model, a
     dataset linked to its current text counts as having that model's vector; the others (new,
     changed, waiting for a vector) are found through the datasets_pending index."""
-    from harvester.embeddings import get_provider
-
-    portal_server.set_records(distinct_records(samples, 20))
-    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
-    provider = get_provider()
-    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
-    assert vectors.copies_checked(db, portal.url, provider.model)
+    portal, provider = harvested(db, reader, portal_server, samples, 20)
     content_hash = db.execute("SELECT content_hash FROM datasets ORDER BY id LIMIT 1").fetchone()[0]
 
     # A vector gone behind the triggers' back: a checked portal trusts the link, an unchecked one looks.
@@ -133,13 +134,7 @@ def test_a_checked_portal_looks_for_texts_to_embed_among_its_unlinked_datasets_o
 
 
 def test_a_vector_deleted_by_hand_unmarks_the_portals_of_its_text(db, reader, portal_server, samples, gemini):
-    from harvester.embeddings import get_provider
-
-    portal_server.set_records(distinct_records(samples, 20))
-    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
-    provider = get_provider()
-    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
-    assert vectors.copies_checked(db, portal.url, provider.model)
+    portal, provider = harvested(db, reader, portal_server, samples, 20)
 
     # Not through `harvester embeddings invalidate` (which unlinks the datasets): the link stays.
     source_id, content_hash = db.execute("SELECT source_id, content_hash FROM datasets ORDER BY id LIMIT 1").fetchone()
