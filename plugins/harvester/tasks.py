@@ -26,9 +26,12 @@ def _connection(migrate: bool = False):
     A configuration error (harvester_db malformed, or undefined while HARVESTER_EMBEDDED_DB=off; the
     schema behind) and a pgvector that cannot run fail the task without retries; a secrets backend or
     database that did not answer fails it with retries (store/db.py)."""
+    from . import memory
     from .store import db
     from .store.vector_check import VectorExtensionError
 
+    if not _open_connections:  # a step begins: before it starts any thread (memory.py)
+        memory.cap_arenas()
     try:
         conn = db.open_task(migrate=migrate)
     except (VectorExtensionError, db.DatabaseConfigError) as exc:  # retries would meet the same
