@@ -49,7 +49,7 @@ os.unlink(path)
 """
 
 
-def test_cap_arenas_keeps_threads_to_two_malloc_arenas(tmp_path):
+def test_cap_arenas_keeps_threads_to_two_malloc_arenas():
     """Eight threads allocating at once: without the cap glibc gives them arenas of their own (up to
     eight per core), with it they share two (counted by glibc's malloc_info)."""
     import subprocess
