@@ -26,6 +26,10 @@ def copies(db) -> dict[str, tuple[str, str]]:
         "SELECT d.source_id, v.model, v.xmin::text FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id")}
 
 
+def _later(minutes: int) -> str:
+    return (datetime.now(timezone.utc) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
 def harvested(db, reader, portal_server, samples, n: int):
     """A portal of ``n`` distinct records after its first sync (every copy written, the portal
     checked for the model): (portal, provider)."""
@@ -64,8 +68,7 @@ def test_runs_copy_what_they_link_and_check_everything_when_the_model_changes(
     # One dataset's text changes: its copy alone is written again, of its new text.
     changed = copy.deepcopy(records)
     changed[7]["title"] = changed[7]["title"] + " (revised)"
-    later = datetime.now(timezone.utc) + timedelta(minutes=5)
-    changed[7]["metadata_modified"] = later.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    changed[7]["metadata_modified"] = _later(5)
     portal_server.set_records(changed)
     stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), first)
     assert stats["updated"] == 1
@@ -104,10 +107,6 @@ def test_a_portal_with_datasets_still_waiting_for_vectors_is_checked_again(db, r
     assert source_id in copies(db)
     assert db.execute(DRIFT, {"model": provider.model}).fetchone()[0] == 0
     assert vectors.copies_checked(db, portal.url, provider.model)
-
-
-def _later(minutes: int) -> str:
-    return (datetime.now(timezone.utc) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%f")
 
 
 def test_a_checked_portal_looks_for_texts_to_embed_among_its_unlinked_datasets_only(db, reader, portal_server,
