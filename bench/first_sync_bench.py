@@ -326,6 +326,8 @@ class Bench:
             "GEMINI_API_KEY": GEMINI_KEY,
             "GEMINI_BASE_URL": gemini_url,
             "HARVESTER_TASK_RETRIES": "0",  # a failure is a broken bench, not something to wait out
+            # The pool start() creates (unset, embed_changed would run in Airflow's default_pool).
+            "HARVESTER_EMBEDDING_POOL": os.environ.get("HARVESTER_EMBEDDING_POOL") or "embedding_api",
             "HF_HUB_OFFLINE": "1",
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         })
@@ -371,7 +373,7 @@ class Bench:
         t0 = time.perf_counter()
         env = self.env("bench", "http://127.0.0.1:9")
         self.airflow(env, "db", "migrate")
-        self.airflow(env, "pools", "set", os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"), "2",
+        self.airflow(env, "pools", "set", env["HARVESTER_EMBEDDING_POOL"], "2",
                      "Embedding provider calls (first_sync_bench)")
         print(f"Airflow metadata database ready ({time.perf_counter() - t0:.1f}s)")
 

@@ -13,7 +13,9 @@ from airflow.sdk import Asset, Param, dag, task
 
 from harvester import tasks
 from harvester.portal import Portal, load_portals
-from harvester.run import format_duration
+from harvester.run import DAG_RUN_TIMEOUT, TaskSettings, format_duration
+
+SETTINGS = TaskSettings.from_env(os.environ)  # a bad value fails this file's import, naming the variable
 
 DOC = """
 ### Harvest {name}
@@ -26,18 +28,29 @@ Harvests dataset metadata from the {kind} portal {url} into PostgreSQL + pgvecto
   (`reconcile`) or {reconcile_every}, lists every identifier (ids and modification times only),
   fetches what we lack or hold stale, and lets upsert remove what the portal no longer lists.
 * **hash_compare** classifies them against what we hold: created, updated, unchanged, failed.
-* **embed_changed** embeds only texts that have no vector yet (mapped over shards of them), through
+* **embed_changed** embeds only texts that have no vector yet (mapped over shards of them, in the
+  Airflow pool `{pool}`: `HARVESTER_EMBEDDING_POOL`), through
   the embedding provider's shared circuit breaker; while it is open, datasets stay pending.
 * **upsert** commits everything in one transaction (datasets, versions, changes, removals after a
   clean full sync or reconciliation) and moves the watermark, then emits the `harvester://{name}/datasets` Asset event.
 
 Trigger with `reconcile` to compare the whole portal cheaply, with `full_sync` to re-read every record.
-Backfills always run as full syncs.
 A failed run changes nothing users see; the next run starts from the same watermark. After fixing
 the cause, clear the failed task (with downstream) or the whole DAG run: the run resumes where it
 failed, until the portal's next run supersedes it. One run writes the portal at a time: while
-another is running (e.g. `harvester harvest`), begin fails naming it (Airflow retries later);
-trigger with `takeover` to abort it. A run with no progress for {stale_after} is abandoned.
+another is running (e.g. `harvester harvest`), **begin** waits for it, a sensor in reschedule mode
+that holds no worker slot: it logs which run holds the portal, checks again every {busy_poll}, and
+fails naming it after {busy_wait} (`HARVESTER_BUSY_POLL_SECS`, `HARVESTER_BUSY_WAIT_SECS`).
+Trigger with `takeover` to abort that run instead. A run with no progress for {stale_after} is abandoned.
+
+**Backfills mean one full sync.** A portal has no past to replay: each backfill date would read the
+same portal as it is now. The first backfill DAG run to begin syncs the portal in full; the others
+wait for that sync while it runs, and are covered by it once it committed (for
+{backfill_cover}, `HARVESTER_BACKFILL_COVER_SECS`; 0: every backfill DAG run syncs): their begin
+logs the run (run id and DAG run id) that did the work and adds itself to that run's
+`sync_runs.covered_dag_runs`, their other tasks are skipped and the DAG run succeeds, with no Asset
+event or notice of its own. If that sync failed, the next backfill DAG run syncs the portal itself.
+To sync again within that time, trigger the DAG with `full_sync`.
 """
 
 
@@ -49,13 +62,15 @@ def build(portal: Portal):
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
-        dagrun_timeout=timedelta(hours=12),
+        dagrun_timeout=DAG_RUN_TIMEOUT,
         tags=["harvester", portal.type, portal.name],
         doc_md=DOC.format(name=portal.name, url=portal.url, kind=portal.type,
                           lookback=format_duration(portal.lookback),
                           reconcile_every="when the last one is older than " + format_duration(portal.reconcile_every)
                           if portal.reconcile_every is not None else "(reconcile_every is off)",
-                          stale_after=format_duration(portal.stale_after)),
+                          stale_after=format_duration(portal.stale_after),
+                          busy_poll=format_duration(SETTINGS.busy_poll), busy_wait=format_duration(SETTINGS.busy_wait),
+                          backfill_cover=format_duration(SETTINGS.backfill_cover), pool=SETTINGS.embedding_pool),
         params={
             "full_sync": Param(False, type="boolean", title="Full sync",
                                description="List every dataset of the portal instead of only those "
@@ -74,8 +89,8 @@ def build(portal: Portal):
                                           "from the CLI), abort it and run this one instead of waiting for it."),
         },
         default_args={
-            "retries": int(os.environ.get("HARVESTER_TASK_RETRIES", "3")),
-            "retry_delay": timedelta(seconds=int(os.environ.get("HARVESTER_TASK_RETRY_DELAY_SECS", "30"))),
+            "retries": SETTINGS.retries,
+            "retry_delay": SETTINGS.retry_delay,
             "retry_exponential_backoff": True,
             "max_retry_delay": timedelta(minutes=10),
             # Shorter than stale_after: a task still alive is never taken for a dead one.
@@ -85,9 +100,12 @@ def build(portal: Portal):
         on_failure_callback=tasks.on_dag_failure(portal),
     )
     def harvest():
-        @task
+        # A sensor in reschedule mode: while another run holds the portal it frees its worker slot
+        # between checks; its own limit (busy_wait) fails it naming that run, before this backstop.
+        @task.sensor(poke_interval=SETTINGS.busy_poll, timeout=SETTINGS.busy_wait + 2 * SETTINGS.busy_poll,
+                     mode="reschedule")
         def begin():
-            return tasks.begin(portal)
+            return tasks.begin(portal, SETTINGS)
 
         @task
         def fetch_modified(run: dict):
@@ -103,7 +121,7 @@ def build(portal: Portal):
 
         # Mapped over shards of the pending texts: one task for a normal run, several for a big
         # first sync, so a Celery or Kubernetes executor spreads them over workers.
-        @task(pool=os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"))
+        @task(pool=SETTINGS.embedding_pool)
         def embed_changed(work: dict):
             return tasks.embed_changed(portal, work)
 

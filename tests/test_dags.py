@@ -19,6 +19,8 @@ def _bag(folder, monkeypatch, portals: dict | None = None, tmp_path: Path | None
 
 
 def test_one_dag_per_enabled_portal(airflow_db, monkeypatch, tmp_path):
+    for name in ("HARVESTER_EMBEDDING_POOL", "HARVESTER_BUSY_POLL_SECS"):
+        monkeypatch.delenv(name, raising=False)
     portals = {"portals": [
         {"name": "alpha", "url": "https://alpha.example.org", "schedule": "0 3 * * *"},
         {"name": "beta", "url": "https://beta.example.org", "enabled": False},
@@ -47,7 +49,9 @@ def test_one_dag_per_enabled_portal(airflow_db, monkeypatch, tmp_path):
         param = dag.params.get_param(name)
         assert param.value is False and param.schema["type"] == "boolean" and param.description
     assert "when the last one is older than 1d" in dag.doc_md
-    assert dag.get_task("embed_changed").pool == "embedding_api"
+    assert dag.get_task("embed_changed").pool == "default_pool"  # HARVESTER_EMBEDDING_POOL unset: always there
+    begin = dag.get_task("begin")  # waits for a busy portal without holding a worker slot
+    assert begin.reschedule and begin.mode == "reschedule" and begin.poke_interval == 60
     assert dag.get_task("fetch_modified").retry_exponential_backoff
     assert bag.get_dag("harvest_gamma").schedule is None
 

@@ -226,9 +226,11 @@ def test_the_cli_refuses_while_a_dag_run_harvests_and_takes_over_when_told(
 
 
 def test_a_dag_run_refuses_while_the_cli_harvests_then_takes_over(harvest, portal_server, db, samples, caplog,
-                                                                  capfd):
+                                                                  capfd, monkeypatch):
     portal_server.set_records(samples("data-birmingham-gov-uk.jsonl"))
     harvest.configure(portal_server.base_url)
+    monkeypatch.setenv("HARVESTER_BUSY_POLL_SECS", "1")  # begin waits for the CLI run 2s, then gives up
+    monkeypatch.setenv("HARVESTER_BUSY_WAIT_SECS", "2")
     cli = store_runs.start(db, portal_url=portal_server.base_url, portal_name="test", dag_run_id=None,
                            mode="full", since=None)
     caplog.set_level(logging.INFO)

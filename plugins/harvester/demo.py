@@ -78,6 +78,8 @@ def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
         "HARVESTER_PORTALS_FILE": str(ROOT / "dags" / "portals.demo.yaml"),
         "HARVESTER_DEMO_PORTAL_URL": portal_url,
         "HARVESTER_HOME": str(home / "db"),
+        # The pool the demo creates below (unset, embed_changed would run in Airflow's default_pool).
+        "HARVESTER_EMBEDDING_POOL": env.get("HARVESTER_EMBEDDING_POOL") or "embedding_api",
         "HF_HUB_OFFLINE": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     })
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
     try:
         say("preparing the Airflow metadata database")
         airflow(env, "db", "migrate", quiet=True)
-        airflow(env, "pools", "set", os.environ.get("HARVESTER_EMBEDDING_POOL", "embedding_api"), "2",
+        airflow(env, "pools", "set", env["HARVESTER_EMBEDDING_POOL"], "2",
                 "Embedding provider calls across all harvest DAGs", quiet=True)
         if args.standalone:
             portal = seed_for_standalone(env, home, db_url, port, portal)

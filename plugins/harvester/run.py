@@ -184,3 +184,131 @@ def claim(holder: Writer | None, *, dag_run_id: str | None, takeover: bool, stal
         f"one run writes a portal at a time. Wait for it to finish, or take over explicitly "
         f"(harvester harvest --takeover, or trigger the DAG with takeover ticked), which aborts it. "
         f"A run with no progress for {format_duration(stale_after)} (stale_after) is abandoned automatically."))
+
+
+# -- many runs at once: waiting for a busy portal, backfills --------------------------------------
+DAG_RUN_TIMEOUT = timedelta(hours=12)  # a harvest DAG run's dagrun_timeout
+DEFAULT_EMBEDDING_POOL = "default_pool"  # Airflow's own pool: exists in every installation
+
+
+def _whole_number(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}")
+    return value
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """What the harvest DAGs take from the environment, read when the DAG file is parsed (a bad
+    value is an import error naming the variable).
+
+    ``retries``/``retry_delay``: HARVESTER_TASK_RETRIES, HARVESTER_TASK_RETRY_DELAY_SECS.
+    ``busy_poll``: HARVESTER_BUSY_POLL_SECS, how often begin checks a portal another run holds
+    (a sensor in reschedule mode: between checks it holds no worker slot). ``busy_wait``:
+    HARVESTER_BUSY_WAIT_SECS, how long it waits at most before it fails naming that run; by
+    default half the DAG run timeout (so a run that waited that long still has as much for its own
+    work), and always less than it. ``backfill_cover``: HARVESTER_BACKFILL_COVER_SECS, how long a
+    backfill's full sync covers the other DAG runs of a backfill (cover_backfill; 0: never, each
+    backfill DAG run syncs in turn). ``embedding_pool``: HARVESTER_EMBEDDING_POOL, the Airflow pool
+    of embed_changed (default Airflow's default_pool, which always exists: a task in a pool that
+    does not exist is never scheduled)."""
+
+    retries: int = 3
+    retry_delay: timedelta = timedelta(seconds=30)
+    busy_poll: timedelta = timedelta(seconds=60)
+    busy_wait: timedelta = DAG_RUN_TIMEOUT / 2
+    backfill_cover: timedelta = timedelta(hours=12)
+    embedding_pool: str = DEFAULT_EMBEDDING_POOL
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "TaskSettings":
+        limit = int(DAG_RUN_TIMEOUT.total_seconds()) - 1
+        poll = _whole_number(environ, "HARVESTER_BUSY_POLL_SECS", int(cls.busy_poll.total_seconds()), 1, 3600)
+        wait = _whole_number(environ, "HARVESTER_BUSY_WAIT_SECS", int(cls.busy_wait.total_seconds()), 1, limit)
+        if wait < poll:
+            raise ValueError(f"HARVESTER_BUSY_WAIT_SECS={wait} must be at least HARVESTER_BUSY_POLL_SECS={poll}: "
+                             "begin would give up before it checked the portal a second time")
+        pool = (environ.get("HARVESTER_EMBEDDING_POOL") or "").strip() or DEFAULT_EMBEDDING_POOL
+        return cls(retries=_whole_number(environ, "HARVESTER_TASK_RETRIES", cls.retries, 0, 100),
+                   retry_delay=timedelta(seconds=_whole_number(
+                       environ, "HARVESTER_TASK_RETRY_DELAY_SECS", int(cls.retry_delay.total_seconds()), 0, 86400)),
+                   busy_poll=timedelta(seconds=poll), busy_wait=timedelta(seconds=wait),
+                   backfill_cover=timedelta(seconds=_whole_number(
+                       environ, "HARVESTER_BACKFILL_COVER_SECS", int(cls.backfill_cover.total_seconds()), 0,
+                       30 * 86400)),
+                   embedding_pool=pool)
+
+
+@dataclass(frozen=True)
+class BackfillRun:
+    """The newest run of a portal that a backfill DAG run started, as sync_runs holds it."""
+
+    run_id: int
+    dag_run_id: str | None
+    status: str
+    started_at: datetime
+    heartbeat_at: datetime
+    finished_at: datetime | None
+
+    def describe(self) -> str:
+        return f"run {self.run_id} (a full sync started {self.started_at:%Y-%m-%d %H:%M:%S %Z} by DAG run {self.dag_run_id})"
+
+
+@dataclass(frozen=True)
+class Cover:
+    """What a backfill DAG run does: ``run`` (sync the portal itself), ``wait`` (for the backfill
+    full sync under way) or ``covered`` (by ``run_id``, a backfill's full sync committed recently:
+    nothing left to do)."""
+
+    action: str
+    reason: str
+    run_id: int | None = None
+
+
+def cover_backfill(last: BackfillRun | None, *, dag_run_id: str, takeover: bool, window: timedelta,
+                   stale_after: timedelta, now: datetime, portal: str = "the portal") -> Cover:
+    """One full sync per backfill. A portal's records have no past to replay: every backfill DAG run
+    would read the same portal as it is now, so the first backfill DAG run to begin syncs it in full
+    and the others are covered by that sync. Airflow does not tell a task which backfill its DAG run
+    belongs to, so "the same backfill" is read from the harvester's own records: ``last``, the
+    portal's newest run started by a backfill DAG run, covers this one when it is running (then this
+    one waits for it, unless it is stale: then this one syncs and abandons it) or committed less than
+    ``window`` ago. Anything else (none, failed, cancelled, abandoned, older) and ``takeover``: this
+    DAG run syncs the portal itself. Only backfill runs count: a scheduled or manual run in between
+    (which a backfill does not hold back) neither covers a backfill nor stops one from being covered."""
+    if takeover:
+        return Cover("run", "takeover was requested: this DAG run syncs the portal itself")
+    if window <= timedelta(0):
+        return Cover("run", "HARVESTER_BACKFILL_COVER_SECS is 0: every backfill DAG run syncs the portal")
+    if last is None:
+        return Cover("run", f"no backfill DAG run synced {portal} yet: this one does, in full")
+    if last.dag_run_id == dag_run_id:
+        return Cover("run", f"{last.describe()} is this DAG run's own")
+    if last.status == "running":
+        idle = now - last.heartbeat_at
+        if idle >= stale_after:
+            return Cover("run", f"{last.describe()} made no progress for {format_duration(idle)} (stale_after "
+                                f"{format_duration(stale_after)}): this DAG run syncs {portal} instead")
+        return Cover("wait", (
+            f"{portal} is being synced in full for this backfill by {last.describe()}, last progress "
+            f"{format_duration(idle)} ago: this backfill DAG run waits for it instead of syncing the portal again"),
+            last.run_id)
+    if last.status == "committed" and last.finished_at is not None:
+        age = now - last.finished_at
+        if age < window:
+            return Cover("covered", (
+                f"{last.describe()} synced {portal} in full for a backfill and committed {format_duration(age)} ago "
+                f"(HARVESTER_BACKFILL_COVER_SECS {format_duration(window)}): this backfill DAG run has nothing "
+                f"left to do"), last.run_id)
+        return Cover("run", f"the last backfill full sync of {portal}, {last.describe()}, committed "
+                            f"{format_duration(age)} ago (HARVESTER_BACKFILL_COVER_SECS {format_duration(window)}): "
+                            f"this backfill DAG run syncs it again")
+    return Cover("run", f"the last backfill full sync of {portal}, {last.describe()}, is {last.status}: "
+                        f"this backfill DAG run syncs it itself")

@@ -10,6 +10,7 @@ import contextlib
 import logging
 
 from .portal import Portal
+from .run import TaskSettings
 
 log = logging.getLogger(__name__)
 
@@ -21,29 +22,51 @@ def _context():
 
 
 @contextlib.contextmanager
-def _connection(migrate: bool = False):
-    """A connection to harvester_db. Only begin migrates; the other tasks check the schema is current.
-    A configuration error (harvester_db malformed, or undefined while HARVESTER_EMBEDDED_DB=off; the
-    schema behind) and a pgvector that cannot run fail the task without retries; a secrets backend or
-    database that did not answer fails it with retries (store/db.py)."""
+def _connection(migrate: bool = True, role: str = ""):
+    """A connection to harvester_db, named in pg_stat_activity after the task and its process
+    (``harvester <dag_id>.<task_id> pid=<pid>``, plus `` <role>``: the upsert's index build). Every
+    task applies pending migrations (a deploy while runs are in flight: whichever task comes first;
+    migrations.py). A configuration error (harvester_db malformed, or undefined while
+    HARVESTER_EMBEDDED_DB=off or on a distributed executor) and a pgvector that cannot run fail the
+    task without retries; a secrets backend or database that did not answer fails it with retries
+    (store/db.py), and so does a statement that waited longer than HARVESTER_LOCK_TIMEOUT_SECS for
+    a lock (db.LockWaitTimeout, saying so)."""
+    import os
+
+    import psycopg
+
     from . import memory
     from .store import db
     from .store.vector_check import VectorExtensionError
 
     if not _open_connections:  # a step begins: before it starts any thread (memory.py)
         memory.cap_arenas()
+    name = f"harvester {_task_name()} pid={os.getpid()}{' ' + role if role else ''}"
     try:
-        conn = db.open_task(migrate=migrate)
+        conn = db.open_task(migrate=migrate, application_name=name)
     except (VectorExtensionError, db.DatabaseConfigError) as exc:  # retries would meet the same
         _fail_fast(exc)
+    except psycopg.errors.LockNotAvailable as exc:
+        raise db.lock_wait_error(exc, "applying migrations") from None
     _open_connections.append(conn)
     try:
         yield conn
+    except psycopg.errors.LockNotAvailable as exc:
+        raise db.lock_wait_error(exc, _task_name()) from None
     finally:
         conn.close()
         _open_connections.remove(conn)
         if not _open_connections:  # once a step, as its last connection closes (some steps hold two)
             _release_memory()
+
+
+def _task_name() -> str:
+    """``<dag_id>.<task_id>`` of the running task ("" outside one)."""
+    try:
+        ti = _context()["ti"]
+        return f"{ti.dag_id}.{ti.task_id}"
+    except Exception:  # no task context (a callback of a finished task, a plain call)
+        return ""
 
 
 _open_connections: list = []  # of the task running in this process (tasks run one at a time)
@@ -64,28 +87,97 @@ def _is_backfill(dag_run) -> bool:
     return str(getattr(run_type, "value", run_type)) == "backfill"
 
 
-def begin(portal: Portal) -> dict:
-    """Opens the run; while another run holds the portal it fails (and Airflow retries it later),
-    naming that run, unless the trigger asked to take over."""
-    from . import pipeline
+def begin(portal: Portal, settings: TaskSettings | None = None):
+    """The poke of the begin sensor (reschedule mode): opens the run and is done, returning what the
+    other tasks work on (``{"run_id", "mode"}``). While another run holds the portal it logs that run
+    and is not done: Airflow checks again after ``busy_poll``, the task holding no worker slot in
+    between, and fails naming the run once it waited ``busy_wait``. ``takeover`` aborts that run
+    instead. A backfill DAG run that another backfill DAG run's full sync covers (run.cover_backfill)
+    is done at once with ``{"run_id": <that run>, "covered": true, ...}``: its other tasks skip."""
+    from airflow.sdk import PokeReturnValue
 
+    from . import pipeline
+    from .run import format_duration
+    from .store import runs
+
+    settings = settings or TaskSettings()
     ctx = _context()
     dag_run = ctx["dag_run"]
     params = ctx["params"]
-    with _connection(migrate=True) as conn:  # once per DAG run, under migrate's advisory lock
-        return pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(params.get("full_sync")),
-                              backfill=_is_backfill(dag_run), reconcile=bool(params.get("reconcile")),
-                              takeover=bool(params.get("takeover")))
+    takeover = bool(params.get("takeover"))
+    backfill = _is_backfill(dag_run)
+    try:
+        with _connection(migrate=True) as conn:  # once per poke, under migrate's advisory lock
+            if backfill:
+                covered = _covered(conn, portal, dag_run.run_id, takeover, settings)
+                if covered is not None:
+                    return PokeReturnValue(True, xcom_value=covered)
+            run = pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(params.get("full_sync")),
+                                 backfill=backfill, reconcile=bool(params.get("reconcile")), takeover=takeover)
+            if backfill:
+                runs.mark_backfill(conn, run["run_id"])
+    except runs.RunInProgress as exc:
+        waited = _waited(ctx)
+        if waited >= settings.busy_wait:
+            _fail_fast(f"{exc} Gave up after waiting {format_duration(waited)} for it (HARVESTER_BUSY_WAIT_SECS "
+                       f"{int(settings.busy_wait.total_seconds())}).")
+        log.info("%s Waiting for it: checked again in %s, without holding a worker slot (waited %s of at most %s, "
+                 "HARVESTER_BUSY_WAIT_SECS).", exc, format_duration(settings.busy_poll), format_duration(waited),
+                 format_duration(settings.busy_wait))
+        return PokeReturnValue(False)
+    return PokeReturnValue(True, xcom_value=run)
+
+
+def _waited(ctx):
+    """How long the begin sensor has been waiting: since its first poke (Airflow's first reschedule)."""
+    from datetime import datetime, timedelta, timezone
+
+    first = ctx["ti"].get_first_reschedule_date(ctx)
+    return datetime.now(timezone.utc) - first if first is not None else timedelta(0)
+
+
+def _covered(conn, portal: Portal, dag_run_id: str, takeover: bool, settings: TaskSettings) -> dict | None:
+    """A backfill DAG run: None when it syncs the portal itself; what it hands its tasks when another
+    backfill DAG run's full sync covers it (recorded in that run's covered_dag_runs); RunInProgress
+    while that full sync is under way (begin waits for it)."""
+    from .run import cover_backfill
+    from .store import runs
+
+    last, now = runs.last_backfill_run(conn, portal.url)
+    cover = cover_backfill(last, dag_run_id=dag_run_id, takeover=takeover, window=settings.backfill_cover,
+                           stale_after=portal.stale_after, now=now, portal=portal.name)
+    if cover.action == "wait":
+        raise runs.RunInProgress(cover.reason)
+    if cover.action == "run":
+        log.info("backfill DAG run %s: %s", dag_run_id, cover.reason)
+        return None
+    runs.note_covered(conn, last.run_id, dag_run_id)
+    log.info("backfill DAG run %s is covered by run %s (DAG run %s): %s; its other tasks skip",
+             dag_run_id, last.run_id, last.dag_run_id, cover.reason)
+    return {"run_id": last.run_id, "covered": True, "covered_by": last.dag_run_id}
+
+
+def _skip_if_covered(run: dict) -> None:
+    """A backfill DAG run covered by another's full sync (begin said which): nothing to do, and
+    nothing touched; skipped, so upsert emits no Asset event and sends no notice again."""
+    if run.get("covered"):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(f"this backfill DAG run is covered by run {run['run_id']} (DAG run "
+                                   f"{run.get('covered_by')}), which synced the portal in full: nothing to do")
 
 
 def _resume(conn, portal: Portal, run: dict) -> None:
-    """Before each step: a run that failed is reopened when the user cleared its failed task (or
-    the whole DAG run); a run that cannot continue fails the task at once, saying why."""
+    """Before each step: the run must be this portal's and this DAG run's (else this worker reaches
+    another database than begin's); a run that failed is reopened when the user cleared its failed
+    task (or the whole DAG run); a run that cannot continue fails the task at once, saying why."""
     from . import pipeline
+    from .store import runs
     from .store.runs import NotResumable
 
     ctx = _context()
     try:
+        runs.require_own(conn, run["run_id"], portal.url, ctx["dag_run"].run_id)
         pipeline.resume(conn, portal, run["run_id"], ctx["dag_run"].run_id, takeover=bool(ctx["params"].get("takeover")))
     except NotResumable as exc:
         _fail_fast(exc)
@@ -94,6 +186,7 @@ def _resume(conn, portal: Portal, run: dict) -> None:
 def fetch_modified(portal: Portal, run: dict) -> dict:
     from . import pipeline
 
+    _skip_if_covered(run)
     with _connection() as conn:
         _resume(conn, portal, run)
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.source_for(portal))
@@ -104,6 +197,7 @@ def reconcile(portal: Portal, run: dict) -> dict:
     reconciles: every identifier listed and compared, what we lack or hold stale fetched."""
     from . import pipeline
 
+    _skip_if_covered(run)
     with _connection() as conn:
         _resume(conn, portal, run)
         return pipeline.reconcile(conn, portal, run["run_id"], pipeline.source_for(portal))
@@ -130,6 +224,7 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
     """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
     from . import pipeline
 
+    _skip_if_covered(run)
     with _connection() as conn, _connection() as reader:
         _resume(conn, portal, run)
         out = pipeline.hash_compare(conn, reader, portal, run["run_id"], model=_provider().model)
@@ -142,6 +237,7 @@ def embed_changed(portal: Portal, work: dict) -> dict:
     from . import pipeline
     from .embeddings import TerminalEmbeddingError
 
+    _skip_if_covered(work)
     provider = _provider()
     with _connection() as conn, _connection() as reader:
         _resume(conn, portal, work)
@@ -170,13 +266,14 @@ def upsert(portal: Portal, run: dict) -> dict:
     portal's notify targets when the run is degraded or needs review."""
     from . import pipeline
 
+    _skip_if_covered(run)
     ctx = _context()
     provider = _provider()
     with _connection() as conn:
         _resume(conn, portal, run)
         stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
                                 force_removals=bool(ctx["params"].get("force_removals")),
-                                open_connection=_connection)
+                                open_connection=lambda: _connection(role="build"))
     events = ctx.get("outlet_events")
     if events is not None:
         from airflow.sdk import Asset

@@ -3,8 +3,9 @@
 DAG tasks use the Airflow connection ``harvester_db`` through PostgresHook. The CLI uses
 HARVESTER_DATABASE_URL, else that same connection (AIRFLOW_CONN_HARVESTER_DB), else the embedded
 server. The embedded PostgreSQL (store/server.py: a local server run with fsync off) is used only
-when no ``harvester_db`` is defined at all (a task says so in a WARNING), and never with
-HARVESTER_EMBEDDED_DB=off. Any other problem with the connection fails, naming it and why:
+when no ``harvester_db`` is defined at all (a task says so in a WARNING), never with
+HARVESTER_EMBEDDED_DB=off, and never by a task under an executor that runs tasks on other machines
+(Celery, Kubernetes, Edge: each worker would get its own). Any other problem with the connection fails, naming it and why:
 
 * DatabaseConfigError: the configuration is wrong (a value that does not parse, not a PostgreSQL
   URI, not defined while the embedded server is off, a schema behind the code). Retrying cannot
@@ -89,12 +90,46 @@ def embedded_allowed() -> bool:
     raise DatabaseConfigError(f"{EMBEDDED_ENV}={raw!r} is neither on nor off")
 
 
-def _embedded_url(why: str, level: int) -> str:
-    """The embedded server's URL (started if need be), unless HARVESTER_EMBEDDED_DB=off."""
+# Executors that run every task on this one machine: the only ones a task's embedded server suits.
+SINGLE_MACHINE_EXECUTORS = ("LocalExecutor", "SequentialExecutor")
+
+
+def distributed_executors(setting: str) -> list[str]:
+    """The executors of Airflow's ``[core] executor`` setting (names, class paths, ``alias:path``,
+    comma-separated, ``team=...;...`` lists) that may run tasks on other machines than this one."""
+    found = []
+    for team in setting.split(";"):
+        for entry in team.rpartition("=")[2].split(","):
+            name = entry.strip().rpartition(":")[2].rpartition(".")[2]
+            if name and name not in SINGLE_MACHINE_EXECUTORS:
+                found.append(name)
+    return found
+
+
+def _refuse_on_distributed_executor(why: str) -> None:
+    """DatabaseConfigError when Airflow's executor may run a task on another machine: each worker
+    would start an embedded database of its own, and the runs' tasks would not find each other's work."""
+    from airflow.configuration import conf
+
+    setting = conf.get("core", "executor", fallback="") or ""
+    others = distributed_executors(setting)
+    if others:
+        raise DatabaseConfigError(
+            f"{why}, and Airflow's executor ([core] executor / AIRFLOW__CORE__EXECUTOR: {setting}) runs tasks on "
+            f"other workers ({', '.join(others)}): each worker would get an embedded PostgreSQL of its own. Define the "
+            f"Airflow connection {CONN_ID} on every worker (e.g. {conn_env()}=postgresql://user:password@host:5432/"
+            "harvester)")
+
+
+def _embedded_url(why: str, level: int, *, task: bool = False) -> str:
+    """The embedded server's URL (started if need be), unless HARVESTER_EMBEDDED_DB=off, or, for a
+    task (``task``), unless Airflow's executor may run tasks on other machines."""
     if not embedded_allowed():
         raise DatabaseConfigError(
             f"{why}, and {EMBEDDED_ENV}=off rules the embedded PostgreSQL out: define the Airflow connection "
             f"{CONN_ID} (e.g. {conn_env()}=postgresql://user:password@host:5432/harvester)")
+    if task:
+        _refuse_on_distributed_executor(why)
     log.log(level, "%s: using the embedded PostgreSQL, a local server run with fsync off, not meant for "
             "production (define the connection %s, or set %s=off to make this an error)", why, CONN_ID, EMBEDDED_ENV)
     from .server import embedded
@@ -206,7 +241,7 @@ def airflow_connection(conn_id: str = CONN_ID):
     then with HARVESTER_EMBEDDED_DB=off."""
     conn = _lookup(conn_id)
     if conn is None:
-        return connect_url(_embedded_url(f"no Airflow connection {conn_id} is defined", logging.WARNING))
+        return connect_url(_embedded_url(f"no Airflow connection {conn_id} is defined", logging.WARNING, task=True))
     uri = _redact_value(conn.get_uri())
     if (conn.conn_type or "").lower() not in POSTGRES_SCHEMES:
         raise DatabaseConfigError(f"the Airflow connection {conn_id} is not a PostgreSQL connection (type "
@@ -242,8 +277,45 @@ def require_current_schema(conn) -> None:
             "(Docker Compose: `docker compose up airflow-init`); a harvest run's begin task applies them too")
 
 
-def prepare(conn, *, migrate: bool = True):
-    """Autocommit on (atomic work uses explicit transactions), pending migrations applied (or, with
+LOCK_TIMEOUT_ENV = "HARVESTER_LOCK_TIMEOUT_SECS"
+DEFAULT_LOCK_TIMEOUT = 30.0
+
+
+def lock_timeout(environ=None) -> float:
+    """HARVESTER_LOCK_TIMEOUT_SECS: how long a statement of Harvester's may wait for a lock held by
+    another session (another run, a migration, an operator's transaction) before it gives up with
+    LockWaitTimeout; a task then fails and Airflow retries it. Default 30 s."""
+    raw = (os.environ if environ is None else environ).get(LOCK_TIMEOUT_ENV, "")
+    if raw.strip() == "":
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 86400:
+        raise DatabaseConfigError(f"{LOCK_TIMEOUT_ENV}={raw!r} must be a number of seconds from 0.1 to 86400")
+    return value
+
+
+class LockWaitTimeout(RuntimeError):
+    """A statement waited longer than HARVESTER_LOCK_TIMEOUT_SECS for a lock; it may pass (retry)."""
+
+
+def lock_wait_error(exc: BaseException, where: str = "") -> LockWaitTimeout:
+    """The readable form of PostgreSQL's "canceling statement due to lock timeout"."""
+    diag = getattr(exc, "diag", None)
+    context = (getattr(diag, "context", None) or "").strip().splitlines()
+    return LockWaitTimeout(
+        f"waited more than {lock_timeout():g}s ({LOCK_TIMEOUT_ENV}) for a lock another session holds"
+        f"{' in ' + where if where else ''}: {str(exc).strip().splitlines()[0]}"
+        f"{' (' + context[-1] + ')' if context else ''}. Another run, a migration or a long transaction held it "
+        "(see pg_stat_activity); the task is retried")
+
+
+def prepare(conn, *, migrate: bool = True, application_name: str | None = None):
+    """Autocommit on (atomic work uses explicit transactions), the session's lock_timeout set
+    (HARVESTER_LOCK_TIMEOUT_SECS: no statement waits longer for another session's lock) and its
+    ``application_name`` (what pg_stat_activity shows), pending migrations applied (or, with
     ``migrate=False``, the schema checked to be current), pgvector checked (once per process and
     server: see vector_check.py) and its types registered: the connection is ready for the store."""
     from pgvector.psycopg import register_vector
@@ -252,6 +324,9 @@ def prepare(conn, *, migrate: bool = True):
 
     try:
         conn.autocommit = True
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout() * 1000)}ms",))
+        if application_name:
+            conn.execute("SELECT set_config('application_name', %s, false)", (application_name[:63],))
         if migrate:
             migrations.migrate(conn)
         else:
@@ -265,10 +340,11 @@ def prepare(conn, *, migrate: bool = True):
 
 
 def open_cli():
-    return prepare(connect_url(cli_database_url()))
+    return prepare(connect_url(cli_database_url()), application_name=f"harvester cli pid={os.getpid()}")
 
 
-def open_task(migrate: bool = False):
-    """A task's connection. Only a run's begin task migrates (``migrate=True``); the others check
-    that the schema is current."""
-    return prepare(airflow_connection(), migrate=migrate)
+def open_task(migrate: bool = False, application_name: str | None = None):
+    """A task's connection (and the Harvester page's, which does not migrate). Tasks migrate: a
+    deploy that adds a migration while runs are in flight is applied by whichever task comes first
+    (migrations.py: one at a time, each waiting at most a few seconds for its locks)."""
+    return prepare(airflow_connection(), migrate=migrate, application_name=application_name)

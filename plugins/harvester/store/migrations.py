@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -30,46 +31,76 @@ class MigrationError(RuntimeError):
     """A migration failed: it was rolled back, the ones before it stay applied."""
 
 
+# A migration's statements may each wait this long for a lock (an ALTER TABLE waits for every
+# transaction using the table, and everyone else then queues behind it): short, and tried again.
+LOCK_TIMEOUT = "5s"
+LOCK_ATTEMPTS = 6
+
+
+def _applied(conn) -> set[int]:
+    import psycopg
+
+    try:
+        with conn.transaction():
+            return {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+    except psycopg.errors.UndefinedTable:  # an empty database
+        return set()
+
+
 def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
     """Apply pending migrations in order, each in its own transaction, and return the names applied.
     A failing migration is rolled back and named (MigrationError); those before it stay applied and
-    recorded. A session advisory lock keeps two processes from migrating at once. Call it with no
-    transaction open (an autocommit connection, or one idle)."""
+    recorded. Safe while runs are in flight, from any number of processes: each migration runs
+    under a transaction-level advisory lock (so a connection pooler in transaction mode is fine)
+    and checks again that nobody applied it meanwhile; its statements wait at most LOCK_TIMEOUT for
+    a lock, and on a timeout it is rolled back and tried again, LOCK_ATTEMPTS times, before it
+    fails (the task that ran it is retried later). Call it with no transaction open."""
+    import psycopg
+
     files = migration_files(sql_dir)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-    try:
+    done = _applied(conn)
+    applied_now: list[str] = []
+    if not done:
         with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-        applied_now: list[str] = []
-        for version, path in files:
-            if version in done:
-                continue
-            log.info("applying migration %s", path.name)
+    for version, path in files:
+        if version in done:
+            continue
+        for attempt in range(1, LOCK_ATTEMPTS + 1):
             try:
                 with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                    if conn.execute("SELECT 1 FROM schema_migrations WHERE version = %s", (version,)).fetchone():
+                        break  # another process applied it while we waited
+                    log.info("applying migration %s", path.name)
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
                     conn.execute(path.read_text(encoding="utf-8"))
                     conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                                  (version, path.name))
+                applied_now.append(path.name)
+                break
+            except psycopg.errors.LockNotAvailable as exc:
+                if attempt < LOCK_ATTEMPTS:
+                    log.warning("migration %s waited more than %s for a lock (attempt %d of %d): %s; trying again",
+                                path.name, LOCK_TIMEOUT, attempt, LOCK_ATTEMPTS, str(exc).strip())
+                    time.sleep(min(2.0 * attempt, 10.0))
+                    continue
+                raise MigrationError(_failed(path, applied_now, exc)) from exc
             except Exception as exc:
-                before = f"; applied before it: {', '.join(applied_now)}" if applied_now else ""
-                raise MigrationError(f"migration {path.name} failed and was rolled back{before}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-            applied_now.append(path.name)
-    finally:
-        try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
-        except Exception:  # the session is gone, and its lock with it: keep the original error
-            log.debug("could not release the migration lock", exc_info=True)
+                raise MigrationError(_failed(path, applied_now, exc)) from exc
     log.info("schema migrations: %s", f"applied {', '.join(applied_now)}" if applied_now
              else f"up to date ({len(files)} applied)")
     return applied_now
+
+
+def _failed(path: Path, applied_now: list[str], exc: BaseException) -> str:
+    before = f"; applied before it: {', '.join(applied_now)}" if applied_now else ""
+    return f"migration {path.name} failed and was rolled back{before}: {type(exc).__name__}: {exc}"
 
 
 def pending(conn, sql_dir: Path = SQL_DIR) -> list[str]:

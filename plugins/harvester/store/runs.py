@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
-from ..run import DEFAULT_STALE_AFTER, Writer, claim, complete_stats
+from ..run import DEFAULT_STALE_AFTER, BackfillRun, Writer, claim, complete_stats
 
 
 class RunInProgress(RuntimeError):
@@ -20,6 +20,11 @@ class RunInProgress(RuntimeError):
 
 class NotResumable(RuntimeError):
     """A cleared task's run cannot continue (committed, superseded, abandoned); the message says why."""
+
+
+class RunMismatch(NotResumable):
+    """A task was handed a run that is not its portal's or its DAG run's (or that its database does
+    not hold): its worker reaches another database than the one begin used."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,48 @@ def last_of_dag_run(conn, portal_url: str, dag_run_id: str | None) -> RunRow | N
     return RunRow(*row) if row else None
 
 
+def require_own(conn, run_id: int, portal_url: str, dag_run_id: str | None) -> None:
+    """RunMismatch unless run ``run_id`` (one query) is a run of ``portal_url`` and, for a task of a
+    DAG run, that DAG run's: a worker whose harvester_db reaches another database than begin's
+    would otherwise work on some other portal's run, or find none."""
+    row = conn.execute("SELECT portal_url, portal_name, dag_run_id FROM sync_runs WHERE run_id = %s",
+                       (run_id,)).fetchone()
+    where = f"{conn.info.host or 'localhost'}:{conn.info.port}/{conn.info.dbname}"
+    if row is None:
+        what = f"run {run_id} is not in the harvester database {where}"
+    elif row[0] != portal_url:
+        what = (f"run {run_id} belongs to portal {row[1]} ({row[0]}), not to {portal_url} (in the harvester "
+                f"database {where})")
+    elif dag_run_id is not None and row[2] != dag_run_id:
+        owner = f"DAG run {row[2]}" if row[2] else "a CLI run (harvester harvest)"
+        what = f"run {run_id} of {row[1]} belongs to {owner}, not to DAG run {dag_run_id} (in the harvester database {where})"
+    else:
+        return
+    raise RunMismatch(f"{what}: this worker probably reaches another database than the one begin used. The "
+                      "Airflow connection harvester_db must point at the same database on every worker.")
+
+
+# -- backfills: one full sync per backfill (run.cover_backfill) ---------------------------------------
+def last_backfill_run(conn, portal_url: str) -> tuple[BackfillRun | None, datetime]:
+    """The portal's newest run started by a backfill DAG run (None: none yet), and the database's now()."""
+    row = conn.execute("SELECT run_id, dag_run_id, status, started_at, heartbeat_at, finished_at, now() FROM sync_runs"
+                       " WHERE portal_url = %s AND backfill ORDER BY run_id DESC LIMIT 1", (portal_url,)).fetchone()
+    if row is None:
+        return None, datetime.now().astimezone()
+    return BackfillRun(*row[:6]), row[6]
+
+
+def mark_backfill(conn, run_id: int) -> None:
+    """The run was started by a backfill DAG run: it may cover the backfill's other DAG runs."""
+    conn.execute("UPDATE sync_runs SET backfill = true WHERE run_id = %s", (run_id,))
+
+
+def note_covered(conn, run_id: int, dag_run_id: str) -> None:
+    """Record that run ``run_id`` covered the backfill DAG run ``dag_run_id`` (sync_runs.covered_dag_runs)."""
+    conn.execute("UPDATE sync_runs SET covered_dag_runs = array_append(covered_dag_runs, %s)"
+                 " WHERE run_id = %s AND NOT %s = ANY(covered_dag_runs)", (dag_run_id, run_id, dag_run_id))
+
+
 # -- reading, for the Harvester page in the Airflow UI ---------------------------------------------
 RUN_COLUMNS = ("run_id", "portal_url", "portal_name", "dag_run_id", "mode", "status", "started_at", "finished_at",
                "reconcile_reason", "error", "stats")
@@ -330,3 +377,16 @@ def overview(conn, portal_urls: list[str]) -> dict[str, dict]:
                     "live_datasets": int(live), "pending_embeddings": int(pending),
                     "last_run": dict(zip(RUN_COLUMNS, run)) if run[0] is not None else None}
     return out
+
+
+# -- bulk loads of a model's vectors (store/vectors.py IndexSettings) ------------------------------
+def set_bulk_model(conn, run_id: int, model: str | None) -> None:
+    """The run bulk-loads ``model``: it has no index yet, and none is built while the run embeds."""
+    conn.execute("UPDATE sync_runs SET bulk_model = %s WHERE run_id = %s", (model, run_id))
+
+
+def bulk_loads_running(conn, model: str, *, besides: int | None = None) -> list[RunRow]:
+    """The running runs (other than ``besides``) that bulk-load ``model``."""
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM sync_runs WHERE status = 'running' AND bulk_model = %s"
+                        f" AND run_id IS DISTINCT FROM %s ORDER BY run_id", (model, besides)).fetchall()
+    return [RunRow(*row) for row in rows]
