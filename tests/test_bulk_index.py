@@ -1,7 +1,8 @@
-"""Bulk vector loads: a run that brings many vectors compared with what its model's HNSW index
-holds (a first sync, a model switch) writes them with no index and builds the index once before
-its commit; small runs insert into the live index. Real PostgreSQL + pgvector, the local CKAN
-portal, the real google-genai SDK against the local Gemini-protocol server."""
+"""Bulk vector loads and the shared index: a run that brings many vectors while its model has no
+HNSW index yet (a first sync, a model switch) writes them with no index, and an upsert builds it
+once, concurrently (nobody waits for it); a model's index, once there, is never dropped or rebuilt
+by a run, whatever it brings. Real PostgreSQL + pgvector, the local CKAN portal, the real
+google-genai SDK against the local Gemini-protocol server."""
 import contextlib
 import logging
 import threading
@@ -9,6 +10,7 @@ import time
 
 import psycopg
 import pytest
+from pgvector.psycopg import register_vector
 
 from harvester import pipeline
 from harvester.portal import Portal
@@ -90,20 +92,19 @@ def steps(db, reader, portal, provider, full_sync=False):
 def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, portal_server, samples, gemini,
                                                                 monkeypatch, caplog):
     from harvester.embeddings import get_provider
+    from harvester.store import runs
 
     monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
     portal_server.set_records(distinct_records(samples, 250))
     portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
     provider = get_provider()
-    vectors.ensure_index(db, provider.model, provider.dimension)  # an (empty) index from an earlier start
-    assert vectors.index_name(MODEL) in model_indexes(db)
 
     caplog.set_level(logging.INFO, logger="harvester")
     run_id, planned = steps(db, reader, portal, provider)
     assert planned["pending_texts"] == 250 and planned["bulk_index"] is True
     assert all(work["bulk_index"] for work in planned["embed_shards"])
-    assert model_indexes(db) == {}, "the bulk load starts by dropping the model's index"
     assert "bulk load: 250 texts to embed against 0 vectors" in caplog.text
+    assert [r.run_id for r in runs.bulk_loads_running(db, MODEL)] == [run_id]
 
     for work in planned["embed_shards"]:
         pipeline.embed_changed(db, reader, portal, run_id, provider, shard=work["shard"], shards=work["shards"],
@@ -114,6 +115,8 @@ def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, por
     stats = pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
     assert (stats["created"], stats["embedded"]) == (250, 250)
     assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+    assert vectors.index_state(db, MODEL) == "ready"
+    assert runs.bulk_loads_running(db, MODEL) == []
     probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
     plan = vectors.explain_search(db, MODEL, 768, probe)
     assert f"Index Scan using {vectors.index_name(MODEL)}" in plan, plan
@@ -135,6 +138,43 @@ def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, por
     pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
     assert index_oid(db, MODEL) == oid
     assert db.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 260
+
+
+def test_a_model_that_has_its_index_keeps_it_whatever_a_run_brings(db, reader, portal_server, samples, gemini,
+                                                                  monkeypatch):
+    """The index is every portal's: a new portal bringing five times what it holds inserts into it."""
+    from harvester.demo_portal import DemoPortal
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "10")
+    records = distinct_records(samples, 300)
+    portal_server.set_records(records[:50])
+    small = Portal(name="small", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, small, pipeline.source_for(small), provider)
+    oid = index_oid(db, MODEL)
+    assert oid is not None and vectors.index_state(db, MODEL) == "ready"
+
+    big_server = DemoPortal(records=records[50:])
+    big_server.start()
+    try:
+        big = Portal(name="big", url=big_server.base_url, politeness_delay=0)
+        run_id, planned = steps(db, reader, big, provider)
+        assert planned["pending_texts"] == 250 and planned["bulk_index"] is False
+        assert index_oid(db, MODEL) == oid
+        pipeline.embed_changed(db, reader, big, run_id, provider)
+        pipeline.upsert(db, big, run_id, provider.model, provider.max_batch)
+    finally:
+        big_server.stop()
+    assert index_oid(db, MODEL) == oid, "the shared index was never dropped"
+    with db.transaction():
+        db.execute("SET LOCAL enable_seqscan = off")
+        db.execute("SET LOCAL hnsw.ef_search = 400")
+        probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
+        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 400) t",
+                           (MODEL, probe)).fetchone()[0]
+    assert found == 300
 
 
 def test_a_model_switch_is_a_bulk_load_and_leaves_the_other_models_index_alone(
@@ -187,8 +227,37 @@ def test_a_run_that_fails_during_a_bulk_load_gets_its_index_back_from_the_next_r
     assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
 
 
-def test_the_index_is_built_on_a_second_connection_during_the_merge_and_the_run_commits_once_it_is_built(
+def wait_for(what, check, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def old_snapshot(database_url):
+    """A transaction holding a snapshot: a concurrent index build cannot end before it does."""
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM sync_runs").fetchone()
+        yield blocker
+        blocker.rollback()
+
+
+def backend_waiting(database_url, pid) -> bool:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone() == (True,)
+
+
+def test_the_index_is_built_concurrently_during_the_merge_and_the_commit_does_not_wait_for_it(
         db, reader, database_url, portal_server, samples, gemini, monkeypatch):
+    """While the build is under way (held up here by an old snapshot), the run commits, other
+    writers store vectors and searches run: nobody waits for the build but the upsert that started
+    it, after its commit."""
     from harvester.embeddings import get_provider
     from harvester.store import runs
 
@@ -201,7 +270,7 @@ def test_the_index_is_built_on_a_second_connection_during_the_merge_and_the_run_
     pipeline.embed_changed(db, reader, portal, run_id, provider, bulk_index=True)
     second = lambda: contextlib.nullcontext(reader)  # noqa: E731
 
-    # A build that fails fails the upsert: nothing of the run is committed.
+    # A bad setting fails the upsert before anything is committed.
     monkeypatch.setenv("HARVESTER_INDEX_BUILD_MEMORY", "lots")
     with pytest.raises(ValueError, match="HARVESTER_INDEX_BUILD_MEMORY"):
         pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch, open_connection=second)
@@ -209,11 +278,8 @@ def test_the_index_is_built_on_a_second_connection_during_the_merge_and_the_run_
     assert runs.get(db, run_id).status == "running"
     assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0 and model_indexes(db) == {}
 
-    # The build held up by a lock on embeddings: the merge goes on meanwhile, the commit waits for it.
-    with psycopg.connect(database_url) as blocker:
-        blocker.execute("LOCK TABLE embeddings IN SHARE ROW EXCLUSIVE MODE")  # blocks CREATE INDEX, not reads
-        out, errors = {}, []
-
+    out, errors = {}, []
+    with old_snapshot(database_url):
         def upsert():
             try:
                 out.update(pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch,
@@ -223,27 +289,107 @@ def test_the_index_is_built_on_a_second_connection_during_the_merge_and_the_run_
 
         thread = threading.Thread(target=upsert)
         thread.start()
-        deadline = time.monotonic() + 60
-        while True:
-            blocker.execute("SELECT pg_stat_clear_snapshot()")  # (read once a transaction otherwise)
-            states = dict(blocker.execute(
-                "SELECT pid, CASE WHEN wait_event_type = 'Lock' THEN 'waiting for a lock' ELSE state END"
-                " FROM pg_stat_activity WHERE pid = ANY(%s)",
-                ([db.info.backend_pid, reader.info.backend_pid],)).fetchall())
-            merged = blocker.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'datasets'::regclass"
-                                     " AND mode = 'RowExclusiveLock'", (db.info.backend_pid,)).fetchone()[0]
-            if (states.get(reader.info.backend_pid) == "waiting for a lock" and merged
-                    and states.get(db.info.backend_pid) == "idle in transaction"):
-                break  # the build waits; the merge has written and waits for the build, uncommitted
-            assert time.monotonic() < deadline and thread.is_alive(), (states, merged, errors)
-            time.sleep(0.05)
-        assert blocker.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0
-        blocker.rollback()  # the lock goes: the build runs, then the run commits
+        with psycopg.connect(database_url, autocommit=True) as other:
+            wait_for("the run's commit", lambda: other.execute(
+                "SELECT status FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()[0] == "committed")
+            assert other.execute("SELECT count(*) FROM datasets").fetchone()[0] == 150
+            wait_for("the build waiting for the old snapshot", lambda: backend_waiting(database_url,
+                                                                                      reader.info.backend_pid))
+            assert vectors.index_state(other, MODEL) == "building"
+            assert thread.is_alive(), "upsert waits for the build it started, after its commit"
+            # Meanwhile another portal's vectors go in and searches run, without waiting.
+            other.execute("SET lock_timeout = '2s'")
+            register_vector(other)
+            vectors.write(other, MODEL, 768, ["f" * 64], [[0.5] * 768])
+            probe = other.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
+            assert other.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+                                 " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 5) t",
+                                 (MODEL, probe)).fetchone()[0] == 5
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    assert (out["created"], out["embedded"]) == (150, 150)
+    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+    assert vectors.index_state(db, MODEL) == "ready"
+
+
+def test_a_build_that_fails_leaves_the_run_committed_and_the_next_upsert_builds_it(
+        db, reader, database_url, portal_server, samples, gemini, monkeypatch, caplog):
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    monkeypatch.setenv("HARVESTER_INDEX_BUILD_TIMEOUT_SECS", "1")
+    portal_server.set_records(distinct_records(samples, 150))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    caplog.set_level(logging.INFO, logger="harvester")
+    with old_snapshot(database_url):  # the build cannot end in its second
+        stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert stats["created"] == 150
+    assert "the HNSW index of gemini-embedding-001@768 was not built: IndexBuildError" in caplog.text
+    assert "HARVESTER_INDEX_BUILD_TIMEOUT_SECS=1" in caplog.text
+    assert model_indexes(db) == {}, "the invalid index the build left is dropped"
+
+    monkeypatch.delenv("HARVESTER_INDEX_BUILD_TIMEOUT_SECS")
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert stats["embedded"] == 0
+    assert vectors.index_state(db, MODEL) == "ready"
+
+
+def test_an_index_another_connection_is_building_is_left_to_it(db, database_url):
+    """A second upsert (or the retry of a killed one) does not build again nor wait: the build
+    under way is the one that counts."""
+    vectors.write(db, MODEL, 8, [f"{i:064x}" for i in range(20)], [[float(i + 1)] * 8 for i in range(20)])
+    errors = []
+    with psycopg.connect(database_url, autocommit=True) as builder:
+        def build():
+            try:
+                vectors.ensure_index(builder, MODEL, 8)
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        with old_snapshot(database_url):
+            thread = threading.Thread(target=build)
+            thread.start()
+            wait_for("the build to start", lambda: vectors.index_state(db, MODEL) == "building")
+            started = time.monotonic()
+            assert vectors.restore_index(db, MODEL) is False
+            assert vectors.index_missing(db, MODEL) is None
+            assert time.monotonic() - started < 5
         thread.join(60)
     assert not errors, errors
-    assert (out["created"], out["embedded"]) == (150, 150)
-    assert runs.get(db, run_id).status == "committed"
-    assert model_indexes(db) == {vectors.index_name(MODEL): MODEL}
+    assert vectors.index_state(db, MODEL) == "ready"
+
+
+def test_the_last_bulk_load_still_running_builds_the_index(db, reader, portal_server, samples, gemini, monkeypatch,
+                                                          caplog):
+    """Two first syncs of one model at once: the first to commit leaves the index to the other,
+    whose upsert builds it once over both portals' vectors."""
+    from harvester.demo_portal import DemoPortal
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "50")
+    records = distinct_records(samples, 200)
+    portal_server.set_records(records[:100])
+    other_server = DemoPortal(records=records[100:])
+    other_server.start()
+    try:
+        a = Portal(name="a", url=portal_server.base_url, politeness_delay=0)
+        b = Portal(name="b", url=other_server.base_url, politeness_delay=0)
+        provider = get_provider()
+        run_a, plan_a = steps(db, reader, a, provider)
+        run_b, plan_b = steps(db, reader, b, provider)
+        assert plan_a["bulk_index"] is True and plan_b["bulk_index"] is True
+        pipeline.embed_changed(db, reader, a, run_a, provider, bulk_index=True)
+        pipeline.embed_changed(db, reader, b, run_b, provider, bulk_index=True)
+        caplog.set_level(logging.INFO, logger="harvester")
+        pipeline.upsert(db, b, run_b, provider.model, provider.max_batch)
+        assert model_indexes(db) == {}
+        assert f"the HNSW index of {MODEL} is left to the bulk load still running (run {run_a} of a)" in caplog.text
+        pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)
+    finally:
+        other_server.stop()
+    assert f"built the HNSW index {vectors.index_name(MODEL)} over the 200 vectors of {MODEL}" in caplog.text
+    assert vectors.index_state(db, MODEL) == "ready"
 
 
 def test_upsert_builds_a_missing_index_even_when_nothing_is_left_to_embed(db, reader, portal_server, samples, gemini,

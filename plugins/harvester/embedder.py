@@ -27,7 +27,7 @@ from . import dataset as ds
 from .breaker import HALF_OPEN, BreakerConfig
 from .embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
 from .run import Progress, summary
-from .store import runs, vectors
+from .store import claims, runs, vectors
 from .store.breaker import SharedBreaker
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,9 @@ class EmbedSettings:
     shard_size: int = 5000        # pending texts per mapped embed_changed task
     max_shards: int = 8
     concurrency: int = 8          # provider requests in flight at once per embed_changed task
+    claim_ttl: float = 600.0      # seconds a claim of texts being embedded holds (store/claims.py)
+    claim_wait: float = 600.0     # seconds a shard waits for texts another run claimed, after its own
+    claim_poll: float = 0.5       # seconds between looks for the vectors of texts another run claimed
 
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
@@ -70,7 +73,9 @@ class EmbedSettings:
                    backlog_per_run=backlog,
                    shard_size=number("HARVESTER_EMBED_SHARD_SIZE", cls.shard_size, int, 1),
                    max_shards=number("HARVESTER_EMBED_MAX_SHARDS", cls.max_shards, int, 1),
-                   concurrency=number("HARVESTER_EMBED_CONCURRENCY", cls.concurrency, int, 1, MAX_CONCURRENCY))
+                   concurrency=number("HARVESTER_EMBED_CONCURRENCY", cls.concurrency, int, 1, MAX_CONCURRENCY),
+                   claim_ttl=number("HARVESTER_EMBED_CLAIM_TTL_SECS", cls.claim_ttl, float, 1),
+                   claim_wait=number("HARVESTER_EMBED_CLAIM_WAIT_SECS", cls.claim_wait, float, 0))
 
 
 def plan_shards(pending: int, settings: EmbedSettings) -> int:
@@ -176,6 +181,7 @@ class _Batches:
         self.stopped: str | None = None            # why no more calls are sent (the breaker)
         self.fatal: BaseException | None = None    # a terminal error: raised once in-flight calls are in
         self.unflushed = 0                         # calls counted here but not yet in the run's stats
+        self.awaited: dict[str, tuple] = {}        # texts another run claimed: their rows, by content hash
 
     def run(self, batches: Iterator[list[tuple]]) -> int:
         """Embed from ``batches`` until they run out or the breaker stops the calls (the rest of
@@ -194,7 +200,7 @@ class _Batches:
                     rows = next(batches, None)
                     if rows is None:
                         exhausted = True
-                    else:
+                    elif rows := self._claim(rows):
                         self.waiting.append(_Batch(seq, rows))
                         seq += 1
                 while (self.waiting and not held and self.stopped is None and self.fatal is None
@@ -215,7 +221,8 @@ class _Batches:
                     self.unflushed += 1
                     self.in_flight[pool.submit(self.provider.embed_documents, batch.texts)] = batch
                 if self.stopped is not None or self.fatal is not None:
-                    self.left += sum(len(b.rows) for b in self.waiting)
+                    for batch in self.waiting:
+                        self._leave(batch.rows)
                     self.waiting.clear()
                 if not self.in_flight:
                     if not self.waiting:
@@ -242,7 +249,7 @@ class _Batches:
         if exc is None:
             self.breaker.record_success(probe=batch.probe)
             stored = vectors.write(self.conn, self.provider.model, self.dimension, [r[0] for r in batch.rows],
-                                   future.result())
+                                   future.result(), run_id=self.run_id)
             self.counts["embedded"] += stored
             self._flush({"embedded": stored})
             self.progress.advance(len(batch.rows))
@@ -250,19 +257,79 @@ class _Batches:
         self._flush({})
         if isinstance(exc, TerminalEmbeddingError) or not isinstance(exc, EmbeddingError):
             self.fatal = self.fatal or exc  # not recorded: no breaker fixes a wrong key
-            self.left += len(batch.rows)
+            self._leave(batch.rows)
             return
         rate_limited = isinstance(exc, RateLimited)
         self.breaker.record_failure(rate_limited=rate_limited, error_text=str(exc), probe=batch.probe)
         log.warning("%s failed (attempt %d of %d): %s", batch.what, batch.attempts, self.settings.attempts, exc)
         if batch.attempts >= self.settings.attempts or self.stopped is not None or self.fatal is not None:
-            self.left += len(batch.rows)
+            self._leave(batch.rows)
             return
         delay = min(self.settings.max_delay, exc.retry_after if rate_limited and exc.retry_after else
                     self.settings.retry_delay * batch.attempts)
         batch.not_before = time.monotonic() + delay
         self.waiting.append(batch)
         self.waiting.sort(key=lambda b: (b.not_before, b.seq))
+
+    def _claim(self, rows: list[tuple]) -> list[tuple]:
+        """Claim the texts of ``rows`` before they are sent (store/claims.py): returns the rows this
+        run is to embed now. Texts with a vector already are done; texts another live run claimed
+        are set aside in ``awaited``, for await_others."""
+        got = claims.take(self.conn, self.provider.model, self.run_id, [r[0] for r in rows], self.settings.claim_ttl)
+        for row in rows:
+            if row[0] in got.others:
+                self.awaited[row[0]] = row
+        if got.stored:
+            self.progress.advance(len(got.stored))
+        return [row for row in rows if row[0] in got.mine]
+
+    def _leave(self, rows: list[tuple]) -> None:
+        """These texts stay pending (for the next run): their claims are given back at once."""
+        self.left += len(rows)
+        claims.release(self.conn, self.provider.model, self.run_id, {r[0] for r in rows})
+
+    def await_others(self) -> int:
+        """Wait for the vectors of the texts other runs claimed (they are sending them now), each
+        linked by upsert when it lands (the run's stats count it as reused, not paid). A text whose
+        claim lapses meanwhile (its run died, or gave it back) is claimed and embedded here. Waits
+        at most ``claim_wait`` seconds; what is still awaited then stays pending for the next run.
+        Returns the texts left pending."""
+        if not self.awaited:
+            return 0
+        model = self.provider.model
+        log.info("%d texts are being embedded by other runs at this moment (the same text on another portal): "
+                 "waiting for their vectors instead of paying for them again", len(self.awaited))
+        deadline = time.monotonic() + self.settings.claim_wait
+        awaited = 0
+        while self.awaited and self.stopped is None and self.fatal is None:
+            for content_hash in claims.landed(self.conn, model, set(self.awaited)):
+                del self.awaited[content_hash]
+                awaited += 1
+                self.progress.advance(1)
+            if not self.awaited:
+                break
+            rows = list(self.awaited.values())
+            self.awaited.clear()
+            mine = self._claim(rows)  # (a claim that lapsed is ours now; a vector that landed meanwhile is done)
+            awaited += len(rows) - len(mine) - len(self.awaited)
+            if mine:
+                size = max(1, self.provider.max_batch)
+                self.run(iter([mine[i:i + size] for i in range(0, len(mine), size)]))
+                continue
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(self.settings.claim_poll)
+        self.counts["embeddings_awaited"] = self.counts.get("embeddings_awaited", 0) + awaited
+        if awaited:
+            runs.add_counts(self.conn, self.run_id, {"embeddings_awaited": awaited})
+        left = len(self.awaited)
+        self.left += left
+        if left:
+            log.warning("%d texts claimed by other runs got no vector within %.0fs "
+                        "(HARVESTER_EMBED_CLAIM_WAIT_SECS): they stay pending for the next run", left,
+                        self.settings.claim_wait)
+            self.awaited.clear()
+        return left
 
     def _flush(self, more: dict) -> None:
         """Add ``more`` and the calls not yet counted to the run's stats."""
@@ -276,11 +343,13 @@ class _Batches:
 
 def embed_pending(conn, reader, portal_url: str, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
-                  breaker_config: BreakerConfig | None = None, label: str = "", build_index: bool = True) -> dict:
+                  breaker_config: BreakerConfig | None = None, label: str = "") -> dict:
     """Embed one shard of the portal's pending texts. Returns this call's counts; they are also
     added to the run's stats as they happen. Vectors of the provider's model already stored with
-    another dimension raise TerminalEmbeddingError (retrying cannot help). ``build_index`` False: a
-    bulk load (the model's index was dropped; the run's upsert builds it once), no index is made."""
+    another dimension raise TerminalEmbeddingError (retrying cannot help). Each text is claimed
+    before it is sent (store/claims.py): a text another run is embedding at this moment is waited
+    for, not paid for twice. No index is built here: the model's index is shared by every portal,
+    and a missing one is built concurrently by an upsert (store/vectors.py ensure_index)."""
     settings = settings or EmbedSettings.from_env()
     breaker = SharedBreaker(conn, provider.name, provider.model, breaker_config or BreakerConfig.from_env())
     counts = {"embedding_requests": 0, "embedded": 0}
@@ -301,10 +370,8 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
             log.warning("%s; leaving the texts pending for the next run", stopped)
         else:
             try:
-                if build_index:
-                    vectors.ensure_index(conn, provider.model, dimension)
-                else:
-                    vectors.check_dimension(conn, provider.model, dimension)
+                vectors.check_dimension(conn, provider.model, dimension)
+                vectors.drop_other_sizes(conn, provider.model, dimension)
             except vectors.DimensionMismatch as exc:
                 raise TerminalEmbeddingError(f"nothing was embedded: {exc}") from None
     backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
@@ -312,11 +379,14 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
     batches = vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
                                    shard=shard, shards=shards, backlog_limit=backlog)
     if not stopped and dimension is not None:  # (None: none were pending a moment ago; the next run sees them)
-        left_pending += _Batches(conn, run_id, provider, dimension, breaker, settings, counts, progress).run(batches)
+        runner = _Batches(conn, run_id, provider, dimension, breaker, settings, counts, progress)
+        runner.run(batches)
+        runner.await_others()
+        left_pending += runner.left
     if total:  # (none pending: no second pass over the portal's datasets to find none again)
         for batch in batches:  # not read: the breaker stopped the calls (or no vector size): the next run's
             left_pending += len(batch)
     counts["left_pending"] = left_pending
     log.info("embed_changed shard %d/%d done: %s", shard + 1, shards,
-             summary(counts, ("embedding_requests", "embedded", "left_pending")))
+             summary(counts, ("embedding_requests", "embedded", "embeddings_awaited", "left_pending")))
     return counts

@@ -21,7 +21,7 @@ from .embedder import EmbedSettings, embed_pending, plan_shards
 from .embeddings.base import EmbeddingProvider
 from .portal import Portal
 from .run import FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary
-from .store import datasets, history, listing, runs, staging, vectors
+from .store import claims, datasets, history, listing, runs, staging, vectors
 
 # What a reconciliation lists of every dataset.
 LISTING_FIELDS = ("id", "metadata_modified")
@@ -244,19 +244,30 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
             "reconcile_unusable": unusable}
 
 
-def _plan_index(conn, portal: Portal, model: str, pending: int, settings: vectors.IndexSettings | None) -> bool:
-    """Whether this run's pending texts are a bulk load for the model's HNSW index: then the index
-    is dropped now, the vectors are written without per-row index upkeep, and upsert builds it once."""
-    settings = settings or vectors.IndexSettings.from_env()
-    if pending < max(1, settings.bulk_min):  # (no count of the table for a small run)
+def _plan_index(conn, portal: Portal, run_id: int, model: str, pending: int, settings: EmbedSettings,
+                index_settings: vectors.IndexSettings | None) -> bool:
+    """Whether this run is a bulk load of the model's vectors: the model has no HNSW index yet (its
+    first load, a model switch) and the run brings enough of them (IndexSettings). Then its vectors
+    are written without index upkeep and an upsert builds the index once, concurrently, when no
+    bulk load of the model is still running. A model that has its index (shared by every portal's
+    runs and searches) keeps it: no run drops or rebuilds it, whatever it brings. What the run
+    brings is what it embeds: its own new texts and at most HARVESTER_EMBED_BACKLOG_PER_RUN of
+    those earlier runs left pending."""
+    index_settings = index_settings or vectors.IndexSettings.from_env()
+    if pending < max(1, index_settings.bulk_min) or vectors.index_state(conn, model) != "missing":
+        return False  # (no second count for a small run)
+    own, backlog = vectors.count_run_pending(conn, run_id, portal.url, model)
+    incoming = own + (backlog if settings.backlog_per_run is None else min(backlog, settings.backlog_per_run))
+    if incoming < max(1, index_settings.bulk_min):
         return False
     held = vectors.held(conn, model)
-    if not vectors.bulk_load_wanted(held, pending, settings):
+    if not vectors.bulk_load_wanted(held, incoming, index_settings):
         return False
-    dropped = vectors.drop_index(conn, model)
-    log.info("bulk load: %d texts to embed against %d vectors of %s held: %s; its HNSW index is built once "
-             "after the embedding (searches of this model use exact scans until then)", pending, held, model,
-             f"dropped the index {', '.join(dropped)}" if dropped else "it has no index yet")
+    runs.set_bulk_model(conn, run_id, model)
+    log.info("bulk load: %d texts to embed against %d vectors of %s held, which has no HNSW index yet: the "
+             "vectors are written without one, and it is built once, concurrently, by the upsert of the last "
+             "bulk load of the model still running (searches of this model use exact scans until then)",
+             incoming, held, model)
     return True
 
 
@@ -273,9 +284,10 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
     detected = history.compute_changes(conn, reader, run_id, portal.url, portal.significance)
     out["review"] = detected.get("review", 0)
     if model is not None:
+        settings = settings or EmbedSettings.from_env()
         pending = vectors.count_pending(conn, run_id, portal.url, model)
-        shards = plan_shards(pending, settings or EmbedSettings.from_env())
-        bulk = _plan_index(conn, portal, model, pending, index_settings)
+        shards = plan_shards(pending, settings)
+        bulk = _plan_index(conn, portal, run_id, model, pending, settings, index_settings)
         out["pending_texts"] = pending
         out["bulk_index"] = bulk
         out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards, "bulk_index": bulk}
@@ -291,44 +303,81 @@ def embed_changed(conn, reader, portal: Portal, run_id: int, provider: Embedding
     """Embed every text of the portal (in this shard) that has no vector for the provider's model
     yet: this run's new and changed texts and whatever earlier runs left pending, each distinct
     text once, through the shared circuit breaker. ``reader`` streams the pending texts.
-    ``bulk_index``: hash_compare dropped the model's index for a bulk load; upsert builds it.
+    ``bulk_index``: hash_compare found this run a bulk load (said in the log; the model has no index
+    to keep up, and upsert builds it).
     ``planned``: the pending texts hash_compare counted for the whole run; 0 skips looking for them
     again (a pass over every dataset of the portal: most of a no-change run's time at 100k)."""
     runs.require_running(conn, run_id)
     if planned == 0:
         log.info("embed_changed shard %d/%d: hash_compare found no text to embed", shard + 1, shards)
         return {"run_id": run_id, "shard": shard, "embedding_requests": 0, "embedded": 0, "left_pending": 0}
+    if bulk_index:
+        log.info("embed_changed shard %d/%d: a bulk load of %s: its vectors go in without index upkeep", shard + 1,
+                 shards, provider.model)
     counts = embed_pending(conn, reader, portal.url, run_id, provider, shard=shard, shards=shards,
-                           settings=settings, breaker_config=breaker_config, label=f"{portal.name} ",
-                           build_index=not bulk_index)
+                           settings=settings, breaker_config=breaker_config, label=f"{portal.name} ")
     return {"run_id": run_id, "shard": shard, **counts}
 
 
 class _IndexBuild:
-    """The model's HNSW index built on a connection of its own (``open_connection()``, a context
-    manager) in a thread, while the upsert's transaction merges: the build keeps PostgreSQL's
-    parallel workers busy, the merge is one backend, and on a few cores neither has to wait for
-    the other. ``wait()`` returns once it is built, or raises what stopped it."""
+    """The model's HNSW index built concurrently (vectors.ensure_index) on a connection of its own
+    (``open_connection()``, a context manager) in a thread, while the upsert's transaction merges:
+    the build keeps PostgreSQL's parallel workers busy, the merge is one backend. A concurrent build
+    waits for the transactions older than it (this merge among them) before it is valid, so the
+    merge never waits for the build: the run commits, then ``wait`` gives the build a bounded time
+    to end. A build still going on then finishes in the server on its own (the server notices the
+    gone client only when it answers); one that failed is left for the next upsert to build."""
 
-    def __init__(self, open_connection, model: str):
+    def __init__(self, open_connection, model: str, settings: vectors.IndexSettings):
         import threading
 
+        self.model, self.settings = model, settings
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(open_connection, model),
-                                        name="harvester-index-build", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(open_connection,), name="harvester-index-build",
+                                        daemon=True)
         self._thread.start()
 
-    def _run(self, open_connection, model: str) -> None:
+    def _run(self, open_connection) -> None:
         try:
             with open_connection() as conn:
-                vectors.restore_index(conn, model)
+                vectors.restore_index(conn, self.model, self.settings)
         except BaseException as exc:  # handed to wait()
             self._error = exc
 
-    def wait(self) -> None:
-        self._thread.join()
+    def wait(self, timeout: float) -> bool:
+        """True once the build ended well; logs what else happened."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the HNSW index of %s is still being built after %.0fs (HARVESTER_INDEX_BUILD_WAIT_SECS): "
+                        "the build goes on in PostgreSQL, concurrently (nobody waits for it); searches of the model "
+                        "use exact scans until it is valid", self.model, timeout)
+            return False
         if self._error is not None:
-            raise self._error
+            log.warning("the HNSW index of %s was not built: %s: %s; the run is committed, and the next upsert "
+                        "builds it", self.model, type(self._error).__name__, self._error)
+            return False
+        return True
+
+
+def _start_index_build(conn, run_id: int, model: str, open_connection,
+                       settings: vectors.IndexSettings) -> _IndexBuild | None:
+    """After a bulk load, a model's first vectors, or a build that failed: the model's index is
+    built by this upsert, concurrently, unless another bulk load of the model is still running
+    (the last one to upsert builds it once) or someone builds it already."""
+    if vectors.index_missing(conn, model) is None:
+        return None
+    loading = runs.bulk_loads_running(conn, model, besides=run_id)
+    if loading:
+        log.info("the HNSW index of %s is left to the bulk load still running (run %s of %s), whose upsert builds "
+                 "it once", model, loading[-1].run_id, loading[-1].portal_name)
+        return None
+    if open_connection is None:  # no second connection: build it now, before the merge
+        try:
+            vectors.restore_index(conn, model, settings)
+        except vectors.IndexBuildError as exc:
+            log.warning("%s", exc)
+        return None
+    return _IndexBuild(open_connection, model, settings)
 
 
 def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
@@ -336,31 +385,28 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     """One transaction: staging merged into datasets, vectors linked, versions and changes written,
     datasets gone from a clean full sync marked removed, the run's stats written, the watermark
     moved to the run's start, the run's staging dropped. ``open_connection``: a context manager
-    giving a second connection, on which the model's HNSW index, when a bulk load left it to
-    build, is built during the merge (without it: before the merge)."""
+    giving a second connection, on which the model's HNSW index, when it is missing (a bulk load
+    or a model's first vectors), is built concurrently during the merge (without it: before the
+    merge); the upsert returns once it is built, or after HARVESTER_INDEX_BUILD_WAIT_SECS."""
     done = runs.get(conn, run_id)
     if done.status == "committed":
         # A retry of a task whose commit went through (the worker died after it): nothing to redo.
         log.info("run %s of %s is already committed", run_id, portal.name)
         return {"run_id": run_id, **done.stats}
-    # After a bulk load (or a run that failed during one), the model's index is built once, before
-    # the run's datasets become visible: their vectors are searchable through it from the commit on.
-    build = None
-    if vectors.index_missing(conn, model) is not None:
-        if open_connection is None:
-            vectors.restore_index(conn, model)
-        else:
-            build = _IndexBuild(open_connection, model)
+    settings = vectors.IndexSettings.from_env()
+    build = _start_index_build(conn, run_id, model, open_connection, settings)
+    committed = False
     try:
-        return _merge_and_commit(conn, portal, run_id, model, max_batch, force_removals, build)
+        out = _merge_and_commit(conn, portal, run_id, model, max_batch, force_removals)
+        committed = True
+        return out
     finally:
         if build is not None:
-            with contextlib.suppress(BaseException):  # (the merge's own error is the one to raise)
-                build.wait()
+            # After a failed merge the build is left to go on by itself (the retry finds it under way).
+            build.wait(settings.build_wait if committed else 0)
 
 
-def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: int, force_removals: bool,
-                      build: _IndexBuild | None) -> dict:
+def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: int, force_removals: bool) -> dict:
     runs.touch(conn, run_id)
     with conn.transaction():
         run = runs.require_running(conn, run_id)
@@ -390,12 +436,11 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
         if removals.get("removal_guard_tripped"):
             stats["removals_withheld"] = removals.get("would_remove", 0)
         unusable = stats.get("reconcile_unusable", 0) if run.mode != FULL else stats.get("failed", 0)
-        if build is not None:
-            build.wait()  # the index is there before the run's datasets are visible
         # datasets_synced: the live datasets held for the portal now (after the merge and removals).
         runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable)
         staging.clear(conn, run_id)
         listing.drop(conn, run_id)
+        claims.release_run(conn, run_id)  # (any left: a killed attempt's; they lapse with the run anyway)
         final = runs.get(conn, run_id).stats
     if final.get("skipped"):
         log.warning("%d changed datasets have no vector yet (embedding deferred); the next run embeds them",

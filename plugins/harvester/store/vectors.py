@@ -7,6 +7,7 @@ dimensions): half the size, built in about half the time, with the same recall (
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -26,16 +27,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class IndexSettings:
-    """How the models' HNSW indexes are kept. A run that brings at least ``bulk_min`` new vectors,
-    and at least ``bulk_share`` of what the model's index will hold after it, writes them with no
-    index and builds it once afterwards (a first sync, a model switch): building costs about a
-    quarter of inserting row by row into a live graph. ``build_memory`` (maintenance_work_mem) and
+    """How the models' HNSW indexes are kept. A model's index is shared by every portal: no run
+    drops it. A run that brings at least ``bulk_min`` new vectors, and at least ``bulk_share`` of
+    what the model will hold after it, while the model has no index yet (its first load, a model
+    switch), is a bulk load: its vectors, and those of any other run meanwhile, are written with no
+    index, and it is built once, concurrently, by the upsert of the last bulk load still running:
+    building costs about a quarter of inserting row by row into a live graph. A model that has its
+    index takes every run's vectors into it, however many. ``build_memory`` (maintenance_work_mem) and
     ``build_workers`` (max_parallel_maintenance_workers) are set for the build only; the graph
-    should fit in ``build_memory`` (about 4 bytes per dimension per vector, plus a tenth)."""
+    should fit in ``build_memory`` (about 4 bytes per dimension per vector, plus a tenth).
+    ``build_timeout`` bounds a build (it is concurrent: nobody waits for it but the upsert that
+    started it), ``build_wait`` how long that upsert waits for it after its commit before leaving
+    it to finish in the server."""
     bulk_min: int = 10000
     bulk_share: float = 0.25
     build_memory: str = "1GB"
     build_workers: int = 2
+    build_timeout: float = 4 * 3600.0   # seconds a build may take (its statement_timeout)
+    build_wait: float = 1800.0          # seconds an upsert waits for the build it started, after its commit
 
     @classmethod
     def from_env(cls, environ=None) -> "IndexSettings":
@@ -59,7 +68,9 @@ class IndexSettings:
         return cls(bulk_min=number("HARVESTER_INDEX_BULK_MIN", cls.bulk_min, int, 0, 10**9),
                    bulk_share=number("HARVESTER_INDEX_BULK_SHARE", cls.bulk_share, float, 0.0, 1.0),
                    build_memory=memory,
-                   build_workers=number("HARVESTER_INDEX_BUILD_WORKERS", cls.build_workers, int, 0, 64))
+                   build_workers=number("HARVESTER_INDEX_BUILD_WORKERS", cls.build_workers, int, 0, 64),
+                   build_timeout=number("HARVESTER_INDEX_BUILD_TIMEOUT_SECS", cls.build_timeout, float, 1, 7 * 86400),
+                   build_wait=number("HARVESTER_INDEX_BUILD_WAIT_SECS", cls.build_wait, float, 0, 7 * 86400))
 
 
 def bulk_load_wanted(held: int, incoming: int, settings: IndexSettings) -> bool:
@@ -113,12 +124,17 @@ def opclass(dimension: int) -> str:
     return f"{index_kind(dimension)}_cosine_ops"
 
 
-def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str]]:
-    """(schema, name, dimension, type: vector or halfvec) of each HNSW index on embeddings whose
-    predicate is exactly ``model = <model>``, whatever its name."""
+def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
+    """(schema, name, dimension, type: vector or halfvec, state) of each HNSW index on embeddings
+    whose predicate is exactly ``model = <model>``, whatever its name. ``state``: ``valid``,
+    ``building`` (CREATE INDEX CONCURRENTLY under way on some connection) or ``dead`` (invalid and
+    nobody builds it: a build that failed or whose server process was stopped)."""
     return conn.execute(
         """
-        SELECT n.nspname, c.relname, a.atttypmod, format_type(a.atttypid, NULL)
+        SELECT n.nspname, c.relname, a.atttypmod, format_type(a.atttypid, NULL),
+               CASE WHEN i.indisvalid THEN 'valid'
+                    WHEN EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid)
+                    THEN 'building' ELSE 'dead' END
         FROM pg_index i
         JOIN pg_class c ON c.oid = i.indexrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -160,46 +176,115 @@ def check_dimension(conn, model: str, dimension: int) -> None:
     when the model has its index of ``dimension`` (every stored vector fits it); otherwise one
     look at the table."""
     indexes = _model_indexes(conn, model)
-    if indexes and all(size == dimension for _, _, size, _ in indexes):
+    if indexes and all(size == dimension and state == "valid" for _, _, size, _, state in indexes):
         return
     stored = _other_dimension(conn, model, dimension)
     if stored is not None:
         raise DimensionMismatch(model, stored, dimension)
 
 
-def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | None = None) -> None:
-    """Make sure the model's HNSW index exists, of ``dimension`` (idempotent). An index of the model
-    under an earlier version's name is renamed, not built twice; one of another size is dropped
-    when no vector of that size is left (``harvester embeddings invalidate --model``). Raises
-    DimensionMismatch when vectors of the model with another dimension are stored. A build over
-    stored vectors uses ``settings``' memory and parallel workers (CREATE INDEX blocks writes to
-    embeddings while it runs, not reads)."""
+class IndexBuildError(RuntimeError):
+    """Building a model's HNSW index failed; the index is left for the next upsert to build."""
+
+
+def _drop_concurrently(conn, schema: str, index: str) -> None:
+    """DROP INDEX CONCURRENTLY: waits for the transactions using the index, blocks nobody."""
+    conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(schema, index)))
+
+
+def drop_other_sizes(conn, model: str, dimension: int) -> list[str]:
+    """Before vectors of ``dimension`` are written: the model's indexes of another size would refuse
+    them. Called after check_dimension, so no vector of that size is left (`harvester embeddings
+    invalidate --model`): the index holds nothing anyone uses; it is dropped concurrently."""
+    dropped = []
+    for schema, index, size, _, state in _model_indexes(conn, model):
+        if size != dimension and state != "building":
+            log.info("dropping the HNSW index %s of %s: it is of %d dimensions, and no vector of that size is left",
+                     index, model, size)
+            _drop_concurrently(conn, schema, index)
+            dropped.append(index)
+    return dropped
+
+
+def index_state(conn, model: str) -> str:
+    """``ready`` (a valid index of the kind search uses), ``building`` (someone builds it now) or
+    ``missing``."""
+    states = {(kind == index_kind(size), state) for _, _, size, kind, state in _model_indexes(conn, model)}
+    if (True, "valid") in states:
+        return "ready"
+    return "building" if any(state == "building" for _, state in states) else "missing"
+
+
+def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | None = None) -> bool:
+    """Make sure the model's HNSW index exists, of ``dimension``; True when this call built it.
+
+    Never in anyone's way: the index is built with CREATE INDEX CONCURRENTLY, which lets every
+    portal go on writing vectors and searching meanwhile (searches of the model rank by exact scans
+    until it is valid), and an index that is no use any more is dropped concurrently. When another
+    connection is building it already, this returns at once (False): the index is theirs to
+    finish. A build left invalid by a failure or a stopped server process is dropped and built
+    again. An index of the model under an earlier version's name is renamed, not built twice; one
+    of another size is dropped when no vector of that size is left (``harvester embeddings
+    invalidate --model``); one of full-precision vectors (an earlier version's) is replaced by the
+    halfvec one. Raises DimensionMismatch when vectors of the model with another dimension are
+    stored, IndexBuildError when the build fails (its leftover is dropped).
+
+    ``conn`` must be in autocommit mode with no transaction open (CONCURRENTLY cannot run in one).
+    The build waits for the transactions older than it (another portal's merge): its session has
+    no lock_timeout, and ``settings.build_timeout`` bounds the whole statement."""
     settings = settings or IndexSettings.from_env()
+    check_dimension(conn, model, dimension)
     name = index_name(model)
+    fitting = None
+    for schema, index, size, kind, state in _model_indexes(conn, model):
+        if state == "building":
+            log.info("the HNSW index %s of %s is being built by another connection: leaving it to that one", index,
+                     model)
+            return False
+        if state == "dead":
+            log.warning("dropping the invalid HNSW index %s of %s, left by a build that did not finish", index, model)
+            _drop_concurrently(conn, schema, index)
+        elif size != dimension or kind != index_kind(dimension):
+            # no vector of that size is left (check_dimension): the index would refuse new ones; or an
+            # index of full-precision vectors made by an earlier version: searches ask for the halfvec one
+            _drop_concurrently(conn, schema, index)
+        elif fitting is None:
+            fitting = (schema, index)
+    if fitting is not None:
+        if fitting[1] != name:  # the name an earlier version gave it
+            conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting), sql.Identifier(name)))
+        return False
     statement = sql.SQL(
-        "CREATE INDEX IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
     ).format(name=sql.Identifier(name), expr=index_expression(dimension),
              ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
-    with conn.transaction():
-        # Tasks of several portals may start with a new model at once: one creates the index.
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
-        check_dimension(conn, model, dimension)
-        fitting = None
-        for schema, index, size, kind in _model_indexes(conn, model):
-            # no vector of that size is left: the index would refuse new ones; or an index of full
-            # precision vectors made by an earlier version: searches ask for the halfvec one
-            if size != dimension or kind != index_kind(dimension):
-                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
-            elif fitting is None:
-                fitting = (schema, index)
-        if fitting is None:
-            conn.execute("SELECT set_config('maintenance_work_mem', %s, true)", (settings.build_memory,))
-            conn.execute("SELECT set_config('max_parallel_maintenance_workers', %s, true)",
-                         (str(settings.build_workers),))
-            conn.execute(statement)
-        elif fitting[1] != name:  # the name an earlier version gave it
-            conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting),
-                                                                      sql.Identifier(name)))
+    import psycopg
+
+    settings_sql = ("SELECT set_config('maintenance_work_mem', %s, false),"
+                    " set_config('max_parallel_maintenance_workers', %s, false),"
+                    " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)")
+    before = conn.execute("SELECT current_setting('maintenance_work_mem'), current_setting('max_parallel_maintenance_workers'),"
+                          " current_setting('lock_timeout'), current_setting('statement_timeout')").fetchone()
+    conn.execute(settings_sql, (settings.build_memory, str(settings.build_workers), "0",
+                                f"{int(settings.build_timeout * 1000)}ms"))
+    try:
+        conn.execute(statement)
+    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        return False  # another connection created it between our look and ours: theirs to finish
+    except psycopg.Error as exc:
+        with contextlib.suppress(psycopg.Error):
+            if not conn.closed:
+                for schema, index, _, _, state in _model_indexes(conn, model):
+                    if state == "dead":
+                        _drop_concurrently(conn, schema, index)
+        raise IndexBuildError(f"building the HNSW index {name} of {model} failed: {type(exc).__name__}: "
+                              f"{str(exc).strip()} (HARVESTER_INDEX_BUILD_TIMEOUT_SECS={settings.build_timeout:g}); "
+                              "the next run's upsert builds it again, searches use exact scans until then") from exc
+    finally:
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(settings_sql, before)
+    return index_state(conn, model) == "ready"
 
 
 def held(conn, model: str) -> int:
@@ -208,25 +293,22 @@ def held(conn, model: str) -> int:
 
 
 def drop_index(conn, model: str) -> list[str]:
-    """Drop the model's HNSW index(es) before a bulk load (see IndexSettings); returns their names.
-    Until ensure_index builds it again, searches of this model rank by exact scans: the same
-    results, slower."""
-    name = index_name(model)
+    """Drop the model's HNSW index(es), concurrently; returns their names. Runs never do this
+    (their index is shared by every portal); it is for operators and tests. Until ensure_index
+    builds it again, searches of this model rank by exact scans: the same results, slower."""
     dropped = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
-        for schema, index, _, _ in _model_indexes(conn, model):
-            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
-            dropped.append(index)
+    for schema, index, _, _, _ in _model_indexes(conn, model):
+        _drop_concurrently(conn, schema, index)
+        dropped.append(index)
     return dropped
 
 
 def index_missing(conn, model: str) -> int | None:
-    """The dimension of ``model``'s stored vectors when they have no HNSW index of the kind search
-    uses (after a bulk load, a run that failed during one, or an index an earlier version made of
-    full-precision vectors); None when there is nothing to build."""
-    indexes = _model_indexes(conn, model)
-    if indexes and all(kind == index_kind(size) for _, _, size, kind in indexes):
+    """The dimension of ``model``'s stored vectors when they have no valid HNSW index of the kind
+    search uses and nobody is building one (after a model's first vectors, a bulk load, a build that
+    failed, or an index an earlier version made of full-precision vectors); None when there is
+    nothing to build."""
+    if index_state(conn, model) != "missing":
         return None
     row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s LIMIT 1", (model,)).fetchone()
     return None if row is None else int(row[0])
@@ -238,10 +320,11 @@ def restore_index(conn, model: str, settings: IndexSettings | None = None) -> bo
     if dimension is None:
         return False
     started = time.monotonic()
-    ensure_index(conn, model, dimension, settings)
-    log.info("built the HNSW index %s over the %d vectors of %s in %.1fs", index_name(model), held(conn, model),
-             model, time.monotonic() - started)
-    return True
+    built = ensure_index(conn, model, dimension, settings)
+    if built:
+        log.info("built the HNSW index %s over the %d vectors of %s in %.1fs (concurrently: nobody waited for it)",
+                 index_name(model), held(conn, model), model, time.monotonic() - started)
+    return built
 
 
 def _pending(checked: bool) -> str:
@@ -278,54 +361,69 @@ def count_pending(conn, run_id: int, portal_url: str, model: str, shard: int = 0
     return conn.execute(f"SELECT count(DISTINCT content_hash) {pending}", params).fetchone()[0]
 
 
+def count_run_pending(conn, run_id: int, portal_url: str, model: str) -> tuple[int, int]:
+    """The portal's distinct pending texts of ``model`` split: (this run's new and changed ones,
+    those earlier runs left pending), in one pass."""
+    params = {"run": run_id, "portal": portal_url, "model": model, "shard": 0, "shards": 1}
+    pending = _pending(copies_checked(conn, portal_url, model))
+    own, backlog = conn.execute(
+        f"SELECT count(*) FILTER (WHERE r), count(*) FILTER (WHERE NOT r) FROM ("
+        f" SELECT content_hash, bool_or(from_run) AS r {pending} GROUP BY content_hash) p", params).fetchone()
+    return int(own), int(backlog)
+
+
 def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int, *, shard: int = 0,
                  shards: int = 1, backlog_limit: int | None = None) -> Iterator[list[tuple]]:
     """(content_hash, title, description) of each pending text, once each, in batches: this run's
     changes first, then at most ``backlog_limit`` texts left pending by earlier runs (a model
-    switch re-embeds a portal over several runs). Streamed through a server-side cursor: ``conn``
-    must be a connection of its own."""
-    params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
-    backlog = 0
+    switch re-embeds a portal over several runs). Read through a cursor WITH HOLD: the query runs
+    to its end in a short transaction and the rows wait in the server, so no transaction stays open
+    while the texts are embedded (one would hold back vacuum and every concurrent index build of
+    every portal). ``conn`` must be a connection of its own."""
+    params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards,
+              "backlog": backlog_limit}
     pending = _pending(copies_checked(conn, portal_url, model))
-    with conn.transaction():
-        with conn.cursor(name="harvester_pending_texts") as cur:
-            cur.itersize = batch_size
-            cur.execute("SELECT content_hash, title, description, from_run FROM ("
-                        f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {pending}"
-                        " ORDER BY content_hash, from_run DESC) p ORDER BY from_run DESC, content_hash", params)
-            while rows := cur.fetchmany(batch_size):
-                if backlog_limit is not None:
-                    kept = []
-                    for row in rows:
-                        if not row[3]:
-                            if backlog >= backlog_limit:
-                                break
-                            backlog += 1
-                        kept.append(row)
-                    if kept:
-                        yield [r[:3] for r in kept]
-                    if len(kept) < len(rows):
-                        return
-                else:
-                    yield [r[:3] for r in rows]
+    cur = conn.cursor(name="harvester_pending_texts", withhold=True)
+    try:
+        with conn.transaction():
+            cur.execute(
+                "WITH p AS MATERIALIZED ("
+                f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {pending}"
+                "  ORDER BY content_hash, from_run DESC)"
+                " SELECT content_hash, title, description FROM ("
+                "  SELECT * FROM p WHERE from_run"
+                "  UNION ALL (SELECT * FROM p WHERE NOT from_run ORDER BY content_hash LIMIT %(backlog)s)"
+                " ) q ORDER BY from_run DESC, content_hash", params)
+        while rows := cur.fetchmany(batch_size):
+            yield [tuple(r) for r in rows]
+    finally:
+        if not conn.closed:
+            cur.close()
 
 
-def reuse(conn, run_id: int, model: str, started_at) -> dict:
-    """This run's new texts that already had a vector when the run began (another portal, a
-    reverted edit, a failed earlier run): no provider call, and what that saved, estimated at
-    four characters a token."""
+def reuse(conn, run_id: int, model: str, started_at=None) -> dict:
+    """This run's new texts whose vector this run did not pay for (another portal's run, even one
+    that wrote it while this run waited for its claim; a reverted edit; a failed earlier run): no
+    provider call, and what that saved, estimated at four characters a token. A vector written
+    before sql/016 (no run recorded) counts when it is older than the run (``started_at``)."""
     reused, tokens = conn.execute(
         """
         SELECT count(*), coalesce(sum(ceil((length(s.title) + length(s.description) + 2) / 4.0)), 0)
         FROM staging_records s
-        JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %s AND e.created_at < %s
-        WHERE s.run_id = %s AND s.outcome IN ('created', 'updated') AND s.content_changed
-        """, (model, started_at, run_id)).fetchone()
+        JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated') AND s.content_changed
+          AND (e.run_id <> %(run)s OR (e.run_id IS NULL AND e.created_at < %(started)s))
+        """, {"model": model, "started": started_at, "run": run_id}).fetchone()
     return {"embeddings_reused": int(reused), "embedding_tokens_saved": int(tokens)}
 
 
-def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequence[Sequence[float]]) -> int:
-    """Store vectors, committed at once: paid-for vectors are kept even if the run fails later."""
+def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequence[Sequence[float]],
+          run_id: int | None = None) -> int:
+    """Store vectors, committed at once: paid-for vectors are kept even if the run fails later.
+    ``run_id``: the run that paid for them (its claims of these texts end in the same transaction,
+    store/claims.py). Rows go in content-hash order, so two writers of overlapping texts cannot
+    deadlock; a deadlock or serialization failure all the same (a writer of another version) is
+    retried, never losing a paid batch."""
     if len(hashes) != len(vectors):
         raise ValueError(f"{len(hashes)} texts but {len(vectors)} vectors")
     rows = []
@@ -333,12 +431,30 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
         array = np.asarray(vector, dtype=np.float32)
         if array.shape != (dimension,):
             raise ValueError(f"model {model} returned a vector of shape {array.shape}, expected ({dimension},)")
-        rows.append((content_hash, model, dimension, array))
-    with conn.transaction(), conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, %s, %b)"
-            " ON CONFLICT (content_hash, model) DO NOTHING", rows)
+        rows.append((content_hash, model, dimension, array, run_id))
+    rows.sort(key=lambda row: row[0])
+    import psycopg
+
+    for attempt in range(1, _WRITE_ATTEMPTS + 1):
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO embeddings (content_hash, model, dimension, embedding, run_id)"
+                    " VALUES (%s, %s, %s, %b, %s) ON CONFLICT (content_hash, model) DO NOTHING", rows)
+                if run_id is not None:
+                    cur.execute("DELETE FROM embedding_claims WHERE model = %s AND run_id = %s"
+                                " AND content_hash = ANY(%s::text[])", (model, run_id, [r[0] for r in rows]))
+            return len(rows)
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+            if attempt == _WRITE_ATTEMPTS:
+                raise
+            log.warning("writing %d vectors of %s met %s (attempt %d of %d); writing them again", len(rows),
+                        model, type(exc).__name__, attempt, _WRITE_ATTEMPTS)
+            time.sleep(0.1 * attempt)
     return len(rows)
+
+
+_WRITE_ATTEMPTS = 5
 
 
 def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int] | None = None) -> int:
