@@ -46,6 +46,7 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
     run = runs.start(conn, portal_url=portal.url, portal_name=portal.name, dag_run_id=dag_run_id,
                      mode=plan.mode, since=plan.since, reconcile_reason=plan.reconcile, takeover=takeover,
                      stale_after=portal.stale_after)
+    claims.prune(conn)  # claims a killed worker left behind (a small table; they bind nobody already)
     log.info("run %s of %s: %s sync, %s%s", run.run_id, portal.name, run.mode, plan.reason,
              f"; reconciles: {run.reconcile_reason}" if run.reconcile_reason else "")
     return {"run_id": run.run_id, "mode": run.mode}
