@@ -2,6 +2,7 @@
 Airflow metadata DB for dag.test(), and the local CKAN portal over real HTTP on 127.0.0.1."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -129,6 +130,20 @@ def gemini(monkeypatch):
 
 
 # -- Airflow ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def secrets_backend(monkeypatch, path: str):
+    """Airflow's secrets backend is the class at ``path`` (module.Class) inside the block."""
+    from airflow.sdk.configuration import clear_secrets_backends_cache
+
+    monkeypatch.setenv("AIRFLOW__SECRETS__BACKEND", path)
+    clear_secrets_backends_cache()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv("AIRFLOW__SECRETS__BACKEND")
+        clear_secrets_backends_cache()
+
+
 @pytest.fixture(scope="session")
 def airflow_db():
     from airflow.utils import db as airflow_db_utils

@@ -163,7 +163,7 @@ class SplitBrain(BaseSecretsBackend):
 
 def test_a_task_whose_worker_reaches_another_database_fails_at_once_naming_it(
         harvest, portal_server, db, database_url, pg_server, template_db, samples, monkeypatch, capfd, caplog):
-    from airflow.sdk.configuration import clear_secrets_backends_cache
+    from conftest import secrets_backend
 
     portal_server.set_records(samples(BIRMINGHAM)[:5])
     harvest.configure(portal_server.base_url)
@@ -179,13 +179,8 @@ def test_a_task_whose_worker_reaches_another_database_fails_at_once_naming_it(
                              dag_run_id="manual__other", mode="full", since=None)
         SplitBrain.URLS = {True: database_url, False: other}
         monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB")
-        monkeypatch.setenv("AIRFLOW__SECRETS__BACKEND", f"{__name__}.SplitBrain")
-        clear_secrets_backends_cache()
-        try:
+        with secrets_backend(monkeypatch, f"{__name__}.SplitBrain"):
             dag_run = harvest.run()
-        finally:
-            monkeypatch.delenv("AIRFLOW__SECRETS__BACKEND")
-            clear_secrets_backends_cache()
         states = {ti.task_id: (str(ti.state), ti.try_number) for ti in dag_run.get_task_instances()}
         assert dag_run.state == "failed"
         assert states["begin"] == ("success", 1) and states["fetch_modified"] == ("failed", 1)  # no retry

@@ -27,6 +27,18 @@ def started_run(db, name):
     return pipeline.begin(db, portal)["run_id"]
 
 
+def staged_with_claims(db, portal_server, records, claimer: str, n: int):
+    """A run of a portal with ``records`` staged, and the first ``n`` of its texts claimed by a
+    running run of another portal, ``claimer``, begun just before it (its run id is one less)."""
+    claimer_run = started_run(db, claimer)
+    portal, run_id = stage(portal_server, records)
+    assert run_id == claimer_run + 1
+    hashes = [row[0] for row in db.execute("SELECT DISTINCT content_hash FROM staging_records WHERE run_id = %s"
+                                           " ORDER BY content_hash", (run_id,)).fetchall()]
+    claims.take(db, MODEL, claimer_run, hashes[:n], ttl_seconds=600)
+    return portal, run_id
+
+
 def test_a_claim_keeps_a_text_for_one_run_until_its_vector_is_written(db):
     a, b = started_run(db, "a"), started_run(db, "b")
     got = claims.take(db, MODEL, a, H[:3], ttl_seconds=60)
@@ -116,12 +128,8 @@ def test_a_text_whose_claimer_died_is_embedded_by_the_run_waiting_for_it(databas
                                                                           gemini):
     """The claim of a run that stopped (here: marked failed while b waits) lapses: b embeds the
     text itself rather than leaving it pending."""
-    records = distinct_records(samples, 20)
-    b, run_b = stage(portal_server, records)
-    dead = started_run(db, "dead")
-    hashes = [row[0] for row in db.execute("SELECT DISTINCT content_hash FROM staging_records WHERE run_id = %s",
-                                           (run_b,)).fetchall()]
-    claims.take(db, MODEL, dead, hashes[:5], ttl_seconds=600)
+    b, run_b = staged_with_claims(db, portal_server, distinct_records(samples, 20), "dead", 5)
+    dead = run_b - 1
 
     def die():
         time.sleep(0.5)
@@ -137,12 +145,7 @@ def test_a_text_whose_claimer_died_is_embedded_by_the_run_waiting_for_it(databas
 
 
 def test_a_wait_for_another_run_is_bounded(database_url, db, portal_server, samples, gemini):
-    records = distinct_records(samples, 10)
-    b, run_b = stage(portal_server, records)
-    alive = started_run(db, "alive")
-    hashes = [row[0] for row in db.execute("SELECT DISTINCT content_hash FROM staging_records WHERE run_id = %s",
-                                           (run_b,)).fetchall()]
-    claims.take(db, MODEL, alive, hashes[:3], ttl_seconds=600)
+    b, run_b = staged_with_claims(db, portal_server, distinct_records(samples, 10), "alive", 3)
     got = embed(b, run_b, EmbedSettings(concurrency=1, retry_delay=0, claim_wait=0.3, claim_poll=0.05))
     assert (got["embedded"], got["left_pending"]) == (7, 3), "left pending for the next run, never paid twice"
     assert len(gemini.texts) == 7

@@ -76,16 +76,11 @@ def test_a_malformed_connection_fails_the_run_without_retries_and_never_falls_ba
 
 
 def test_a_secrets_backend_that_is_down_fails_the_run_with_retries(setup, harvest, db, capfd, caplog, monkeypatch):
-    from airflow.sdk.configuration import clear_secrets_backends_cache
+    from conftest import secrets_backend
 
     monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB")
-    monkeypatch.setenv("AIRFLOW__SECRETS__BACKEND", f"{__name__}.UnreachableVault")
-    clear_secrets_backends_cache()
-    try:
+    with secrets_backend(monkeypatch, f"{__name__}.UnreachableVault"):
         dag_run = harvest.run()
-    finally:
-        monkeypatch.delenv("AIRFLOW__SECRETS__BACKEND")
-        clear_secrets_backends_cache()
 
     assert dag_run.state == "failed"
     assert task_states(dag_run)["begin"] == ("failed", 2)      # may pass: retried
