@@ -392,6 +392,58 @@ def test_the_last_bulk_load_still_running_builds_the_index(db, reader, portal_se
     assert vectors.index_state(db, MODEL) == "ready"
 
 
+def test_bulk_loads_whose_upserts_overlap_leave_the_index_to_the_last_to_commit(
+        db, reader, database_url, portal_server, samples, gemini, monkeypatch, caplog):
+    """b's upsert begins while a is still running and a's while b is: each leaves the index to the
+    other. a commits first; b, committing last, finds no bulk load running any more and builds it."""
+    from harvester.demo_portal import DemoPortal
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "50")
+    records = distinct_records(samples, 200)
+    portal_server.set_records(records[:100])
+    other_server = DemoPortal(records=records[100:])
+    other_server.start()
+    errors = []
+    try:
+        a = Portal(name="a", url=portal_server.base_url, politeness_delay=0)
+        b = Portal(name="b", url=other_server.base_url, politeness_delay=0)
+        provider = get_provider()
+        run_a, _ = steps(db, reader, a, provider)
+        run_b, _ = steps(db, reader, b, provider)
+        pipeline.embed_changed(db, reader, a, run_a, provider, bulk_index=True)
+        pipeline.embed_changed(db, reader, b, run_b, provider, bulk_index=True)
+        caplog.set_level(logging.INFO, logger="harvester")
+        with psycopg.connect(database_url) as blocker:
+            # b's upsert decides about the index, then waits for its run's row to begin its merge
+            blocker.execute("SELECT 1 FROM sync_runs WHERE run_id = %s FOR UPDATE", (run_b,))
+
+            def upsert_b():
+                from harvester.store import db as store_db
+
+                try:
+                    with store_db.open_cli() as conn:
+                        pipeline.upsert(conn, b, run_b, provider.model, provider.max_batch)
+                except Exception as exc:  # surfaced below
+                    errors.append(exc)
+
+            thread = threading.Thread(target=upsert_b)
+            thread.start()
+            wait_for("b's upsert to wait for its row", lambda: db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND application_name LIKE 'harvester cli%%'").fetchone()[0] == 1)
+            pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)  # b is running: a leaves it
+            assert model_indexes(db) == {}
+            blocker.rollback()
+        thread.join(60)
+    finally:
+        other_server.stop()
+    assert not errors, errors
+    assert f"left to the bulk load still running (run {run_a} of a)" in caplog.text
+    assert f"left to the bulk load still running (run {run_b} of b)" in caplog.text
+    assert vectors.index_state(db, MODEL) == "ready", "the last upsert to commit built it"
+
+
 def test_upsert_builds_a_missing_index_even_when_nothing_is_left_to_embed(db, reader, portal_server, samples, gemini,
                                                                           monkeypatch):
     from harvester.embeddings import get_provider

@@ -372,6 +372,14 @@ def test_four_portals_at_once_with_searches(site, monkeypatch):
                     shards = cluster.xcom(dag_id, run_id, "hash_compare")
                     if not (shards and all(s.get("bulk_index") for s in shards)):
                         problems.append(f"round 1: {dag_id} was not a bulk load (hash_compare returned {shards})")
+                # the two bulk loads' upserts may overlap: the last to commit builds the index
+                from harvester.store import vectors
+
+                with site.connect() as conn:
+                    models = [m for (m,) in conn.execute("SELECT DISTINCT model FROM embeddings").fetchall()]
+                    states = {m: vectors.index_state(conn, m) for m in models}
+                if not models or any(state != "ready" for state in states.values()):
+                    problems.append(f"round 1: after the bulk loads the models' HNSW indexes are {states}")
     dup = twice(all_texts)
     if dup:
         problems.append(f"over the three rounds, {len(dup)} texts were sent more than once")

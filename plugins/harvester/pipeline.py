@@ -400,11 +400,18 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     try:
         out = _merge_and_commit(conn, portal, run_id, model, max_batch, force_removals)
         committed = True
-        return out
     finally:
         if build is not None:
             # After a failed merge the build is left to go on by itself (the retry finds it under way).
             build.wait(settings.build_wait if committed else 0)
+    if build is None:
+        # The bulk loads still running when this upsert began may all have committed meanwhile
+        # (several first syncs whose upserts overlap each left the index to the others): the last
+        # one to commit sees none running now, and builds it.
+        late = _start_index_build(conn, run_id, model, open_connection, settings)
+        if late is not None:
+            late.wait(settings.build_wait)
+    return out
 
 
 def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: int, force_removals: bool) -> dict:
