@@ -141,7 +141,8 @@ class AirflowCluster:
     ``wait_until``. Diagnostics: ``task_log``, ``describe``, ``process_tails``. Processes:
     ``kill_task_process`` (only a descendant of this cluster's processes), ``airflow(...)`` (the CLI).
     ``dags_folder``/``plugins_folder``: this checkout's by default (its plugins folder also goes first
-    on the processes' PYTHONPATH). ``parse_interval``: seconds between two parses of a DAG file."""
+    on the processes' PYTHONPATH). ``parse_interval``: seconds between two parses of a DAG file.
+    ``executor`` (LocalExecutor) and ``extra_processes`` (e.g. Celery workers): see the module docstring."""
 
     def __init__(self, home: Path, metadata_url: str, env: dict | None = None, *,
                  dags_folder: Path = ROOT / "dags", plugins_folder: Path = ROOT / "plugins",
