@@ -246,7 +246,7 @@ def main() -> int:
                 gemini.ask("take")
                 waits_before = len(locks.waits)
                 started = datetime.now(timezone.utc)
-                runs = cb.trigger_at_once(cluster, dags, {})
+                runs = cluster.trigger_at_once(dags, {})
                 states = cluster.wait_for(runs, timeout=args.timeout)
                 sends = gemini.ask("take")
                 bad = [k for k, s in states.items() if s != "success"]

@@ -90,6 +90,9 @@ for _path in (ROOT / "bench", ROOT / "tests", ROOT / "plugins"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import first_sync_bench  # noqa: E402  (its child-process servers)
+from airflow_cluster import LockWatch  # noqa: E402  (the sampler test_scheduler.py uses too)
+
 GEMINI_KEY = "AIza-concurrency-bench"
 LOCK_TIMEOUT_SECS = 30
 GOAL_RATIO = 1.3        # A's wall time at most this many times B's
@@ -98,8 +101,7 @@ SAMPLE_EVERY = 0.2      # seconds between two looks at pg_stat_activity
 TASK_ORDER = ("begin", "fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert")
 
 
-class BenchError(RuntimeError):
-    """Something broke: a run failed, a server did not start, datasets are missing. Exit status 1."""
+BenchError = first_sync_bench.BenchError  # something broke: a run failed, a server did not start; exit status 1
 
 
 def say(text: str) -> None:
@@ -200,43 +202,14 @@ def _serve_gemini(vectors: str, pipe) -> None:
     fake.stop()
 
 
-class LocalServer:
-    """A server running in a child process (spawned: nothing of this process is inherited)."""
-
-    def __init__(self, name: str, target, *args):
-        self.name = name
-        ctx = multiprocessing.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self.process = ctx.Process(target=target, args=(*args, child), name=name, daemon=True)
-        self.process.start()
-        self.url: str | None = None
-
-    def wait_ready(self, timeout: float = 900) -> str:
-        if self.url is None:
-            if not self._pipe.poll(timeout):
-                raise BenchError(f"the {self.name} did not start within {timeout:.0f}s")
-            try:
-                self.url = self._pipe.recv()
-            except EOFError:
-                raise BenchError(f"the {self.name} exited (status {self.process.exitcode}) before serving") from None
-        return self.url
+class LocalServer(first_sync_bench.LocalServer):
+    """A server in a child process (first_sync_bench's), which also answers questions."""
 
     def ask(self, message: str, timeout: float = 60):
         self._pipe.send(message)
         if not self._pipe.poll(timeout):
             raise BenchError(f"the {self.name} did not answer {message!r} within {timeout:.0f}s")
         return self._pipe.recv()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            try:
-                self._pipe.send("stop")
-            except (BrokenPipeError, OSError):
-                pass
-            self.process.join(15)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------------------
@@ -285,159 +258,10 @@ def fresh_database(server, name: str, template: str | None = None) -> str:
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its descendants, live or reaped by them."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-class LockWatch:
-    """Samples pg_stat_activity of one database every ``interval`` seconds from a thread of its own:
-    every backend waiting for a lock (wait_event_type = 'Lock'), all but the sampler itself. For
-    each statement (pid, query_start): its longest continuous wait (seen waiting in consecutive
-    samples: one wait, or waits less than ``interval`` apart, which sampling cannot tell apart),
-    how long it was seen waiting in all, what it waited on (wait_event: relation, tuple,
-    transactionid, virtualxid, extend, advisory, ...) and who blocked it (application_name, or the
-    backend type when it has none: autovacuum worker, ...)."""
-
-    QUERY = ("SELECT a.pid, a.query_start, a.application_name, a.backend_type, a.wait_event,"
-             " pg_blocking_pids(a.pid), left(regexp_replace(a.query, '\\s+', ' ', 'g'), 160),"
-             " (SELECT array_agg(DISTINCT coalesce(nullif(b.application_name, ''), b.backend_type))"
-             "   FROM pg_stat_activity b"
-             "   WHERE b.pid = ANY(pg_blocking_pids(a.pid)))"
-             " FROM pg_stat_activity a WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'"
-             " AND a.pid <> pg_backend_pid()")
-
-    def __init__(self, db_url: str, interval: float = SAMPLE_EVERY):
-        self.db_url, self.interval = db_url, interval
-        self.waits: dict[tuple, dict] = {}
-        self.errors: list[str] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lock-watch", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self):
-        import psycopg
-
-        conn = None
-        while not self._stop.wait(self.interval):
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.db_url, autocommit=True, application_name="bench lock-watch")
-                rows = conn.execute(self.QUERY).fetchall()
-            except psycopg.Error as exc:
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                if conn is not None:
-                    conn.close()
-                conn = None
-                continue
-            now = time.monotonic()
-            sample = self.samples
-            self.samples += 1
-            for pid, started, app, backend, event, blockers, query, blocker_apps in rows:
-                seen = self.waits.setdefault((pid, started), {
-                    "first": now, "app": app or "", "backend": backend, "events": set(), "query": query,
-                    "blockers": set(), "blocker_apps": set(), "seen": 0, "sample": -2, "since": now,
-                    "continuous": 0.0})
-                if seen["sample"] != sample - 1:  # not waiting at the previous look: a new wait
-                    seen["since"] = now
-                seen["sample"] = sample
-                seen["seen"] += 1
-                seen["last"] = now
-                seen["continuous"] = max(seen["continuous"], now - seen["since"] + self.interval)
-                seen["events"].add(event)
-                seen["blockers"].update(blockers or ())
-                seen["blocker_apps"].update(a or "?" for a in (blocker_apps or ()))
-        if conn is not None:
-            conn.close()
-
-    @staticmethod
-    def kind(wait: dict) -> str:
-        """build: the upsert's concurrent index build; task: a task's statement; other: anything else."""
-        app = wait["app"]
-        if app.endswith(" build"):
-            return "build"
-        if app.startswith("harvester "):
-            return "task"
-        return "other"
-
-    def longest(self, kind: str | None = None) -> list[tuple[float, dict]]:
-        """(longest continuous wait in seconds, the statement's waits), longest first; a wait seen
-        once counts one interval."""
-        return sorted(((w["continuous"], w) for w in self.waits.values()
-                       if kind is None or self.kind(w) == kind), key=lambda x: -x[0])
-
-    def report(self, indent: str = "  ", top: int = 6) -> list[str]:
-        lines = [f"{indent}lock waits: {self.samples} samples of pg_stat_activity every {self.interval:g} s, "
-                 f"{len(self.waits)} statements seen waiting; per statement: longest continuous wait, "
-                 f"[seen waiting in all / from its first wait to its last], what it waited on, who blocked it"
-                 + (f"; sampler errors: {self.errors[:2]}" if self.errors else "")]
-        labels = {"task": "task statements",
-                  "build": "index builds (application_name '... build': CREATE INDEX CONCURRENTLY waiting for "
-                           "older snapshots; blocks nobody)",
-                  "other": "other backends (not a harvester task's connection)"}
-        for kind in ("task", "build", "other"):
-            waits = self.longest(kind)
-            if not waits and kind == "other":
-                continue
-            head = f"longest {waits[0][0]:.1f} s" if waits else "none seen"
-            lines.append(f"{indent}  {labels[kind]}: {len(waits)} statements, {head}")
-            for took, w in waits[:top]:
-                blockers = ", ".join(sorted(w["blocker_apps"])) or "-"
-                if len(blockers) > 150:
-                    blockers = f"{len(w['blocker_apps'])} backends: {blockers[:140]}..."
-                span = w["last"] - w["first"] + self.interval
-                lines.append(f"{indent}    {took:5.1f} s [{w['seen'] * self.interval:.1f} / {span:.1f} s]  "
-                             f"{w['app'] or w['backend']}  ({', '.join(sorted(w['events']))})  blocked by: {blockers}"
-                             f"  | {w['query'][:100]}")
-        return lines
+tree_cpu = first_sync_bench.process_cpu  # CPU seconds of a process and its descendants
 
 
 # -- the bench ---------------------------------------------------------------------------------------------------
-def trigger_at_once(cluster, dag_ids: list[str], conf: dict) -> list[tuple[str, str]]:
-    """One DAG run of each DAG, all triggered at the same moment (one thread each)."""
-    barrier = threading.Barrier(len(dag_ids))
-    out: dict[str, str] = {}
-    errors: list[BaseException] = []
-
-    def go(dag_id):
-        try:
-            barrier.wait(30)
-            out[dag_id] = cluster.trigger(dag_id, conf)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(d,)) for d in dag_ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return [(d, out[d]) for d in dag_ids]
-
-
 def when(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
@@ -617,10 +441,10 @@ class Bench:
         self.gemini.ask("take")  # counting starts now
         names = list(part.portals)
         cpu0 = self.cpu_now()
-        with LockWatch(db_url) as locks:
+        with LockWatch(db_url, SAMPLE_EVERY) as locks:
             started = datetime.now(timezone.utc)
             t0 = time.monotonic()
-            runs = trigger_at_once(self.cluster, [self.dag(n) for n in names], {"full_sync": True})
+            runs = self.cluster.trigger_at_once([self.dag(n) for n in names], {"full_sync": True})
             states = self.cluster.wait_for(runs, timeout=self.args.timeout)
             polled = time.monotonic() - t0
         part.locks = locks

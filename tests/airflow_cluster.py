@@ -66,6 +66,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from datetime import datetime, timezone
@@ -384,6 +385,29 @@ class AirflowCluster:
             body["dag_run_id"] = run_id
         return self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
 
+    def trigger_at_once(self, dag_ids: list[str], conf: dict | None = None) -> list[tuple[str, str]]:
+        """One DAG run of each DAG, all triggered at the same moment (one thread each, released
+        together); returns their (dag_id, run_id)."""
+        barrier = threading.Barrier(len(dag_ids))
+        out: dict[str, str] = {}
+        errors: list[BaseException] = []
+
+        def go(dag_id):
+            try:
+                barrier.wait(30)
+                out[dag_id] = self.trigger(dag_id, conf)
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=go, args=(d,)) for d in dag_ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if errors:
+            raise errors[0]
+        return [(d, out[d]) for d in dag_ids]
+
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
 
@@ -595,3 +619,114 @@ def harvester_env(database_url: str, portals_file: Path, *, gemini_url: str, gem
         "HARVESTER_EMBED_RETRY_DELAY_SECS": "0",
         **{k: str(v) for k, v in extra.items()},
     }
+
+
+# -- lock waits, as operators would see them in pg_stat_activity ------------------------------------
+class LockWatch:
+    """Samples pg_stat_activity of one database every ``interval`` seconds from a thread of its own:
+    every backend waiting for a lock (wait_event_type = 'Lock'), all but the sampler itself. For
+    each statement (pid, query_start): its longest continuous wait (seen waiting in consecutive
+    samples: one wait, or waits less than ``interval`` apart, which sampling cannot tell apart),
+    how long it was seen waiting in all, what it waited on (wait_event: relation, tuple,
+    transactionid, virtualxid, extend, advisory, ...) and who blocked it (application_name, or the
+    backend type when it has none: autovacuum worker, ...)."""
+
+    QUERY = ("SELECT a.pid, a.query_start, a.application_name, a.backend_type, a.wait_event,"
+             " pg_blocking_pids(a.pid), left(regexp_replace(a.query, '\\s+', ' ', 'g'), 160),"
+             " (SELECT array_agg(DISTINCT coalesce(nullif(b.application_name, ''), b.backend_type))"
+             "   FROM pg_stat_activity b"
+             "   WHERE b.pid = ANY(pg_blocking_pids(a.pid)))"
+             " FROM pg_stat_activity a WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'"
+             " AND a.pid <> pg_backend_pid()")
+
+    def __init__(self, db_url: str, interval: float = 0.2):
+        self.db_url, self.interval = db_url, interval
+        self.waits: dict[tuple, dict] = {}
+        self.errors: list[str] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lock-watch", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self):
+        import psycopg
+
+        conn = None
+        while not self._stop.wait(self.interval):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.db_url, autocommit=True, application_name="lock-watch")
+                rows = conn.execute(self.QUERY).fetchall()
+            except psycopg.Error as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                if conn is not None:
+                    conn.close()
+                conn = None
+                continue
+            now = time.monotonic()
+            sample = self.samples
+            self.samples += 1
+            for pid, started, app, backend, event, blockers, query, blocker_apps in rows:
+                seen = self.waits.setdefault((pid, started), {
+                    "first": now, "app": app or "", "backend": backend, "events": set(), "query": query,
+                    "blockers": set(), "blocker_apps": set(), "seen": 0, "sample": -2, "since": now,
+                    "continuous": 0.0})
+                if seen["sample"] != sample - 1:  # not waiting at the previous look: a new wait
+                    seen["since"] = now
+                seen["sample"] = sample
+                seen["seen"] += 1
+                seen["last"] = now
+                seen["continuous"] = max(seen["continuous"], now - seen["since"] + self.interval)
+                seen["events"].add(event)
+                seen["blockers"].update(blockers or ())
+                seen["blocker_apps"].update(a or "?" for a in (blocker_apps or ()))
+        if conn is not None:
+            conn.close()
+
+    @staticmethod
+    def kind(wait: dict) -> str:
+        """build: the upsert's concurrent index build; task: a task's statement; other: anything else."""
+        app = wait["app"]
+        if app.endswith(" build"):
+            return "build"
+        if app.startswith("harvester "):
+            return "task"
+        return "other"
+
+    def longest(self, kind: str | None = None) -> list[tuple[float, dict]]:
+        """(longest continuous wait in seconds, the statement's waits), longest first; a wait seen
+        once counts one interval."""
+        return sorted(((w["continuous"], w) for w in self.waits.values()
+                       if kind is None or self.kind(w) == kind), key=lambda x: -x[0])
+
+    def report(self, indent: str = "  ", top: int = 6) -> list[str]:
+        lines = [f"{indent}lock waits: {self.samples} samples of pg_stat_activity every {self.interval:g} s, "
+                 f"{len(self.waits)} statements seen waiting; per statement: longest continuous wait, "
+                 f"[seen waiting in all / from its first wait to its last], what it waited on, who blocked it"
+                 + (f"; sampler errors: {self.errors[:2]}" if self.errors else "")]
+        labels = {"task": "task statements",
+                  "build": "index builds (application_name '... build': CREATE INDEX CONCURRENTLY waiting for "
+                           "older snapshots; blocks nobody)",
+                  "other": "other backends (not a harvester task's connection)"}
+        for kind in ("task", "build", "other"):
+            waits = self.longest(kind)
+            if not waits and kind == "other":
+                continue
+            head = f"longest {waits[0][0]:.1f} s" if waits else "none seen"
+            lines.append(f"{indent}  {labels[kind]}: {len(waits)} statements, {head}")
+            for took, w in waits[:top]:
+                blockers = ", ".join(sorted(w["blocker_apps"])) or "-"
+                if len(blockers) > 150:
+                    blockers = f"{len(w['blocker_apps'])} backends: {blockers[:140]}..."
+                span = w["last"] - w["first"] + self.interval
+                lines.append(f"{indent}    {took:5.1f} s [{w['seen'] * self.interval:.1f} / {span:.1f} s]  "
+                             f"{w['app'] or w['backend']}  ({', '.join(sorted(w['events']))})  blocked by: {blockers}"
+                             f"  | {w['query'][:100]}")
+        return lines

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 import psycopg
 import pytest
 
-from airflow_cluster import AirflowCluster, ClusterError, harvester_env, write_portals
+from airflow_cluster import AirflowCluster, ClusterError, LockWatch, harvester_env, write_portals
 from conftest import GEMINI_KEY, ROOT, load_samples
 
 MODEL = "gemini-embedding-001@768"
@@ -135,26 +135,8 @@ class Site:
                 f"({len(stale)}: e.g. {[(live[k], source[k]) for k in stale[:2]]})")
 
     def trigger_at_once(self, names: list[str], conf: dict | None = None) -> list[tuple[str, str]]:
-        """One DAG run of each portal, all triggered at the same moment (one thread each)."""
-        barrier = threading.Barrier(len(names))
-        out: dict[str, str] = {}
-        errors: list[BaseException] = []
-
-        def go(name):
-            try:
-                barrier.wait(10)
-                out[name] = self.cluster.trigger(self.dag(name), conf)
-            except BaseException as exc:  # re-raised below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=go, args=(n,)) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        if errors:
-            raise errors[0]
-        return [(self.dag(n), out[n]) for n in names]
+        """One DAG run of each portal, all triggered at the same moment."""
+        return self.cluster.trigger_at_once([self.dag(n) for n in names], conf)
 
     def index_health(self) -> tuple[list[str], list[str]]:
         """(valid, invalid) indexes on embeddings."""
@@ -192,57 +174,6 @@ def twice(texts: list[str]) -> dict[str, int]:
 
 
 # -- watching the database while runs go on ------------------------------------------------------------
-class LockWatch:
-    """Samples pg_stat_activity of the harvester database every ``interval`` seconds from a thread
-    of its own; for each backend seen waiting for a lock (per pid and query_start), how long it was
-    seen waiting."""
-
-    def __init__(self, db_url: str, interval: float = 0.2):
-        self.db_url, self.interval = db_url, interval
-        self.waits: dict[tuple, dict] = {}
-        self.errors: list[str] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lock-watch", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self):
-        try:
-            conn = psycopg.connect(self.db_url, autocommit=True, application_name="test_scheduler lock-watch")
-        except psycopg.Error as exc:
-            self.errors.append(f"could not connect: {exc}")
-            return
-        with conn:
-            while not self._stop.wait(self.interval):
-                try:
-                    rows = conn.execute(
-                        "SELECT pid, query_start, application_name, wait_event, pg_blocking_pids(pid),"
-                        " left(regexp_replace(query, '\\s+', ' ', 'g'), 200)"
-                        " FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                    continue
-                now = time.monotonic()
-                self.samples += 1
-                for pid, started, app, event, blockers, query in rows:
-                    seen = self.waits.setdefault((pid, started), {"first": now, "app": app, "event": event,
-                                                                  "query": query, "blockers": set()})
-                    seen["last"] = now
-                    seen["blockers"].update(blockers or ())
-
-    def longest(self) -> list[tuple[float, dict]]:
-        return sorted(((w["last"] - w["first"] + self.interval, w) for w in self.waits.values()),
-                      key=lambda x: -x[0])
-
-
 class SearchLoad:
     """Searches in a loop from a thread of its own (the store's search, its own connection, query
     vectors from a Gemini stand-in of its own: the harvest's embedding requests stay countable),
@@ -400,7 +331,7 @@ def test_four_portals_at_once_with_searches(site, monkeypatch):
     latencies = sorted(r[1] for r in searches.results)
     summary = (f"searches: {len(latencies)}, slowest {latencies[-3:] if latencies else []}; lock waits seen: "
                f"{len(longest)}, longest "
-               f"{[(round(d, 1), w['app'], w['event'], w['query'][:80]) for d, w in longest[:3]]}")
+               f"{[(round(d, 1), w['app'], sorted(w['events']), w['query'][:80]) for d, w in longest[:3]]}")
     print(summary)
     assert not problems, "\n".join(problems) + "\n" + summary
 
