@@ -360,10 +360,10 @@ def test_an_index_another_connection_is_building_is_left_to_it(db, database_url)
     assert vectors.index_state(db, MODEL) == "ready"
 
 
-def test_the_last_bulk_load_still_running_builds_the_index(db, reader, portal_server, samples, gemini, monkeypatch,
-                                                          caplog):
-    """Two first syncs of one model at once: the first to commit leaves the index to the other,
-    whose upsert builds it once over both portals' vectors."""
+@pytest.fixture
+def two_bulk_loads(db, reader, portal_server, samples, gemini, monkeypatch):
+    """Two portals' first syncs of one model at once, both bulk loads, embedded and not upserted:
+    (portal a, portal b, run of a, run of b, the provider)."""
     from harvester.demo_portal import DemoPortal
     from harvester.embeddings import get_provider
 
@@ -381,63 +381,53 @@ def test_the_last_bulk_load_still_running_builds_the_index(db, reader, portal_se
         assert plan_a["bulk_index"] is True and plan_b["bulk_index"] is True
         pipeline.embed_changed(db, reader, a, run_a, provider, bulk_index=True)
         pipeline.embed_changed(db, reader, b, run_b, provider, bulk_index=True)
-        caplog.set_level(logging.INFO, logger="harvester")
-        pipeline.upsert(db, b, run_b, provider.model, provider.max_batch)
-        assert model_indexes(db) == {}
-        assert f"the HNSW index of {MODEL} is left to the bulk load still running (run {run_a} of a)" in caplog.text
-        pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)
+        yield a, b, run_a, run_b, provider
     finally:
         other_server.stop()
+
+
+def test_the_last_bulk_load_still_running_builds_the_index(db, two_bulk_loads, caplog):
+    """Two first syncs of one model at once: the first to commit leaves the index to the other,
+    whose upsert builds it once over both portals' vectors."""
+    a, b, run_a, run_b, provider = two_bulk_loads
+    caplog.set_level(logging.INFO, logger="harvester")
+    pipeline.upsert(db, b, run_b, provider.model, provider.max_batch)
+    assert model_indexes(db) == {}
+    assert f"the HNSW index of {MODEL} is left to the bulk load still running (run {run_a} of a)" in caplog.text
+    pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)
     assert f"built the HNSW index {vectors.index_name(MODEL)} over the 200 vectors of {MODEL}" in caplog.text
     assert vectors.index_state(db, MODEL) == "ready"
 
 
 def test_bulk_loads_whose_upserts_overlap_leave_the_index_to_the_last_to_commit(
-        db, reader, database_url, portal_server, samples, gemini, monkeypatch, caplog):
+        db, database_url, two_bulk_loads, caplog):
     """b's upsert begins while a is still running and a's while b is: each leaves the index to the
     other. a commits first; b, committing last, finds no bulk load running any more and builds it."""
-    from harvester.demo_portal import DemoPortal
-    from harvester.embeddings import get_provider
-
-    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "50")
-    records = distinct_records(samples, 200)
-    portal_server.set_records(records[:100])
-    other_server = DemoPortal(records=records[100:])
-    other_server.start()
+    a, b, run_a, run_b, provider = two_bulk_loads
     errors = []
-    try:
-        a = Portal(name="a", url=portal_server.base_url, politeness_delay=0)
-        b = Portal(name="b", url=other_server.base_url, politeness_delay=0)
-        provider = get_provider()
-        run_a, _ = steps(db, reader, a, provider)
-        run_b, _ = steps(db, reader, b, provider)
-        pipeline.embed_changed(db, reader, a, run_a, provider, bulk_index=True)
-        pipeline.embed_changed(db, reader, b, run_b, provider, bulk_index=True)
-        caplog.set_level(logging.INFO, logger="harvester")
-        with psycopg.connect(database_url) as blocker:
-            # b's upsert decides about the index, then waits for its run's row to begin its merge
-            blocker.execute("SELECT 1 FROM sync_runs WHERE run_id = %s FOR UPDATE", (run_b,))
+    caplog.set_level(logging.INFO, logger="harvester")
+    with psycopg.connect(database_url) as blocker:
+        # b's upsert decides about the index, then waits for its run's row to begin its merge
+        blocker.execute("SELECT 1 FROM sync_runs WHERE run_id = %s FOR UPDATE", (run_b,))
 
-            def upsert_b():
-                from harvester.store import db as store_db
+        def upsert_b():
+            from harvester.store import db as store_db
 
-                try:
-                    with store_db.open_cli() as conn:
-                        pipeline.upsert(conn, b, run_b, provider.model, provider.max_batch)
-                except Exception as exc:  # surfaced below
-                    errors.append(exc)
+            try:
+                with store_db.open_cli() as conn:
+                    pipeline.upsert(conn, b, run_b, provider.model, provider.max_batch)
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
 
-            thread = threading.Thread(target=upsert_b)
-            thread.start()
-            wait_for("b's upsert to wait for its row", lambda: db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND application_name LIKE 'harvester cli%%'").fetchone()[0] == 1)
-            pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)  # b is running: a leaves it
-            assert model_indexes(db) == {}
-            blocker.rollback()
-        thread.join(60)
-    finally:
-        other_server.stop()
+        thread = threading.Thread(target=upsert_b)
+        thread.start()
+        wait_for("b's upsert to wait for its row", lambda: db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND application_name LIKE 'harvester cli%%'").fetchone()[0] == 1)
+        pipeline.upsert(db, a, run_a, provider.model, provider.max_batch)  # b is running: a leaves it
+        assert model_indexes(db) == {}
+        blocker.rollback()
+    thread.join(60)
     assert not errors, errors
     assert f"left to the bulk load still running (run {run_a} of a)" in caplog.text
     assert f"left to the bulk load still running (run {run_b} of b)" in caplog.text

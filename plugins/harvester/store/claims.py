@@ -61,9 +61,7 @@ def take(conn, model: str, run_id: int, hashes: Sequence[str], ttl_seconds: floa
         (out.mine if mine else out.stored).add(content_hash)
     if out.mine:
         # A fresh snapshot: a vector committed before our claim went in is visible now.
-        late = {row[0] for row in conn.execute(
-            "SELECT content_hash FROM embeddings WHERE model = %s AND content_hash = ANY(%s::text[])",
-            (model, sorted(out.mine))).fetchall()}
+        late = landed(conn, model, out.mine)
         if late:
             release(conn, model, run_id, late)
             out.mine -= late
