@@ -21,14 +21,14 @@ $(STAMP): requirements.txt requirements-local.txt requirements-dev.txt pyproject
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m harvester.demo
+	$(BIN)/python -m harvester.testing.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The Airflow UI on http://localhost:8080 with this project's DAGs (airflow standalone).
 airflow: $(STAMP)
-	$(BIN)/python -m harvester.demo --standalone
+	$(BIN)/python -m harvester.testing.demo --standalone
 
 db-start: $(STAMP)
 	$(BIN)/harvester db start

@@ -1,6 +1,6 @@
 """Benchmark: many portals' first syncs at once through one real Airflow, against one big portal.
 
-Through ONE real Airflow (tests/airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`,
+Through ONE real Airflow (tests/harvester.testing.airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`,
 `airflow api-server` as processes, LocalExecutor, every task its own process, metadata in
 PostgreSQL; runs triggered and watched through the REST API), side by side in one run:
 
@@ -15,9 +15,9 @@ loads of the model's vectors, each ending with one HNSW index build. A and B har
 number of records, derived from ../shared/ckan-samples by harvest_bench.synthetic (about 9 KB
 each; A's portals hold consecutive slices of the numbering B's portal holds whole). Each portal is
 a local CKAN server (DemoPortal) in a process of its own; vectors come from the local
-Gemini-protocol server (tests/fake_gemini.py, `--vectors words`, zero latency) in a process of
+Gemini-protocol server (tests/harvester.testing.gemini.py, `--vectors words`, zero latency) in a process of
 its own, which counts every text it is sent; PostgreSQL is the embedded server
-(harvester.store.server.EmbeddedServer), holding the harvester database and Airflow's metadata
+(harvester.store.embedded.server.EmbeddedServer), holding the harvester database and Airflow's metadata
 database.
 
 For each part it prints:
@@ -91,7 +91,7 @@ for _path in (ROOT / "bench", ROOT / "tests", ROOT / "plugins"):
         sys.path.insert(0, str(_path))
 
 import first_sync_bench  # noqa: E402  (its child-process servers)
-from airflow_cluster import LockWatch  # noqa: E402  (the sampler test_scheduler.py uses too)
+from harvester.testing.airflow_cluster import LockWatch  # noqa: E402  (the sampler test_scheduler.py uses too)
 
 GEMINI_KEY = "AIza-concurrency-bench"
 LOCK_TIMEOUT_SECS = 30
@@ -142,7 +142,7 @@ def portion(offset: int, count: int, plain: bool = False) -> list[dict]:
 # -- local servers, each in a process of its own -----------------------------------------------------
 def _serve_portal(offset: int, count: int, pipe) -> None:
     """Child process: a local CKAN portal serving portion(offset, count) until told to stop."""
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
 
     portal = DemoPortal(portion(offset, count))
     portal.start()
@@ -159,7 +159,7 @@ def _serve_gemini(vectors: str, pipe) -> None:
     it: FakeGemini's own list of requests is emptied as it goes). "take" answers the counts since
     the last "take" and starts counting afresh ("twice_ever": texts sent more than once since the
     server started, whatever "take" did); "stop" stops it."""
-    from fake_gemini import FakeGemini
+    from harvester.testing.gemini import FakeGemini
 
     fake = FakeGemini(valid_keys={GEMINI_KEY}, vectors=vectors)
     fake.start()
@@ -218,7 +218,7 @@ def start_postgres(home: Path, max_connections: int = 300):
     directory; the server's start options do not set it)."""
     import psycopg
 
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     server = EmbeddedServer(home)
     server.start()
@@ -373,7 +373,7 @@ class Bench:
 
     # -- set-up ----------------------------------------------------------------------------------
     def start(self) -> None:
-        from airflow_cluster import AirflowCluster, harvester_env, write_portals
+        from harvester.testing.airflow_cluster import AirflowCluster, harvester_env, write_portals
 
         args = self.args
         total = args.portals * args.datasets_per_portal

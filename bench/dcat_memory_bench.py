@@ -96,7 +96,7 @@ def _rss_mb() -> float:
 def _read_catalogue(url: str, page_size: int, validators: dict | None, out) -> None:
     """In a fresh process: every record of the catalogue at ``url``, pages dropped once counted."""
     from harvester.sources.dcat_json import DcatJsonSource
-    from harvester.sources.http import HttpFetcher
+    from harvester.http import HttpFetcher
 
     baseline = _rss_mb()
     source = DcatJsonSource(url, fetcher=HttpFetcher(url), page_size=page_size)
@@ -134,8 +134,8 @@ def _harvest(url: str, database_url: str, out) -> None:
     classification and change detection, the upsert's merge and history), embedding left for a
     later run, as when the provider's breaker is open: the steps whose memory could grow with the
     catalogue. (Embedding holds one batch of texts at a time.)"""
-    from harvester import pipeline
-    from harvester.portal import Portal
+    from harvester.pipeline import steps as pipeline
+    from harvester.config.portals import Portal
     from harvester.store import db
 
     baseline = _rss_mb()
@@ -187,7 +187,7 @@ def main() -> int:
             run = None
             if not args.no_run:
                 from harvester.store import db
-                from harvester.store.server import EmbeddedServer
+                from harvester.store.embedded.server import EmbeddedServer
 
                 server = EmbeddedServer(directory / "pg")
                 try:

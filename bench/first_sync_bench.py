@@ -7,7 +7,7 @@ records of about 9 KB each, derived from ../shared/ckan-samples by harvest_bench
     time, JSON-parsed, a SHA-256 of each record's canonical JSON, COPY into a plain table of the
     same PostgreSQL. What fetch + parse + hash + COPY of these records can cost at best.
 (b) a full sync through `airflow dags test harvest_bench -c '{"full_sync": true}'`, with a
-    zero-latency local Gemini-protocol server (tests/fake_gemini.py) for the vectors (--vectors
+    zero-latency local Gemini-protocol server (tests/harvester.testing.gemini.py) for the vectors (--vectors
     words, the default: shaped like real text embeddings, texts sharing words near each other;
     --vectors random: random directions, the hardest case for the HNSW index to build);
 (c) the same full sync again, the portal unchanged: every vector is cached;
@@ -136,7 +136,7 @@ def _serve_portal(datasets: int, pipe) -> None:
     """Child process: the local CKAN portal serving ``datasets`` synthetic records until told to stop."""
     from harvest_bench import synthetic
 
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
 
     portal = DemoPortal(synthetic(datasets))
     portal.start()
@@ -151,7 +151,7 @@ def _serve_portal(datasets: int, pipe) -> None:
 def _serve_gemini(delay: float, vectors: str, pipe) -> None:
     """Child process: the local Gemini-protocol server (threaded: concurrent requests each wait
     ``delay`` seconds at the same time) answering ``vectors`` vectors (FakeGemini), until told to stop."""
-    from fake_gemini import FakeGemini
+    from harvester.testing.gemini import FakeGemini
 
     fake = FakeGemini(valid_keys={GEMINI_KEY}, vectors=vectors)
     fake.delay = delay
@@ -346,7 +346,7 @@ class Bench:
     def start(self) -> None:
         import yaml
 
-        from harvester.store.server import EmbeddedServer
+        from harvester.store.embedded.server import EmbeddedServer
 
         n = self.args.datasets
         say(f"{n:,} synthetic datasets; home {self.home}; {os.cpu_count()} CPUs; --vectors {self.args.vectors}")
@@ -533,7 +533,7 @@ class Bench:
         import psycopg
         from psycopg import sql
 
-        from harvester.search import SearchSettings
+        from harvester.store.search import SearchSettings
         from harvester.store import vectors
 
         ef = SearchSettings.from_env().ef_search

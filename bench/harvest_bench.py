@@ -49,14 +49,14 @@ def main() -> int:
     parser.add_argument("--changed", type=float, default=0.01, help="share of datasets edited before run 2")
     args = parser.parse_args()
 
-    from fake_gemini import FakeGemini
+    from harvester.testing.gemini import FakeGemini
 
-    from harvester import pipeline
-    from harvester.demo_portal import DemoPortal
+    from harvester.pipeline import steps as pipeline
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings.gemini import GeminiProvider
-    from harvester.portal import Portal
+    from harvester.config.portals import Portal
     from harvester.store import db
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="harvester-bench-"))
     server = EmbeddedServer(home)

@@ -104,14 +104,14 @@ def main() -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from fake_gemini import FakeGemini
+    from harvester.testing.gemini import FakeGemini
 
-    from harvester import pipeline
-    from harvester.demo_portal import DemoPortal
+    from harvester.pipeline import steps as pipeline
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings.gemini import GeminiProvider
-    from harvester.portal import Portal
+    from harvester.config.portals import Portal
     from harvester.store import db
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="harvester-reconcile-bench-"))
     server = EmbeddedServer(home)

@@ -1,4 +1,4 @@
-"""Benchmark: hybrid search (harvester.search) for relevance on the real samples, and for speed at scale.
+"""Benchmark: hybrid search (harvester.store.search) for relevance on the real samples, and for speed at scale.
 
 (a) Relevance. Every file of ../shared/ckan-samples is harvested as its own portal (the local CKAN
     portal over HTTP, the pipeline's real steps, the local embedding model) into a fresh embedded
@@ -61,15 +61,15 @@ LANGUAGE = {"dados-gov-br.jsonl": "portuguese", "govdata-de.jsonl": "german",
             "data-stadt-zuerich-ch.jsonl": "german", "dkan-hauts-de-france.jsonl": "french"}
 
 
-MISSING = ("search_bench: harvester.search does not provide the hybrid search API yet ({}); this benchmark needs "
+MISSING = ("search_bench: harvester.store.search does not provide the hybrid search API yet ({}); this benchmark needs "
            "search(conn, query, mode=..., filters=SearchFilters(...), limit=..., settings=SearchSettings(...), "
            "query_vector=...) returning .items and .timings")
 
 
 def search_api():
-    """harvester.search's hybrid API, or None (with a clear message) when it is not there yet."""
+    """harvester.store.search's hybrid API, or None (with a clear message) when it is not there yet."""
     try:
-        from harvester.search import SearchFilters, SearchSettings, search
+        from harvester.store.search import SearchFilters, SearchSettings, search
     except ImportError as exc:
         print(MISSING.format(exc), file=sys.stderr)
         return None
@@ -107,10 +107,10 @@ def ndcg_mrr(ranked: list[str], relevant: set[str]) -> tuple[float, float]:
 def relevance(server, args) -> bool:
     import yaml
 
-    from harvester import pipeline
-    from harvester.demo_portal import DemoPortal
+    from harvester.pipeline import steps as pipeline
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings.local import LocalProvider
-    from harvester.portal import Portal
+    from harvester.config.portals import Portal
     from harvester.store import db
 
     api = search_api()
@@ -296,7 +296,7 @@ def base_records() -> list[tuple[str, dict]]:
 def synthetic_rows(n: int, seed: int = 11):
     """Deterministic synthetic datasets derived from the samples: one dict per dataset with the
     columns the harvester stores, and the metadata the filters look at."""
-    from harvester.dataset import clean_text, content_hash, embedding_text, sha256_hex
+    from harvester.domain.dataset import clean_text, content_hash, embedding_text, sha256_hex
 
     bases = base_records()
     rng = random.Random(seed)
@@ -604,7 +604,7 @@ def main() -> int:
                         "bench_scale and bench_relevance stay there to explore; default: a new temporary one)")
     args = parser.parse_args()
 
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     home = args.home or Path(tempfile.mkdtemp(prefix="harvester-search-bench-"))
     server = EmbeddedServer(home)

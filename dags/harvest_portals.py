@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
-from harvester import tasks
-from harvester.portal import Portal, load_portals
-from harvester.run import DAG_RUN_TIMEOUT, TaskSettings, format_duration
+from harvester.pipeline import tasks
+from harvester.config.portals import Portal, load_portals
+from harvester.domain.run import DAG_RUN_TIMEOUT, TaskSettings, format_duration
 
 SETTINGS = TaskSettings.from_env(os.environ)  # a bad value fails this file's import, naming the variable
 

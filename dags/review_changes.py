@@ -11,8 +11,8 @@ from datetime import datetime
 
 from airflow.sdk import Asset, dag, task
 
-from harvester.portal import load_portals
-from harvester.tasks import asset_uri
+from harvester.config.portals import load_portals
+from harvester.pipeline.tasks import asset_uri
 
 _assets = [Asset(asset_uri(p)) for p in load_portals() if p.enabled]
 
@@ -28,7 +28,7 @@ if _assets:
         def log_changes_needing_review():
             from airflow.sdk import get_current_context
 
-            from harvester import review
+            from harvester.pipeline import review
 
             return review.log_triggering_changes(get_current_context())
 

@@ -50,7 +50,7 @@ def samples():
 # -- PostgreSQL ---------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def pg_server():
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="harvester-pg-"))
     server = EmbeddedServer(home)
@@ -103,7 +103,7 @@ def db(database_url):
 @pytest.fixture
 def portal_server():
     """A local CKAN portal; tests load records into it."""
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
 
     server = DemoPortal(records=[])
     server.start()
@@ -118,7 +118,7 @@ GEMINI_KEY = "AIza-test-key-for-harvester"
 @pytest.fixture
 def gemini(monkeypatch):
     """A local Gemini-protocol server, configured as the embedding provider (no retry delay)."""
-    from fake_gemini import FakeGemini
+    from harvester.testing.gemini import FakeGemini
 
     with FakeGemini(valid_keys={GEMINI_KEY}) as fake:
         monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "gemini")

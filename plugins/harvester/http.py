@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import requests.auth
 
-from .base import SourceUnavailable
+from harvester.sources.base import SourceUnavailable
 
 log = logging.getLogger(__name__)
 

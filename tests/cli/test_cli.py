@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from harvester.cli import main
+from harvester.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def configure(tmp_path, monkeypatch, url):

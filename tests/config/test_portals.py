@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from harvester.portal import PortalConfigError, load_portals, parse_portals
+from harvester.config.portals import PortalConfigError, load_portals, parse_portals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_portals_file_has_real_portals_disabled():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harvester.cli import main
-from harvester.portal import parse_portals
+from harvester.cli.main import main
+from harvester.config.portals import parse_portals
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "ckan-token-Pr1vate-5f0d9c"
@@ -35,7 +35,7 @@ def held_ids(db):
 
 # -- the token's connection -------------------------------------------------------------------------
 def test_api_key_is_the_connections_password_or_extra_api_key(monkeypatch):
-    from harvester.credentials import api_key
+    from harvester.config.secrets import api_key
 
     assert api_key(portal()) is None
     connection(monkeypatch, "ckan_pw", password=TOKEN, extra={"api_key": "not-this-one"})
@@ -45,7 +45,7 @@ def test_api_key_is_the_connections_password_or_extra_api_key(monkeypatch):
 
 
 def test_a_missing_or_empty_connection_is_named_with_the_portal(monkeypatch):
-    from harvester.credentials import CredentialsError, api_key
+    from harvester.config.secrets import CredentialsError, api_key
 
     with pytest.raises(CredentialsError) as info:
         api_key(portal(conn_id="ckan_nowhere"))
@@ -139,8 +139,8 @@ def _airflow_files() -> str:
 
 def test_url_credentials_never_reach_the_dag_logs_errors_or_database(harvest, portal_server, db, samples,
                                                                      monkeypatch, caplog, capfd):
-    from harvester import tasks
-    from harvester.portal import get_portal
+    from harvester.pipeline import tasks
+    from harvester.config.portals import get_portal
 
     caplog.set_level(logging.DEBUG)
     records = samples(BIRMINGHAM)

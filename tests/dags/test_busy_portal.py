@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from airflow.secrets import BaseSecretsBackend
 
-from harvester.run import BackfillRun, Cover, TaskSettings, cover_backfill
+from harvester.domain.run import BackfillRun, Cover, TaskSettings, cover_backfill
 from harvester.store import db as store_db
 from harvester.store import runs as store_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 OTHER = "backfill__2026-11-01T00:00:00+00:00"

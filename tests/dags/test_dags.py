@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bag(folder, monkeypatch, portals: dict | None = None, tmp_path: Path | None = None):
@@ -91,7 +91,7 @@ def test_backfill_runs_are_recognised_as_full_syncs():
 
     from airflow.utils.types import DagRunType
 
-    from harvester import tasks
+    from harvester.pipeline import tasks
 
     assert tasks._is_backfill(SimpleNamespace(run_type=DagRunType.BACKFILL_JOB))
     assert tasks._is_backfill(SimpleNamespace(run_type="backfill"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from dcat_server import DcatServer
+from harvester.testing.dcat_portal import DcatServer
 
 DCAT = Path(ROOT.parent / "shared" / "dcat-samples")
 AR = DCAT / "datos-gob-ar"

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from harvester import dataset as ds
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.domain import dataset as ds
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.store import db as store_db
 
 
@@ -94,8 +94,8 @@ def test_a_failed_runs_vectors_are_reused_by_its_retry(harvest, portal_server, d
 def test_a_cross_portal_duplicate_costs_no_request(database_url, samples, gemini, tmp_path, monkeypatch, capsys):
     import yaml
 
-    from harvester.cli import main
-    from harvester.demo_portal import DemoPortal
+    from harvester.cli.main import main
+    from harvester.testing.ckan_portal import DemoPortal
 
     records = samples("data-birmingham-gov-uk.jsonl")
     with DemoPortal(records) as first, DemoPortal(records) as second:
@@ -126,7 +126,7 @@ def test_a_429_storm_opens_the_breaker_for_every_task_and_the_next_run_embeds(
     """Two portals embed at once; the API answers 429 to everything. The shared breaker opens
     after 5 failures for both, both runs commit with their datasets Skipped, and the next run
     embeds them even though the portal reports no change."""
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings import get_provider
 
     monkeypatch.setenv("CB_FAILURE_THRESHOLD", "5")
@@ -213,7 +213,7 @@ def test_embed_changed_fans_out_over_shards_and_each_text_is_sent_once(harvest, 
 # -- Ollama: an outage defers embeddings exactly like a Gemini outage --------------------------------
 @pytest.fixture
 def ollama(monkeypatch):
-    from fake_ollama import FakeOllama
+    from harvester.testing.ollama import FakeOllama
 
     with FakeOllama(models={"nomic-embed-text": 768}) as fake:
         monkeypatch.setenv("HARVESTER_EMBEDDING_PROVIDER", "ollama")

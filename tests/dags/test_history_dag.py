@@ -5,7 +5,7 @@ import copy
 import json
 import logging
 
-from harvester.cli import main
+from harvester.cli.main import main
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 
@@ -128,7 +128,7 @@ def test_asset_event_and_review_consumer(harvest, portal_server, db, samples, ca
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
 
-    from harvester import review
+    from harvester.pipeline import review
 
     records = samples(BIRMINGHAM)
     portal_server.set_records(records)
@@ -146,7 +146,7 @@ def test_asset_event_and_review_consumer(harvest, portal_server, db, samples, ca
                           "skipped": 0, "removals_withheld": 0}
     assert extras[-2]["created"] == len(records)
 
-    caplog.set_level(logging.INFO, logger="harvester.review")
+    caplog.set_level(logging.INFO, logger="harvester.pipeline.review")
     ids = review.run_ids({"harvester://test/datasets": events[-1:]})
     assert ids == [run_id]
     assert review.log_changes_needing_review(db, ids) == 1

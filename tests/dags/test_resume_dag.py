@@ -12,7 +12,7 @@ import uuid
 import psycopg
 import pytest
 
-from harvester.cli import main
+from harvester.cli.main import main
 from harvester.store import runs as store_runs
 
 from test_embedding_runs import distinct_records

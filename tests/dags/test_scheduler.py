@@ -1,4 +1,4 @@
-"""harvest_<portal> DAGs under a real Airflow (tests/airflow_cluster.py): scheduler, dag-processor and
+"""harvest_<portal> DAGs under a real Airflow (tests/harvester.testing.airflow_cluster.py): scheduler, dag-processor and
 API server as processes, LocalExecutor, every task its own process; DAG runs triggered and
 backfilled through the REST API. One cluster serves the whole module; each portal is its own local
 CKAN server (DemoPortal) and its own DAG; the harvester database and Airflow's metadata database
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 import psycopg
 import pytest
 
-from airflow_cluster import AirflowCluster, ClusterError, LockWatch, harvester_env, write_portals
+from harvester.testing.airflow_cluster import AirflowCluster, ClusterError, LockWatch, harvester_env, write_portals
 from conftest import GEMINI_KEY, ROOT, load_samples
 
 MODEL = "gemini-embedding-001@768"
@@ -195,7 +195,7 @@ class SearchLoad:
         self._thread.join(RUN_TIMEOUT)
 
     def _run(self):
-        from harvester import search
+        from harvester.store import search
         from harvester.embeddings.gemini import GeminiProvider
         from harvester.store import db as store_db
 
@@ -227,8 +227,8 @@ class SearchLoad:
 # -- the cluster ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def site(pg_server, template_db, tmp_path_factory):
-    from fake_gemini import FakeGemini
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.gemini import FakeGemini
+    from harvester.testing.ckan_portal import DemoPortal
 
     home = tmp_path_factory.mktemp("scheduler")
     tag = uuid.uuid4().hex[:8]

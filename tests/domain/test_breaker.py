@@ -1,9 +1,7 @@
 """The circuit breaker's state machine (pure): transitions, thresholds, 429 backoff, probes, settings."""
 import pytest
 
-from harvester.breaker import (
-    CLOSED, HALF_OPEN, OPEN, BreakerConfig, BreakerConfigError, BreakerState, admit, on_failure, on_success,
-)
+from harvester.domain.breaker import (CLOSED, HALF_OPEN, OPEN, BreakerConfig, BreakerConfigError, BreakerState, admit, on_failure, on_success)
 
 CFG = BreakerConfig()  # 5 failures, 30 s, 2 successes, x2 on 429 up to 300 s, 2 probes, 120 s leases
 T0 = 1_700_000_000.0

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from harvester import changes as ch
-from harvester.dataset import clean_text, metadata_hash, normalize
+from harvester.domain import changes as ch
+from harvester.domain.dataset import clean_text, metadata_hash, normalize
 
 PORTAL = "https://data.example.org"
 GC_BEFORE = "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"

@@ -2,7 +2,7 @@
 import copy
 from datetime import datetime, timezone
 
-from harvester import dataset as ds
+from harvester.domain import dataset as ds
 
 PORTAL = "https://data.example.org"
 

@@ -3,7 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from harvester.run import STAT_KEYS, Progress, complete_stats, count_drift, format_duration, plan_run
+from harvester.domain.run import STAT_KEYS, Progress, complete_stats, count_drift, format_duration, plan_run
 
 WM = datetime(2026, 1, 2, 3, 0, tzinfo=timezone.utc)
 
@@ -99,7 +99,7 @@ def test_format_duration(delta, text):
 
 
 def test_claim_decides_who_writes_a_portal():
-    from harvester.run import Writer, claim
+    from harvester.domain.run import Writer, claim
 
     now = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
     two_h = timedelta(hours=2)

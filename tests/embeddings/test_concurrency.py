@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from harvester import embedder, pipeline
-from harvester.breaker import BreakerConfig
-from harvester.embedder import EmbedSettings
+from harvester.embeddings import batching as embedder
+from harvester.pipeline import steps as pipeline
+from harvester.domain.breaker import BreakerConfig
+from harvester.embeddings.batching import EmbedSettings
 from harvester.embeddings import TerminalEmbeddingError
 from harvester.embeddings.gemini import GeminiProvider
-from harvester.portal import Portal
+from harvester.config.portals import Portal
 from harvester.store import db as store_db
 
 from test_embedding_runs import distinct_records
@@ -132,7 +133,7 @@ def test_a_failing_batch_among_several_in_flight_is_retried_and_every_text_gets_
     gemini.hold_until_in_flight(4)
     gemini.fail_next(1, 503)
     gemini.fail_next(1, 429, retry_after=0)
-    caplog.set_level(logging.WARNING, logger="harvester.embedder")
+    caplog.set_level(logging.WARNING, logger="harvester.embeddings.batching")
     counts = embed(portal, run_id, settings(4))
     assert (counts["embedding_requests"], counts["embedded"], counts["left_pending"]) == (8, 600, 0)
     assert len(gemini.requests) == 8 and gemini.peak_in_flight == 4

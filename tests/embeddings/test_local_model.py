@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from harvester.cli import main
+from harvester.cli.main import main
 from harvester.embeddings import TerminalEmbeddingError, provider_for_model
 from harvester.embeddings.local import MODEL_NAME, LocalProvider, bundled_path, model_identity
 from harvester.store import vectors

@@ -10,10 +10,10 @@ import traceback
 
 import numpy as np
 import pytest
-from fake_gemini import FakeGemini, pseudo_embedding
-from fake_ollama import FakeOllama
+from harvester.testing.gemini import FakeGemini, pseudo_embedding
+from harvester.testing.ollama import FakeOllama
 
-from harvester.dataset import MAX_TEXT_CHARS
+from harvester.domain.dataset import MAX_TEXT_CHARS
 from harvester.embeddings import PROVIDERS, get_provider
 from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
 from harvester.embeddings.gemini import GeminiProvider

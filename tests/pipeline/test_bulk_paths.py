@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from harvester import dataset as ds
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.domain import dataset as ds
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.store import staging
 
 SAMPLE_FILES = ("catalog-data-gov.jsonl", "dados-gov-br.jsonl", "data-birmingham-gov-uk.jsonl",

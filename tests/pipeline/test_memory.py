@@ -2,7 +2,7 @@
 task of the same process does not start from the previous one's peak."""
 import os
 
-from harvester import memory
+from harvester.pipeline import memory
 
 
 def test_release_hands_freed_pages_back():
@@ -56,7 +56,7 @@ def test_cap_arenas_keeps_threads_to_two_malloc_arenas():
     import sys
     from pathlib import Path
 
-    script = ARENAS.format(plugins=str(Path(memory.__file__).parents[1]))
+    script = ARENAS.format(plugins=str(Path(memory.__file__).parents[2]))
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
 
     def arenas(mode):

@@ -13,9 +13,9 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from local_http import LocalAPIServer
+from harvester.testing.local_http import LocalAPIServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "hook-token-s3cr3t-4242"
 
@@ -144,7 +144,7 @@ def test_a_failed_run_is_announced(harvest, portal_server, db, samples, receiver
     harvest.configure(portal_server.base_url, max_retries=1,
                       notify=[{"webhook": receiver.base_url + "/failed", "on": ["failed"]},
                               {"webhook": receiver.base_url + "/review", "on": ["review"]},
-                              {"class": "recording_notifier.RecordingNotifier", "on": ["failed"],
+                              {"class": "harvester.testing.notifier.RecordingNotifier", "on": ["failed"],
                                "kwargs": {"url": receiver.base_url + "/class",
                                           "message": "{{ harvester.outcome }} in {{ dag.dag_id }}"}}])
     dag_run = harvest.run()
@@ -186,9 +186,9 @@ def test_a_notifier_class_by_import_path_gets_the_task_context_and_the_payload(
     records = samples(BIRMINGHAM)
     portal_server.set_records(records)
     harvest.configure(portal_server.base_url, significance={"review_threshold": 0.3}, notify=[{
-        "class": "recording_notifier.RecordingNotifier", "on": ["review"],
+        "class": "harvester.testing.notifier.RecordingNotifier", "on": ["review"],
         "kwargs": {"url": receiver.base_url + "/class",
-                   "message": "{{ harvester.portal }}: {{ harvester.outcome }} in {{ dag.dag_id }}, "
+                   "message": "{{ harvester.config.portals }}: {{ harvester.outcome }} in {{ dag.dag_id }}, "
                               "{{ harvester.counts.review }} to review"}}])
     assert harvest.run().state == "success"
     assert receiver.requests == []
@@ -227,16 +227,16 @@ def test_the_consumer_does_nothing_on_an_event_with_no_change_and_no_review(
     monkeypatch.setattr(dagrun_module, "get_or_create_dagrun", triggered_by_the_event)
     bag = DagBag(dag_folder=str(ROOT / "dags" / "review_changes.py"))
     assert not bag.import_errors, bag.import_errors
-    caplog.set_level(logging.INFO, logger="harvester.review")
+    caplog.set_level(logging.INFO, logger="harvester.pipeline.review")
     dag_run = bag.get_dag("review_changes").test(logical_date=datetime.now(timezone.utc))
     assert dag_run.state == "success"
-    messages = [r.getMessage() for r in caplog.records if r.name == "harvester.review"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "harvester.pipeline.review"]
     assert messages == [f"nothing to do: harvest runs [{extra['run_id']}] changed nothing and have nothing to review"]
 
 
 # -- portals.yaml's notify: -----------------------------------------------------------------------
 def parse(entry_notify, tmp_path, monkeypatch):
-    from harvester.portal import load_portals
+    from harvester.config.portals import load_portals
 
     path = tmp_path / "portals.yaml"
     path.write_text(yaml.safe_dump({"portals": [{"name": "x", "url": "https://x.org", "notify": entry_notify}]}))
@@ -256,12 +256,12 @@ def parse(entry_notify, tmp_path, monkeypatch):
      "notify[0]: webhook: environment variable NOT_SET_ANYWHERE_42 is not set"),
     ([{"webhook": "https://h.example", "timeout": 0}], "notify[0]: timeout 0 must be a number of seconds > 0"),
     ([{"class": "no_such_module_42.Notifier"}], "notify[0]: class 'no_such_module_42.Notifier' cannot be imported"),
-    ([{"class": "harvester.portal.Portal"}], "notify[0]: class 'harvester.portal.Portal' is not an Airflow notifier"),
-    ([{"class": "recording_notifier.RecordingNotifier", "kwargs": {"urll": "http://x"}}],
-     "notify[0]: kwargs do not fit recording_notifier.RecordingNotifier"),
+    ([{"class": "harvester.config.portals.Portal"}], "notify[0]: class 'harvester.config.portals.Portal' is not an Airflow notifier"),
+    ([{"class": "harvester.testing.notifier.RecordingNotifier", "kwargs": {"urll": "http://x"}}],
+     "notify[0]: kwargs do not fit harvester.testing.notifier.RecordingNotifier"),
 ])
 def test_a_bad_notify_entry_names_the_portal_and_the_entry(notify, problem, tmp_path, monkeypatch):
-    from harvester.portal import PortalConfigError
+    from harvester.config.portals import PortalConfigError
 
     with pytest.raises(PortalConfigError) as err:
         parse(notify, tmp_path, monkeypatch)
@@ -269,7 +269,7 @@ def test_a_bad_notify_entry_names_the_portal_and_the_entry(notify, problem, tmp_
 
 
 def test_notify_entries_parse_with_yaml_s_bare_on_and_never_show_a_secret(tmp_path, monkeypatch):
-    from harvester.portal import load_portals
+    from harvester.config.portals import load_portals
 
     monkeypatch.setenv("HOOK_TOKEN", TOKEN)
     path = tmp_path / "portals.yaml"
@@ -280,12 +280,12 @@ def test_notify_entries_parse_with_yaml_s_bare_on_and_never_show_a_secret(tmp_pa
         "    notify:\n"
         "      - webhook: https://hooks.example.org/services/${HOOK_TOKEN}\n"
         "        on: [failed, degraded]\n"                       # YAML 1.1 reads a bare on: as true
-        "      - class: recording_notifier.RecordingNotifier\n"
+        "      - class: harvester.testing.notifier.RecordingNotifier\n"
         "        kwargs: {url: 'http://127.0.0.1:9/x'}\n")
     portal = load_portals(path)[0]
     webhook, cls = portal.notify
     assert webhook.on == {"failed", "degraded"} and cls.on == {"failed", "degraded", "review"}
-    assert webhook.label == "webhook https://hooks.example.org/…" and cls.label == "recording_notifier.RecordingNotifier"
+    assert webhook.label == "webhook https://hooks.example.org/…" and cls.label == "harvester.testing.notifier.RecordingNotifier"
     assert TOKEN not in repr(portal) and TOKEN not in repr(webhook.build())
     assert webhook.build().url == f"https://hooks.example.org/services/{TOKEN}"
     hash(portal)

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from harvester import dataset as ds
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.domain import dataset as ds
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.sources.base import Capabilities, Listing
-from harvester.sources.readahead import read_ahead
+from harvester.pipeline.readahead import read_ahead
 
 
 def _threads(prefix: str) -> list[threading.Thread]:

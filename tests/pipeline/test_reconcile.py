@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.store import listing, migrations, runs
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harvester.sources.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp,
-                            scrub_url, solr_date)
-from harvester.demo_portal import DemoPortal, load_jsonl
+from harvester.sources.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp, scrub_url, solr_date)
+from harvester.testing.ckan_portal import DemoPortal, load_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or REPO.parent / "shared" / "ckan-samples")
 GC_1150 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
 GC_1230 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T12-30.jsonl"

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from harvester.dataset import content_hash, embedding_text, normalize_url, sha256_hex, tracked_metadata
+from harvester.domain.dataset import content_hash, embedding_text, normalize_url, sha256_hex, tracked_metadata
 from harvester.sources.base import Listing, SourceError, SourceUnavailable
-from harvester.sources.dcat_json import (DcatJsonSource, InvalidCatalogue, iter_entries, iter_records, normalize,
-                                         to_package)
-from harvester.sources.http import HttpFetcher
+from harvester.sources.dcat_json import (DcatJsonSource, InvalidCatalogue, iter_entries, iter_records, normalize, to_package)
+from harvester.http import HttpFetcher
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DCAT = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
 AR = DCAT / "datos-gob-ar"
 US = DCAT / "dcat-us"

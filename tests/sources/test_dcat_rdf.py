@@ -17,13 +17,12 @@ import requests
 from rdflib import Graph, Literal, URIRef
 from rdflib import namespace as ns
 
-from harvester.dataset import normalize_url, sha256_hex, tracked_metadata
+from harvester.domain.dataset import normalize_url, sha256_hex, tracked_metadata
 from harvester.sources.base import Listing, SourceError
-from harvester.sources.dcat_rdf import (DcatRdfSource, RdfParseError, iter_pages, parse_page, rdf_format,
-                                        records_from_graph)
-from harvester.sources.http import HttpFetcher
+from harvester.sources.dcat_rdf import (DcatRdfSource, RdfParseError, iter_pages, parse_page, rdf_format, records_from_graph)
+from harvester.http import HttpFetcher
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DCAT_SAMPLES = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples" / "dcat-ap")
 LOGGER = "harvester.sources.dcat_rdf"
 

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.store import vectors
 from harvester.store.vectors import IndexSettings, bulk_load_wanted
 
@@ -143,7 +143,7 @@ def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, por
 def test_a_model_that_has_its_index_keeps_it_whatever_a_run_brings(db, reader, portal_server, samples, gemini,
                                                                   monkeypatch):
     """The index is every portal's: a new portal bringing five times what it holds inserts into it."""
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings import get_provider
 
     monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "10")
@@ -364,7 +364,7 @@ def test_an_index_another_connection_is_building_is_left_to_it(db, database_url)
 def two_bulk_loads(db, reader, portal_server, samples, gemini, monkeypatch):
     """Two portals' first syncs of one model at once, both bulk loads, embedded and not upserted:
     (portal a, portal b, run of a, run of b, the provider)."""
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings import get_provider
 
     monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "50")

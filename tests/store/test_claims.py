@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from harvester import pipeline
-from harvester.demo_portal import DemoPortal
-from harvester.embedder import EmbedSettings
-from harvester.portal import Portal
+from harvester.pipeline import steps as pipeline
+from harvester.testing.ckan_portal import DemoPortal
+from harvester.embeddings.batching import EmbedSettings
+from harvester.config.portals import Portal
 from harvester.store import claims, runs, vectors
 from harvester.store import db as store_db
 

@@ -4,8 +4,8 @@ against the local Gemini-protocol server."""
 import copy
 from datetime import datetime, timedelta, timezone
 
-from harvester import pipeline
-from harvester.portal import Portal
+from harvester.pipeline import steps as pipeline
+from harvester.config.portals import Portal
 from harvester.store import vectors
 
 from test_bulk_index import reader  # noqa: F401 (a fixture: the run's second connection)

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from airflow.secrets import BaseSecretsBackend
 
-from harvester.cli import main
+from harvester.cli.main import main
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 PASSWORD = "s3cret-Pw"

@@ -12,10 +12,11 @@ import psycopg
 import pytest
 import yaml
 
-from harvester import changes as ch
-from harvester import history_cli, pipeline
+from harvester.domain import changes as ch
+from harvester.cli import history as history_cli
+from harvester.pipeline import steps as pipeline
 from harvester.sources.ckan import CkanClient
-from harvester.portal import get_portal
+from harvester.config.portals import get_portal
 from harvester.store import datasets, history, runs, staging
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 import yaml
 
-from harvester.cli import main
+from harvester.cli.main import main
 from harvester.embeddings.local import MODEL_NAME, LocalProvider
-from harvester.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
+from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
 from test_dataset_vectors import DRIFT as COPY_DRIFT  # copies that differ from their vector
 
 PORTALS = {
@@ -29,7 +29,7 @@ BOLSA_TITLE = "Bolsa Família - Benefícios Básicos e Variáveis -  MI Social"
 
 @pytest.fixture(scope="module")
 def corpus(pg_server, template_db, samples, tmp_path_factory):
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
 
     name = f"t_hybrid_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
@@ -342,7 +342,7 @@ def test_settings_come_from_the_environment(monkeypatch, capsys, corpus):
 
 
 def test_the_language_key_of_portals_yaml():
-    from harvester.portal import PortalConfigError, parse_portals
+    from harvester.config.portals import PortalConfigError, parse_portals
 
     def language(**entry):
         return parse_portals({"portals": [{"name": "x", "url": "https://example.org", **entry}]})[0].language

@@ -6,8 +6,8 @@ import random
 import pytest
 import yaml
 
-from fake_gemini import FakeGemini
-from harvester.cli import main
+from harvester.testing.gemini import FakeGemini
+from harvester.cli.main import main
 from harvester.embeddings.local import MODEL_NAME
 from harvester.store import vectors
 

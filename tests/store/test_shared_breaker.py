@@ -5,7 +5,7 @@ import threading
 import psycopg
 import pytest
 
-from harvester.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig
+from harvester.domain.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig
 from harvester.store.breaker import ERROR_CHARS, SharedBreaker
 
 PROVIDER, MODEL = "gemini", "gemini-embedding-001@768"

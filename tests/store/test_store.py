@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import psycopg
 import pytest
 
-from harvester.portal import Portal
+from harvester.config.portals import Portal
 from harvester.store import migrations, runs, vectors
 
 
@@ -77,7 +77,7 @@ def test_takeover_aborts_the_running_run(db):
 
 
 def test_dag_timeout_marks_the_run_cancelled_keeps_its_staging_for_resuming_and_the_watermark(db, database_url):
-    from harvester import tasks
+    from harvester.pipeline import tasks
 
     portal = Portal(name="p", url="https://p.org")
     run = runs.start(db, portal_url=portal.url, portal_name="p", dag_run_id="scheduled__1", mode="full", since=None)
@@ -129,7 +129,7 @@ def test_vectors_of_the_wrong_dimension_are_refused(db):
 
 
 def test_a_retried_upsert_of_a_committed_run_changes_nothing(db, portal_server, samples):
-    from harvester import pipeline
+    from harvester.pipeline import steps as pipeline
     from harvester.store import db as store_db
 
     portal_server.set_records(samples("data-gov-au.jsonl"))

@@ -110,7 +110,7 @@ def wait_until_recovered(server, timeout: float = 60) -> None:
 @pytest.fixture(scope="module")
 def crash_server():
     """A server of its own: the crashes here restart all its backends, which no other test may see."""
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="harvester-crash-pg-"))
     server = EmbeddedServer(home)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harvester.store import cpu
+from harvester.store.embedded import cpu
 
 SAMPLE = """
 vector.so:     file format elf64-x86-64
@@ -66,7 +66,7 @@ def test_levels_of_the_code_outside_dispatched_functions():
 
 def vector_library() -> Path:
     """$HARVESTER_VECTOR_SO, else the vector.so next to the embedded server's binaries."""
-    from harvester.store.server import _bin_dir
+    from harvester.store.embedded.server import _bin_dir
 
     return Path(os.environ.get("HARVESTER_VECTOR_SO") or _bin_dir().parent / "lib" / "postgresql" / "vector.so")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from harvester.demo_portal import DemoPortal, load_jsonl, parse_solr_date, record_ms
+from harvester.testing.ckan_portal import DemoPortal, load_jsonl, parse_solr_date, record_ms
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or REPO.parent / "shared" / "ckan-samples")
 GC = SAMPLES / "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
 DATA_GOV = SAMPLES / "catalog-data-gov.jsonl"
@@ -397,7 +397,7 @@ def test_solr_dates():
 
 def test_cli_prints_base_url_and_serves():
     env = dict(os.environ, PYTHONPATH=str(REPO / "plugins") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "harvester.demo_portal", "--data", str(DKAN),
+    proc = subprocess.Popen([sys.executable, "-m", "harvester.testing.ckan_portal", "--data", str(DKAN),
                              "--data", str(SAMPLES / "govdata-de.jsonl"), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -425,7 +425,7 @@ def test_fl_returns_only_those_fields_with_solr_dates(portal, gc_records):
 
 
 def test_solr_date_text_drops_a_zero_fraction():
-    from harvester.demo_portal import _solr_date_text
+    from harvester.testing.ckan_portal import _solr_date_text
 
     assert _solr_date_text(utc_ms(2013, 6, 17, 11, 32, 5)) == "2013-06-17T11:32:05Z"
     assert _solr_date_text(utc_ms(2013, 6, 17, 11, 32, 5, 300000)) == "2013-06-17T11:32:05.300Z"

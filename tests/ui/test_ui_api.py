@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pytest
 
 from conftest import Harvest
-from harvester.run import STAT_KEYS
+from harvester.domain.run import STAT_KEYS
 
 HDX = "data-humdata-org.jsonl"
 PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3"}
@@ -39,8 +39,8 @@ def world(pg_server, template_db, airflow_db, tmp_path_factory, samples):
     and three users."""
     import psycopg
 
-    from harvester.cli import main
-    from harvester.demo_portal import DemoPortal
+    from harvester.cli.main import main
+    from harvester.testing.ckan_portal import DemoPortal
 
     mp = pytest.MonkeyPatch()
     name = f"t_{uuid.uuid4().hex[:12]}"
@@ -382,7 +382,7 @@ def test_review_and_dismiss(client, tokens, world, db):
 
 
 def test_cli_review(world, db, capsys):
-    from harvester.cli import main
+    from harvester.cli.main import main
 
     capsys.readouterr()
     assert main(["review", "--queue", "--json"]) == 0

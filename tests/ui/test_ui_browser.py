@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 PORTAL = "test"
 SAMPLE = "data-humdata-org.jsonl"
@@ -171,7 +171,7 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
     import psycopg
 
     from conftest import Harvest
-    from harvester.demo_portal import DemoPortal
+    from harvester.testing.ckan_portal import DemoPortal
 
     workdir = tmp_path_factory.mktemp("ui")
     name = f"ui_{uuid.uuid4().hex[:12]}"

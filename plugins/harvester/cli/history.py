@@ -17,7 +17,7 @@ import textwrap
 from datetime import date, datetime, timezone
 from decimal import Decimal
 
-from . import portal as portal_config
+from harvester.config import portals as portal_config
 
 _WIDTH = 78
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
@@ -71,13 +71,13 @@ def _portal_url(name: str) -> str:
 
 
 def _open():
-    from .store import db
+    from harvester.store import db
 
     return db.open_cli()
 
 
 def _dataset(conn, portal_name: str, portal_url: str, args) -> dict:
-    from .store import history
+    from harvester.store import history
 
     found = history.find_dataset(conn, portal_url, url=args.url, source_id=args.id)
     if found is None:
@@ -90,7 +90,7 @@ def _dataset(conn, portal_name: str, portal_url: str, args) -> dict:
 def cmd_changes(args) -> int:
     from rich.text import Text
 
-    from .store import history
+    from harvester.store import history
 
     url = _portal_url(args.portal)
     with _open() as conn:
@@ -123,8 +123,8 @@ def cmd_changes(args) -> int:
 def cmd_versions(args) -> int:
     from rich.table import Table
 
-    from . import changes as ch
-    from .store import history
+    from harvester.domain import changes as ch
+    from harvester.store import history
 
     url = _portal_url(args.portal)
     with _open() as conn:
@@ -179,7 +179,7 @@ def snapshot_lines(snapshot: dict) -> list[str]:
 def cmd_diff(args) -> int:
     from rich.text import Text
 
-    from .store import history
+    from harvester.store import history
 
     url = _portal_url(args.portal)
     with _open() as conn:
@@ -222,7 +222,7 @@ def _export_row(row: dict) -> dict:
 
 
 def cmd_export_changes(args) -> int:
-    from .store import history
+    from harvester.store import history
 
     url = _portal_url(args.portal) if args.portal else None
     out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
@@ -254,7 +254,7 @@ def cmd_export_changes(args) -> int:
 
 # -- purge ------------------------------------------------------------------------------------
 def cmd_purge(args) -> int:
-    from .store import history
+    from harvester.store import history
 
     url = _portal_url(args.portal)
     with _open() as conn:
@@ -281,7 +281,7 @@ def _reviewer(name: str | None) -> str:
 
 
 def cmd_review(args) -> int:
-    from .store import history, review
+    from harvester.store import history, review
 
     if args.queue:
         if args.change_id is not None or args.dismiss or args.note or args.by:
@@ -313,7 +313,7 @@ def cmd_review(args) -> int:
 def _review_queue(args) -> int:
     from rich.text import Text
 
-    from .store import history
+    from harvester.store import history
 
     url = _portal_url(args.portal) if args.portal else None
     with _open() as conn:

@@ -14,7 +14,7 @@ import sys
 from datetime import datetime
 from typing import Sequence
 
-from . import portal as portal_config
+from harvester.config import portals as portal_config
 
 
 def _print_json(data) -> None:
@@ -42,12 +42,12 @@ def _resolve_portal(name: str | None):
 
 # -- db ---------------------------------------------------------------------------------------
 def cmd_db(args) -> int:
-    from .store import db
-    from .store.server import embedded
+    from harvester.store import db
+    from harvester.store.embedded.server import embedded
 
     server = embedded()
     if args.action == "start":
-        from .store.vector_check import ensure_vector_works
+        from harvester.store.vector_check import ensure_vector_works
 
         url = server.start()
         print(url)
@@ -63,7 +63,7 @@ def cmd_db(args) -> int:
     elif args.action == "status":
         print(f"embedded server in {server.home}: {'running at ' + server.url() if server.is_running() else 'not running'}")
     elif args.action == "migrate":
-        from .store.migrations import migrate
+        from harvester.store.migrations import migrate
 
         conn = db.connect_url(db.cli_database_url())
         conn.autocommit = True
@@ -75,7 +75,7 @@ def cmd_db(args) -> int:
 
 # -- portals ----------------------------------------------------------------------------------
 def cmd_portals(args) -> int:
-    from .run import format_duration
+    from harvester.domain.run import format_duration
 
     def every(delta):
         return None if delta is None else format_duration(delta)
@@ -95,9 +95,9 @@ def cmd_portals(args) -> int:
 
 # -- harvest ----------------------------------------------------------------------------------
 def cmd_harvest(args) -> int:
-    from . import pipeline
-    from .embeddings import get_provider
-    from .store import db
+    from harvester.pipeline import steps as pipeline
+    from harvester.embeddings import get_provider
+    from harvester.store import db
 
     portal = _resolve_portal(args.portal)
     provider = get_provider()
@@ -114,8 +114,8 @@ def cmd_harvest(args) -> int:
 
 # -- runs -------------------------------------------------------------------------------------
 def cmd_runs(args) -> int:
-    from .run import RECONCILE_KEYS, STAT_KEYS
-    from .store import db
+    from harvester.domain.run import RECONCILE_KEYS, STAT_KEYS
+    from harvester.store import db
 
     portal = _resolve_portal(args.portal)
     with db.open_cli() as conn:
@@ -149,7 +149,7 @@ def cmd_runs(args) -> int:
 
 # -- datasets ---------------------------------------------------------------------------------
 def cmd_datasets(args) -> int:
-    from .store import db
+    from harvester.store import db
 
     portal = _resolve_portal(args.portal)
     with db.open_cli() as conn:
@@ -192,8 +192,8 @@ def _positive_int(value: str) -> int:
 
 
 def cmd_search(args) -> int:
-    from . import search
-    from .store import db
+    from harvester.store import search
+    from harvester.store import db
 
     portal = _resolve_portal(args.portal)
     filters = search.SearchFilters(portal_url=portal.url if portal else None, organization=args.organization,
@@ -227,8 +227,8 @@ def cmd_search(args) -> int:
 
 # -- embeddings: stats, invalidate, prune ---------------------------------------------------------
 def cmd_stats(args) -> int:
-    from .embeddings import get_provider
-    from .store import db, vectors
+    from harvester.embeddings import get_provider
+    from harvester.store import db, vectors
 
     model = get_provider().model
     with db.open_cli() as conn:
@@ -269,8 +269,8 @@ def cmd_stats(args) -> int:
 
 
 def cmd_embeddings(args) -> int:
-    from .embeddings import EmbeddingError, get_provider
-    from .store import db, vectors
+    from harvester.embeddings import EmbeddingError, get_provider
+    from harvester.store import db, vectors
 
     with db.open_cli() as conn:
         if args.action == "prune":
@@ -297,7 +297,7 @@ def cmd_embeddings(args) -> int:
 
 # -- demo portal ------------------------------------------------------------------------------
 def cmd_demo_portal(args) -> int:
-    from .demo_portal import main as serve
+    from harvester.testing.ckan_portal import main as serve
 
     return serve(["--port", str(args.port), *sum((["--data", d] for d in args.data), [])])
 
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="invalidate every vector of this model")
     p.set_defaults(func=cmd_embeddings)
 
-    from . import history_cli
+    from harvester.cli import history as history_cli
 
     history_cli.register(sub)
 
@@ -393,14 +393,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .sources.ckan import CkanError
-    from .embeddings import EmbeddingError
-    from .portal import PortalConfigError
-    from .store.db import DatabaseConfigError, DatabaseLookupError
-    from .store.migrations import MigrationError
-    from .store.runs import NotResumable, RunInProgress
-    from .store.server import EmbeddedServerError
-    from .store.vector_check import VectorExtensionError
+    from harvester.sources.ckan import CkanError
+    from harvester.embeddings import EmbeddingError
+    from harvester.config.portals import PortalConfigError
+    from harvester.store.db import DatabaseConfigError, DatabaseLookupError
+    from harvester.store.migrations import MigrationError
+    from harvester.store.runs import NotResumable, RunInProgress
+    from harvester.store.embedded.server import EmbeddedServerError
+    from harvester.store.vector_check import VectorExtensionError
 
     try:
         return args.func(args) or 0

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .changes import DEFAULT as DEFAULT_SIGNIFICANCE
-from .changes import SignificanceConfig
-from .run import DEFAULT_STALE_AFTER
+from harvester.domain.changes import DEFAULT as DEFAULT_SIGNIFICANCE
+from harvester.domain.changes import SignificanceConfig
+from harvester.domain.run import DEFAULT_STALE_AFTER
 
-DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[2] / "dags" / "portals.yaml"
+DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.yaml"
 # ckan: the CKAN Action API; dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a
 # DCAT-AP catalogue in RDF (sources/).
 PORTAL_TYPES = ("ckan", "dcat-json", "dcat-rdf")
@@ -85,7 +85,7 @@ class Portal:
     conn_id: str | None = None
     # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
     credentials: tuple[str, str] | None = field(default=None, repr=False)
-    # Where failed, degraded and needs-review runs are announced (harvester.notify.NotifyTarget).
+    # Where failed, degraded and needs-review runs are announced (harvester.pipeline.notify.NotifyTarget).
     notify: tuple = ()
     # The text-search configuration its datasets are indexed with (`language:`; search.py).
     language: str = "simple"
@@ -306,7 +306,7 @@ def _language(entry: dict) -> str:
 def _notify(entry: dict) -> tuple:
     if "notify" not in entry:
         return ()
-    from .notify import parse_notify  # imports Airflow: only for portals that notify
+    from harvester.pipeline.notify import parse_notify  # imports Airflow: only for portals that notify
 
     return parse_notify(entry["notify"])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from .portal import Portal, PortalConfigError
+from harvester.config.portals import Portal, PortalConfigError
 
 log = logging.getLogger(__name__)
 

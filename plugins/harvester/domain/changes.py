@@ -93,7 +93,7 @@ from dataclasses import dataclass, fields as dataclass_fields
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Mapping
 
-from harvester.dataset import tracked_metadata
+from harvester.domain.dataset import tracked_metadata
 
 NEW = "new"
 CONTENT_UPDATED = "content_updated"

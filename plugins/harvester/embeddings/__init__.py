@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
+from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
 
 PROVIDERS = ("local", "gemini", "ollama")
 ENV = "HARVESTER_EMBEDDING_PROVIDER"
@@ -12,15 +12,15 @@ ENV = "HARVESTER_EMBEDDING_PROVIDER"
 def get_provider(name: str | None = None) -> EmbeddingProvider:
     name = (name or os.environ.get(ENV) or "local").strip().lower()
     if name == "local":
-        from .local import LocalProvider
+        from harvester.embeddings.local import LocalProvider
 
         return LocalProvider()
     if name == "gemini":
-        from .gemini import GeminiProvider
+        from harvester.embeddings.gemini import GeminiProvider
 
         return GeminiProvider()
     if name == "ollama":
-        from .ollama import OllamaProvider
+        from harvester.embeddings.ollama import OllamaProvider
 
         return OllamaProvider()
     raise TerminalEmbeddingError(f"{ENV}={name!r} is not a known provider; valid providers are: {', '.join(PROVIDERS)}")
@@ -29,12 +29,12 @@ def get_provider(name: str | None = None) -> EmbeddingProvider:
 def provider_for_model(model: str) -> EmbeddingProvider:
     """The provider that made vectors stored under ``model`` (to embed a query in the same space)."""
     if model.startswith("ollama/"):
-        from .ollama import OllamaProvider
+        from harvester.embeddings.ollama import OllamaProvider
 
         return OllamaProvider(model=model[len("ollama/"):])
     name, _, dimension = model.rpartition("@")
     if name.startswith("gemini") and dimension.isdigit():
-        from .gemini import GeminiProvider
+        from harvester.embeddings.gemini import GeminiProvider
 
         return GeminiProvider(model=name, dimension=int(dimension))
     return _local_provider_for(model)
@@ -43,7 +43,7 @@ def provider_for_model(model: str) -> EmbeddingProvider:
 def _local_provider_for(model: str) -> EmbeddingProvider:
     """A local sentence-transformers model: the configured one (HARVESTER_LOCAL_MODEL) if it is
     that model, the bundled all-MiniLM-L6-v2, or a model name in the Hugging Face cache."""
-    from . import local
+    from harvester.embeddings import local
 
     try:
         configured = local.LocalProvider()

@@ -23,12 +23,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from . import dataset as ds
-from .breaker import HALF_OPEN, BreakerConfig
-from .embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
-from .run import Progress, summary
-from .store import claims, runs, vectors
-from .store.breaker import SharedBreaker
+from harvester.domain import dataset as ds
+from harvester.domain.breaker import HALF_OPEN, BreakerConfig
+from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
+from harvester.domain.run import Progress, summary
+from harvester.store import claims, runs, vectors
+from harvester.store.breaker import SharedBreaker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -30,8 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dataset import MAX_TEXT_CHARS
-from .base import EmbeddingError, RateLimited, TerminalEmbeddingError
+from harvester.domain.dataset import MAX_TEXT_CHARS
+from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
 
 DEFAULT_MODEL = "gemini-embedding-001"
 DEFAULT_DIMENSION = 768
@@ -238,7 +238,7 @@ class GeminiProvider:
 
     @staticmethod
     def _retry_after(exc, details: list[dict]) -> float | None:
-        from ..sources.http import retry_after_seconds as _retry_after_seconds
+        from harvester.http import retry_after_seconds as _retry_after_seconds
 
         headers = getattr(getattr(exc, "response", None), "headers", None)
         if headers is not None:

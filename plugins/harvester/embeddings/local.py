@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from .base import TerminalEmbeddingError
+from harvester.embeddings.base import TerminalEmbeddingError
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_PREFIX = "local/"

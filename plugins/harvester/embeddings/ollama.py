@@ -26,8 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import requests
 
-from ..dataset import MAX_TEXT_CHARS
-from .base import EmbeddingError, RateLimited, TerminalEmbeddingError
+from harvester.domain.dataset import MAX_TEXT_CHARS
+from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
 
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_MODEL = "nomic-embed-text"
@@ -133,7 +133,7 @@ class OllamaProvider:
             return TerminalEmbeddingError(f"{where} has no /api/embed (HTTP 404: {message}): it needs Ollama "
                                           "0.3.4 or later, or OLLAMA_URL is wrong")
         if code == 429:
-            from ..sources.http import retry_after_seconds as _retry_after_seconds
+            from harvester.http import retry_after_seconds as _retry_after_seconds
 
             return RateLimited(f"{where} is rate limiting (HTTP 429): {message}",
                                retry_after=_retry_after_seconds(response.headers.get("Retry-After")))

@@ -29,7 +29,7 @@ from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseNotifier
 
-from .portal import _expand_env as expand_env  # ${VAR} and ${VAR:-default}, as in a portal's url
+from harvester.config.portals import _expand_env as expand_env  # ${VAR} and ${VAR:-default}, as in a portal's url
 
 log = logging.getLogger(__name__)
 

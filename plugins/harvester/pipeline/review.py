@@ -41,7 +41,7 @@ def log_changes_needing_review(conn, ids: list[int]) -> int:
 
 
 def log_triggering_changes(context) -> dict:
-    from .store import db
+    from harvester.store import db
 
     events = context.get("triggering_asset_events")
     ids, changed = run_ids(events), run_ids(events, with_changes=True)

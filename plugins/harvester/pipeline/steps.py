@@ -13,15 +13,15 @@ import logging
 import math
 import time
 
-from . import dataset as ds
-from .sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
-from .sources.ckan import FilterRejected, to_ms
-from .sources.readahead import read_ahead
-from .embedder import EmbedSettings, embed_pending, plan_shards
-from .embeddings.base import EmbeddingProvider
-from .portal import Portal
-from .run import FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary
-from .store import claims, datasets, history, listing, runs, staging, vectors
+from harvester.domain import dataset as ds
+from harvester.sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
+from harvester.sources.ckan import FilterRejected, to_ms
+from harvester.pipeline.readahead import read_ahead
+from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_shards
+from harvester.embeddings.base import EmbeddingProvider
+from harvester.config.portals import Portal
+from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
+from harvester.store import claims, datasets, history, listing, runs, staging, vectors
 
 # What a reconciliation lists of every dataset.
 LISTING_FIELDS = ("id", "metadata_modified")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from .portal import Portal
-from .run import TaskSettings
+from harvester.config.portals import Portal
+from harvester.domain.run import TaskSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ def _connection(migrate: bool = True, role: str = ""):
 
     import psycopg
 
-    from . import memory
-    from .store import db
-    from .store.vector_check import VectorExtensionError
+    from harvester.pipeline import memory
+    from harvester.store import db
+    from harvester.store.vector_check import VectorExtensionError
 
     if not _open_connections:  # a step begins: before it starts any thread (memory.py)
         memory.cap_arenas()
@@ -75,7 +75,7 @@ _open_connections: list = []  # of the task running in this process (tasks run o
 def _release_memory() -> None:
     """What the step freed goes back to the system before the next step of this process (memory.py),
     and the task log says how large the process got."""
-    from . import memory
+    from harvester.pipeline import memory
 
     before, after = memory.release()
     log.info("memory: %.0f MB resident, %.0f MB before handing back what the step freed; peak %.0f MB",
@@ -96,9 +96,9 @@ def begin(portal: Portal, settings: TaskSettings | None = None):
     is done at once with ``{"run_id": <that run>, "covered": true, ...}``: its other tasks skip."""
     from airflow.sdk import PokeReturnValue
 
-    from . import pipeline
-    from .run import format_duration
-    from .store import runs
+    from harvester.pipeline import steps as pipeline
+    from harvester.domain.run import format_duration
+    from harvester.store import runs
 
     settings = settings or TaskSettings()
     ctx = _context()
@@ -140,8 +140,8 @@ def _covered(conn, portal: Portal, dag_run_id: str, takeover: bool, settings: Ta
     """A backfill DAG run: None when it syncs the portal itself; what it hands its tasks when another
     backfill DAG run's full sync covers it (recorded in that run's covered_dag_runs); RunInProgress
     while that full sync is under way (begin waits for it)."""
-    from .run import cover_backfill
-    from .store import runs
+    from harvester.domain.run import cover_backfill
+    from harvester.store import runs
 
     last, now = runs.last_backfill_run(conn, portal.url)
     cover = cover_backfill(last, dag_run_id=dag_run_id, takeover=takeover, window=settings.backfill_cover,
@@ -171,9 +171,9 @@ def _resume(conn, portal: Portal, run: dict) -> None:
     """Before each step: the run must be this portal's and this DAG run's (else this worker reaches
     another database than begin's); a run that failed is reopened when the user cleared its failed
     task (or the whole DAG run); a run that cannot continue fails the task at once, saying why."""
-    from . import pipeline
-    from .store import runs
-    from .store.runs import NotResumable
+    from harvester.pipeline import steps as pipeline
+    from harvester.store import runs
+    from harvester.store.runs import NotResumable
 
     ctx = _context()
     try:
@@ -184,7 +184,7 @@ def _resume(conn, portal: Portal, run: dict) -> None:
 
 
 def fetch_modified(portal: Portal, run: dict) -> dict:
-    from . import pipeline
+    from harvester.pipeline import steps as pipeline
 
     _skip_if_covered(run)
     with _connection() as conn:
@@ -195,7 +195,7 @@ def fetch_modified(portal: Portal, run: dict) -> dict:
 def reconcile(portal: Portal, run: dict) -> dict:
     """Checks the portal's count (one request) and, when due, asked or the counts disagree,
     reconciles: every identifier listed and compared, what we lack or hold stale fetched."""
-    from . import pipeline
+    from harvester.pipeline import steps as pipeline
 
     _skip_if_covered(run)
     with _connection() as conn:
@@ -205,7 +205,7 @@ def reconcile(portal: Portal, run: dict) -> dict:
 
 def _provider():
     """The configured provider; a configuration problem fails the task without retries."""
-    from .embeddings import TerminalEmbeddingError, get_provider
+    from harvester.embeddings import TerminalEmbeddingError, get_provider
 
     try:
         return get_provider()
@@ -222,7 +222,7 @@ def _fail_fast(exc: Exception):
 
 def hash_compare(portal: Portal, run: dict) -> list[dict]:
     """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
-    from . import pipeline
+    from harvester.pipeline import steps as pipeline
 
     _skip_if_covered(run)
     with _connection() as conn, _connection() as reader:
@@ -234,8 +234,8 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
 
 def embed_changed(portal: Portal, work: dict) -> dict:
     """One shard of the run's pending texts (the DAG maps this task over hash_compare's shards)."""
-    from . import pipeline
-    from .embeddings import TerminalEmbeddingError
+    from harvester.pipeline import steps as pipeline
+    from harvester.embeddings import TerminalEmbeddingError
 
     _skip_if_covered(work)
     provider = _provider()
@@ -264,7 +264,7 @@ ASSET_EXTRA_KEYS = ("created", "updated", "removed", "review", "skipped", "remov
 def upsert(portal: Portal, run: dict) -> dict:
     """Commits the run, then tells downstream DAGs what changed through an Asset event, and the
     portal's notify targets when the run is degraded or needs review."""
-    from . import pipeline
+    from harvester.pipeline import steps as pipeline
 
     _skip_if_covered(run)
     ctx = _context()
@@ -281,7 +281,7 @@ def upsert(portal: Portal, run: dict) -> dict:
         events[Asset(asset_uri(portal))].extra = {
             "run_id": stats["run_id"], **{k: stats.get(k, 0) for k in ASSET_EXTRA_KEYS}}
     if portal.notify:
-        from . import notify
+        from harvester.pipeline import notify
 
         notify.announce(portal, notify.commit_outcomes(stats), ctx, run_id=stats["run_id"], stats=stats)
     return stats
@@ -294,7 +294,7 @@ def _abort(portal: Portal, context, status: str) -> None:
     exc = context.get("exception")
     reason = context.get("reason")
     error = f"{type(exc).__name__}: {exc}" if exc else f"DAG run {dag_run.run_id} ended: {reason or status}"
-    from . import pipeline
+    from harvester.pipeline import steps as pipeline
 
     try:
         with _connection() as conn:
@@ -325,8 +325,8 @@ def _announce_failure(portal: Portal, context) -> None:
     when they can be read; never raises."""
     if not portal.notify:
         return
-    from . import notify
-    from .store import runs
+    from harvester.pipeline import notify
+    from harvester.store import runs
 
     dag_run_id = getattr(context.get("dag_run"), "run_id", None) or context.get("run_id")
     run = None

@@ -6,7 +6,7 @@ Hydra-paged). Adding a kind is one module here and one entry below.
 """
 from __future__ import annotations
 
-from .base import Capabilities, Listing, Source, SourceError, SourceUnavailable
+from harvester.sources.base import Capabilities, Listing, Source, SourceError, SourceUnavailable
 
 __all__ = ["CAPABILITIES", "Capabilities", "Listing", "Source", "SourceError", "SourceUnavailable", "as_source",
            "source_for"]
@@ -23,24 +23,24 @@ def source_for(portal, **overrides) -> Source:
     """The portal's source, with its settings and credentials (a CKAN portal's API token comes from
     its ``conn_id``, looked up in Airflow; a user:password in the url is sent as Basic auth)."""
     if portal.type == "ckan":
-        from ..credentials import api_key
-        from .ckan import CkanClient, CkanSource
+        from harvester.config.secrets import api_key
+        from harvester.sources.ckan import CkanClient, CkanSource
 
         settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
                     "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
                     **overrides}
         return CkanSource(CkanClient(portal.url, **settings), portal.url)
-    from .http import HttpFetcher
+    from harvester.http import HttpFetcher
 
     settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
                 "timeout": portal.timeout, "basic_auth": portal.credentials, **overrides}
     fetcher = HttpFetcher(portal.url, **settings)
     if portal.type == "dcat-json":
-        from .dcat_json import DcatJsonSource
+        from harvester.sources.dcat_json import DcatJsonSource
 
         return DcatJsonSource(portal.url, fetcher=fetcher)
     if portal.type == "dcat-rdf":
-        from .dcat_rdf import DcatRdfSource
+        from harvester.sources.dcat_rdf import DcatRdfSource
 
         return DcatRdfSource(portal.url, fetcher=fetcher, language=portal.language_code)
     raise ValueError(f"portal {portal.name}: type {portal.type!r} has no source; valid types are: "
@@ -49,7 +49,7 @@ def source_for(portal, **overrides) -> Source:
 
 def as_source(source_or_client, portal) -> Source:
     """A source as is; a bare CkanClient (tests, scripts) wrapped as the portal's CKAN source."""
-    from .ckan import CkanClient, CkanSource
+    from harvester.sources.ckan import CkanClient, CkanSource
 
     if isinstance(source_or_client, CkanClient):
         return CkanSource(source_or_client, portal.url)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterator, Protocol
 
-from ..dataset import DatasetRecord
+from harvester.domain.dataset import DatasetRecord
 
 
 class SourceError(Exception):

@@ -52,12 +52,12 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import requests
 import requests.auth
 
-from ..dataset import DatasetRecord, normalize
-from .base import Capabilities, Listing, SourceError, SourceUnavailable
-from .http import retry_after_seconds as _retry_after_seconds
-from .http import scrub_text as _scrub_text
-from .http import scrub_url
-from .http import wire_bytes as _wire_bytes
+from harvester.domain.dataset import DatasetRecord, normalize
+from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable
+from harvester.http import retry_after_seconds as _retry_after_seconds
+from harvester.http import scrub_text as _scrub_text
+from harvester.http import scrub_url
+from harvester.http import wire_bytes as _wire_bytes
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import ijson
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from ..dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
-from .base import Capabilities, Listing, SourceError, SourceUnavailable
-from .http import scrub_url
+from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
+from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable
+from harvester.http import scrub_url
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ import rdflib
 from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
 
-from ..dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
-from .base import Capabilities, Listing, SourceError
-from .http import scrub_url
+from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
+from harvester.sources.base import Capabilities, Listing, SourceError
+from harvester.http import scrub_url
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """circuit_breakers: one breaker per API provider and model, shared by every task on every worker.
 
-The state machine is harvester.breaker (pure); this module keeps its state in PostgreSQL. Every
+The state machine is harvester.domain.breaker (pure); this module keeps its state in PostgreSQL. Every
 change happens in a transaction holding the breaker's row lock (``SELECT ... FOR UPDATE``), so
 concurrent callers on any number of connections see and update one consistent state: no failure
 is lost, each transition happens (and is logged) once, and HALF_OPEN admits no more probes than
@@ -21,8 +21,8 @@ import logging
 from datetime import datetime, timezone
 from typing import Callable
 
-from .. import breaker
-from ..breaker import BreakerConfig, BreakerState, Decision, Transition
+from harvester.domain import breaker
+from harvester.domain.breaker import BreakerConfig, BreakerState, Decision, Transition
 
 log = logging.getLogger(__name__)
 

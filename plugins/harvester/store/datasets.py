@@ -4,7 +4,7 @@ Everything is set-based: one statement per step for the whole run, never one per
 """
 from __future__ import annotations
 
-from . import vectors
+from harvester.store import vectors
 
 OUTCOMES = ("created", "updated", "unchanged", "failed", "reidentified")
 # The columns of staging_records that statements filter, join, group or sort on (classify analyzes them).

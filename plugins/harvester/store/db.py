@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from . import migrations
+from harvester.store import migrations
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _embedded_url(why: str, level: int, *, task: bool = False) -> str:
         _refuse_on_distributed_executor(why)
     log.log(level, "%s: using the embedded PostgreSQL, a local server run with fsync off, not meant for "
             "production (define the connection %s, or set %s=off to make this an error)", why, CONN_ID, EMBEDDED_ENV)
-    from .server import embedded
+    from harvester.store.embedded.server import embedded
 
     return embedded().start()
 
@@ -257,7 +257,7 @@ def airflow_connection(conn_id: str = CONN_ID):
 
 def embedded_log(conn) -> Path | None:
     """The embedded server's log when `conn` is connected to it (127.0.0.1, the port it was given)."""
-    from .server import embedded
+    from harvester.store.embedded.server import embedded
 
     server = embedded()
     try:
@@ -320,7 +320,7 @@ def prepare(conn, *, migrate: bool = True, application_name: str | None = None):
     server: see vector_check.py) and its types registered: the connection is ready for the store."""
     from pgvector.psycopg import register_vector
 
-    from .vector_check import ensure_vector_works
+    from harvester.store.vector_check import ensure_vector_works
 
     try:
         conn.autocommit = True

@@ -4,7 +4,7 @@ A run's history is written in two steps, like its datasets:
 
 1. ``compute_changes`` (after hash_compare, outside any long transaction): streams the run's
    created and updated records with the dataset's current version, works out each change in
-   Python with the pure ``harvester.changes`` and stages the result in ``staging_changes``.
+   Python with the pure ``harvester.domain.changes`` and stages the result in ``staging_changes``.
 2. ``write_history`` and, after a clean full sync, ``apply_removals``: inside the upsert's
    transaction, after ``datasets.merge``, with set-based SQL: versions closed and opened,
    ``dataset_changes`` rows written, last_seen_at moved, the staged changes dropped.
@@ -41,10 +41,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Iterator
 
-from .. import changes as ch
-from ..dataset import normalize_url, sha256_hex
-from ..sources.readahead import read_ahead
-from .staging import as_jsonb
+from harvester.domain import changes as ch
+from harvester.domain.dataset import normalize_url, sha256_hex
+from harvester.pipeline.readahead import read_ahead
+from harvester.store.staging import as_jsonb
 
 log = logging.getLogger(__name__)
 

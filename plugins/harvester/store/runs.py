@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
-from ..run import DEFAULT_STALE_AFTER, BackfillRun, Writer, claim, complete_stats
+from harvester.domain.run import DEFAULT_STALE_AFTER, BackfillRun, Writer, claim, complete_stats
 
 
 class RunInProgress(RuntimeError):

@@ -117,7 +117,7 @@ _coverage_cache: dict[tuple, tuple[float, dict]] = {}
 
 
 def _coverage(conn, portal_url: str | None) -> dict[str, tuple[int, int]]:
-    from .store import vectors
+    from harvester.store import vectors
 
     info = conn.info
     key = (info.host, info.port, info.dbname, portal_url)
@@ -134,8 +134,8 @@ def choose_provider(conn, portal_url: str | None, provider):
     """The provider to embed the query with, and a note when it is not ``provider``: during a
     model switch (vectors of another model are stored too), the model that covers more live
     datasets, until the new one catches up. With one model, nothing is counted (a catalog read)."""
-    from .embeddings import provider_for_model
-    from .store import vectors
+    from harvester.embeddings import provider_for_model
+    from harvester.store import vectors
 
     if not vectors.indexed_models(conn) - {provider.model}:
         return provider, None
@@ -309,7 +309,7 @@ def _vector_statements(dimension: int, where: str):
     that pass the filters, as (dataset id, cosine similarity)."""
     from psycopg import sql
 
-    from .store import vectors
+    from harvester.store import vectors
 
     expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
     hnsw = sql.SQL(
@@ -432,8 +432,8 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     provider fails in ``vector`` mode; in ``hybrid`` mode the text side answers alone then, with a
     note. TerminalEmbeddingError in both modes when the provider is misconfigured or the stored
     vectors do not fit its model (an operator must act; hiding it would leave search degraded)."""
-    from .embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
-    from .store import vectors
+    from harvester.embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
+    from harvester.store import vectors
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")

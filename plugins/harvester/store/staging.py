@@ -11,7 +11,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ..dataset import DatasetRecord
+from harvester.domain.dataset import DatasetRecord
 
 _COLUMNS = ("run_id", "seq", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
             "description", "tags", "organization", "metadata_modified", "raw", "error")

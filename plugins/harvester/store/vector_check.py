@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from .db import redact
+from harvester.store.db import redact
 
 log = logging.getLogger(__name__)
 

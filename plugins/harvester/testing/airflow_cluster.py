@@ -3,7 +3,7 @@
 dag.test(): every task is its own process, started by the executor, re-parsing its DAG file, talking
 to the API server; DAG runs are triggered, backfilled and watched through the REST API (/api/v2).
 
-    from airflow_cluster import AirflowCluster, harvester_env, write_portals
+    from harvester.testing.airflow_cluster import AirflowCluster, harvester_env, write_portals
 
     env = harvester_env(harvester_db_url, portals_file, gemini_url=fake.base_url, gemini_key=KEY,
                         HARVESTER_TASK_RETRIES="1")
@@ -26,7 +26,7 @@ developer's GEMINI_API_KEY never leak in. ``env`` may also override any Airflow 
 From a bench script (bench/ puts tests/ on sys.path)::
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from airflow_cluster import AirflowCluster, harvester_env, write_portals
+    from harvester.testing.airflow_cluster import AirflowCluster, harvester_env, write_portals
     from harvester.store.server import EmbeddedServer
 
     server = EmbeddedServer(home / "pg")
@@ -75,7 +75,7 @@ from typing import Iterable
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
 TERMINAL = {"success", "failed"}
 PROCESSES = ("scheduler", "dag-processor", "api-server")

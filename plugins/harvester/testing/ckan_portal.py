@@ -26,7 +26,7 @@ Python API (tests)::
 
 CLI (demo)::
 
-    python -m harvester.demo_portal --data FILE [--data FILE ...] [--host 127.0.0.1] [--port 8765]
+    python -m harvester.testing.ckan_portal --data FILE [--data FILE ...] [--host 127.0.0.1] [--port 8765]
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def samples_dir() -> Path:
     env = os.environ.get("HARVESTER_SAMPLES_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "ckan-samples"
+    return Path(__file__).resolve().parents[3].parent / "shared" / "ckan-samples"
 
 
 def load_jsonl(path: str | os.PathLike) -> list[dict]:
@@ -1112,7 +1112,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 # -- CLI -----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvester.demo_portal",
+    parser = argparse.ArgumentParser(prog="python -m harvester.testing.ckan_portal",
                                      description="Serve CKAN package dicts from JSONL files as a CKAN Action API.")
     parser.add_argument("--data", action="append", required=True, help="JSONL file of CKAN packages (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
 # A varied catalogue: Portuguese with HTML, German, bilingual, harvested records, DKAN timestamps.
 DEMO_FILES = (
@@ -47,7 +47,7 @@ def start_portal(port: int, edits: Path | None = None) -> tuple[subprocess.Popen
     """The demo portal; ``edits``: a JSONL file of changed records served instead of the samples'
     (later ids replace earlier ones)."""
     files = sample_files() + ([edits] if edits is not None and edits.exists() else [])
-    args = [sys.executable, "-m", "harvester.demo_portal", "--port", str(port)]
+    args = [sys.executable, "-m", "harvester.testing.ckan_portal", "--port", str(port)]
     for f in files:
         args += ["--data", str(f)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
@@ -95,7 +95,7 @@ def airflow(env: dict, *args: str, quiet: bool = False) -> None:
 
 
 def harvester(env: dict, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "harvester.cli", *args], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "harvester.cli.main", *args], env=env, check=True)
 
 
 def stop_portal(portal: subprocess.Popen) -> None:
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
 
     home = Path(os.environ.get("HARVESTER_DEMO_HOME") or ROOT / ".harvester" / "demo")
     port = int(os.environ.get("HARVESTER_DEMO_PORT", "8765"))
-    from .store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     server = EmbeddedServer(home / "db")
     if not args.keep and not args.standalone:

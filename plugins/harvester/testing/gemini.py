@@ -30,7 +30,7 @@ import zlib
 import numpy as np
 import orjson
 
-from local_http import LocalAPIServer
+from harvester.testing.local_http import LocalAPIServer
 
 FULL_DIMENSION = 3072
 MAX_BATCH = 100

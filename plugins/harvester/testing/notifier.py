@@ -1,5 +1,5 @@
 """A third-party-style Airflow notifier for tests, given to portals.yaml by import path
-(``class: recording_notifier.RecordingNotifier``): it renders a templated message from the
+(``class: harvester.testing.notifier.RecordingNotifier``): it renders a templated message from the
 context, as the Slack and SMTP providers' notifiers do, and POSTs it to a local receiver."""
 from __future__ import annotations
 

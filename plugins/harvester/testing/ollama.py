@@ -17,7 +17,7 @@ import hashlib
 
 import numpy as np
 
-from local_http import LocalAPIServer
+from harvester.testing.local_http import LocalAPIServer
 
 _ERRORS = {500: "llama runner process has terminated: exit status 2",
            503: "server busy, please try again.  maximum pending requests exceeded",

@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import auth
+from harvester.ui import auth
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,9 @@ async def _no_store(request: Request, call_next):
 
 # -- errors -----------------------------------------------------------------------------------------
 def _install_error_handlers() -> None:
-    from ..portal import PortalConfigError
-    from ..store.db import DatabaseConfigError, DatabaseLookupError
-    from ..store.migrations import MigrationError
+    from harvester.config.portals import PortalConfigError
+    from harvester.store.db import DatabaseConfigError, DatabaseLookupError
+    from harvester.store.migrations import MigrationError
 
     async def unavailable(request: Request, exc: Exception):
         log.warning("Harvester page: %s", exc)
@@ -91,7 +91,7 @@ def _invalid(parameter: str, message: str, where: str = "query") -> HTTPExceptio
 # -- dependencies -----------------------------------------------------------------------------------
 def database():
     """A connection to the harvester database for this request (as a DAG task opens one)."""
-    from ..store import db
+    from harvester.store import db
 
     conn = db.open_task(migrate=False)
     try:
@@ -101,7 +101,7 @@ def database():
 
 
 def _portals() -> list:
-    from ..portal import load_portals
+    from harvester.config.portals import load_portals
 
     return load_portals()
 
@@ -215,7 +215,7 @@ def _duration(run: dict) -> float | None:
 
 
 def _badge(run: dict | None) -> str | None:
-    from ..notify import commit_outcomes
+    from harvester.pipeline.notify import commit_outcomes
 
     if run is None:
         return None
@@ -227,7 +227,7 @@ def _badge(run: dict | None) -> str | None:
 
 
 def _run_item(run: dict, dag_id: str | None, root: str, task: tuple[str, int] | None) -> dict:
-    from ..run import complete_stats
+    from harvester.domain.run import complete_stats
 
     return {
         "run_id": run["run_id"], "dag_run_id": run["dag_run_id"], "mode": run["mode"], "status": run["status"],
@@ -241,8 +241,8 @@ def _run_item(run: dict, dag_id: str | None, root: str, task: tuple[str, int] | 
 def _breaker(conn) -> dict | None:
     """The breaker of the active embedding provider and model (CLOSED when it has no row yet);
     without a usable provider configuration, the breaker changed last, if any."""
-    from ..embeddings import get_provider
-    from ..store.breaker import list_states
+    from harvester.embeddings import get_provider
+    from harvester.store.breaker import list_states
 
     states = list_states(conn)
     try:
@@ -259,7 +259,7 @@ def _breaker(conn) -> dict | None:
 
 
 def _portal_items(conn, portals: list, request: Request) -> list[dict]:
-    from ..store import review, runs
+    from harvester.store import review, runs
 
     root = _airflow_root(request)
     overview = runs.overview(conn, [p.url for p in portals])
@@ -444,7 +444,7 @@ def api_portal(request: Request, name: str, user=Reader, conn=Depends(database))
 @app.get("/api/portals/{name}/runs", tags=["portals"], summary="The portal's runs, newest first")
 def api_runs(request: Request, name: str, limit: int = Limit, offset: int = Offset, user=Reader,
              conn=Depends(database)):
-    from ..store import runs
+    from harvester.store import runs
 
     portal = _portal_named(name)
     rows, total = runs.page_runs(conn, portal.url, limit=limit, offset=offset)
@@ -462,8 +462,8 @@ def api_changes(request: Request,
                 since: str | None = Query(None, description="detected at or after (ISO date or time; UTC unless given)"),
                 min_significance: float | None = Query(None, ge=0, le=1, description="at least this significant (0-1)"),
                 limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
-    from .. import changes as ch
-    from ..store import history
+    from harvester.domain import changes as ch
+    from harvester.store import history
 
     types = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.REMOVED,
              ch.RESTORED)
@@ -489,7 +489,7 @@ class ReviewBody(BaseModel):
 def api_review(request: Request, change_id: int, body: ReviewBody, user=Reader, conn=Depends(database)):
     """Records who (the Airflow user), when and the note, once. Needs edit (PUT) access to the DAG of
     the change's portal. Answers with the change as `GET /api/changes` lists it."""
-    from ..store import history, review
+    from harvester.store import history, review
 
     change = history.get_change(conn, change_id)
     if change is None:
@@ -520,8 +520,8 @@ def api_diff(portal: str, source_id: str,
     prints (`harvester diff`)."""
     import difflib
 
-    from ..history_cli import snapshot_lines
-    from ..store import history
+    from harvester.cli.history import snapshot_lines
+    from harvester.store import history
 
     dataset = _dataset(conn, portal, source_id)
     current = history.current_version_number(conn, dataset["id"])
@@ -552,7 +552,7 @@ def api_diff(portal: str, source_id: str,
 
 
 def _dataset(conn, portal_name: str, source_id: str) -> dict:
-    from ..store import history
+    from harvester.store import history
 
     portal = _portal_named(portal_name)
     dataset = history.dataset_detail(conn, portal.url, source_id)
@@ -564,7 +564,7 @@ def _dataset(conn, portal_name: str, source_id: str) -> dict:
 @app.get("/api/datasets/{portal}/{source_id:path}", tags=["datasets"],
          summary="A dataset with its versions (newest first) and changes")
 def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn=Depends(database)):
-    from ..store import history
+    from harvester.store import history
 
     dataset = _dataset(conn, portal, source_id)
     versions = history.list_versions(conn, dataset["id"])
@@ -615,8 +615,8 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
     model switch), each side's best fused by reciprocal rank fusion; ``mode`` picks one side
     alone. Items carry ``score`` (the fused score), ``matched`` (the sides that found the
     dataset) and ``snippet`` (matching words between ``**``)."""
-    from .. import search
-    from ..embeddings import EmbeddingError
+    from harvester.store import search
+    from harvester.embeddings import EmbeddingError
 
     if not q.strip():
         raise _invalid("q", "the query is empty")

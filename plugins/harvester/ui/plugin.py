@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from airflow.plugins_manager import AirflowPlugin
 
-from .app import PREFIX, app
+from harvester.ui.app import PREFIX, app
 
 
 def _ui_root() -> str:

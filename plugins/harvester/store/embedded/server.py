@@ -49,7 +49,7 @@ def default_home() -> Path:
     env = os.environ.get("HARVESTER_HOME")
     if env:
         return Path(env).resolve()
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     if (root / "pyproject.toml").exists():
         return root / ".harvester"
     return Path.home() / ".local" / "share" / "harvester"
