@@ -1,6 +1,6 @@
 """Benchmark: harvest DAGs under Airflow's CeleryExecutor, two Celery workers, several portals at once.
 
-A real Airflow (tests/harvester.testing.airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`, `airflow
+A real Airflow (plugins/harvester/testing/airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`, `airflow
 api-server`, runs triggered and watched through the REST API) with the CeleryExecutor instead of
 the LocalExecutor: a local Redis as the broker (Debian's `redis-server`, started here on a free
 port of 127.0.0.1 with no persistence), the Celery result backend in PostgreSQL
@@ -15,7 +15,7 @@ instances say which worker ran them.
 twin_b) republish the same records (same ids, titles, descriptions: the same texts, embedded at
 the same moment by two DAG runs). Records are plain synthetic CKAN packages (concurrency_bench's
 portion(): real CKAN samples, renumbered, plain titles). Every portal is a local CKAN server
-(DemoPortal); vectors come from the local Gemini-protocol server (tests/harvester.testing.gemini.py, --vectors
+(DemoPortal); vectors come from the local Gemini-protocol server (plugins/harvester/testing/gemini.py, --vectors
 words) in a process of its own, which counts every text it is sent. embed_changed is mapped over
 shards of --shard-size texts (HARVESTER_EMBED_SHARD_SIZE, 500: four shards per portal, so the
 executor has work to spread over the workers).
@@ -75,7 +75,7 @@ def main() -> int:
     from collections import Counter
     from datetime import datetime, timezone
 
-    sys.path[:0] = [p for p in (str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / "plugins")) if p not in sys.path]
+    sys.path[:0] = [p for p in (str(ROOT / "bench"), str(ROOT / "plugins")) if p not in sys.path]
     import concurrency_bench as cb
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

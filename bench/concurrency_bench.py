@@ -1,6 +1,6 @@
 """Benchmark: many portals' first syncs at once through one real Airflow, against one big portal.
 
-Through ONE real Airflow (tests/harvester.testing.airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`,
+Through ONE real Airflow (plugins/harvester/testing/airflow_cluster.py: `airflow scheduler`, `airflow dag-processor`,
 `airflow api-server` as processes, LocalExecutor, every task its own process, metadata in
 PostgreSQL; runs triggered and watched through the REST API), side by side in one run:
 
@@ -15,7 +15,7 @@ loads of the model's vectors, each ending with one HNSW index build. A and B har
 number of records, derived from ../shared/ckan-samples by harvest_bench.synthetic (about 9 KB
 each; A's portals hold consecutive slices of the numbering B's portal holds whole). Each portal is
 a local CKAN server (DemoPortal) in a process of its own; vectors come from the local
-Gemini-protocol server (tests/harvester.testing.gemini.py, `--vectors words`, zero latency) in a process of
+Gemini-protocol server (plugins/harvester/testing/gemini.py, `--vectors words`, zero latency) in a process of
 its own, which counts every text it is sent; PostgreSQL is the embedded server
 (harvester.store.embedded.server.EmbeddedServer), holding the harvester database and Airflow's metadata
 database.
@@ -86,7 +86,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "bench", ROOT / "tests", ROOT / "plugins"):
+for _path in (ROOT / "bench", ROOT / "plugins"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

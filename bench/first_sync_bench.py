@@ -7,7 +7,7 @@ records of about 9 KB each, derived from ../shared/ckan-samples by harvest_bench
     time, JSON-parsed, a SHA-256 of each record's canonical JSON, COPY into a plain table of the
     same PostgreSQL. What fetch + parse + hash + COPY of these records can cost at best.
 (b) a full sync through `airflow dags test harvest_bench -c '{"full_sync": true}'`, with a
-    zero-latency local Gemini-protocol server (tests/harvester.testing.gemini.py) for the vectors (--vectors
+    zero-latency local Gemini-protocol server (plugins/harvester/testing/gemini.py) for the vectors (--vectors
     words, the default: shaped like real text embeddings, texts sharing words near each other;
     --vectors random: random directions, the hardest case for the HNSW index to build);
 (c) the same full sync again, the portal unchanged: every vector is cached;
@@ -63,7 +63,7 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "bench")]
 VENV_BIN = Path(sys.executable).parent
 
 PORTAL = "bench"  # the portal's name in portals.yaml: DAG harvest_bench

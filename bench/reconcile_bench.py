@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "bench")]
 
 from harvest_bench import synthetic  # noqa: E402  (the same records as the harvest benchmark)
 

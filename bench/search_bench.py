@@ -47,7 +47,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "plugins")]
 SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
 QUERIES = ROOT / "bench" / "relevance" / "queries.yaml"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -163,7 +163,7 @@ class SplitBrain(BaseSecretsBackend):
 
 def test_a_task_whose_worker_reaches_another_database_fails_at_once_naming_it(
         harvest, portal_server, db, database_url, pg_server, template_db, samples, monkeypatch, capfd, caplog):
-    from conftest import secrets_backend
+    from harvester.testing.dagtest import secrets_backend
 
     portal_server.set_records(samples(BIRMINGHAM)[:5])
     harvest.configure(portal_server.base_url)

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from harvester.testing.samples import ROOT
 from harvester.testing.dcat_portal import DcatServer
 
 DCAT = Path(ROOT.parent / "shared" / "dcat-samples")

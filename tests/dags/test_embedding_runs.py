@@ -12,19 +12,7 @@ from harvester.domain import dataset as ds
 from harvester.pipeline import steps as pipeline
 from harvester.config.portals import Portal
 from harvester.store import db as store_db
-
-
-def distinct_records(samples, n):
-    """n real records whose embedded texts all differ."""
-    seen, out = set(), []
-    for pkg in samples("catalog-data-gov.jsonl") + samples("dados-gov-br.jsonl"):
-        rec = ds.normalize(pkg, "http://x")
-        if rec.ok and rec.content_hash not in seen:
-            seen.add(rec.content_hash)
-            out.append(pkg)
-        if len(out) == n:
-            return out
-    raise AssertionError("not enough distinct records")
+from harvester.testing.samples import distinct_records
 
 
 def batch_sizes(fake):

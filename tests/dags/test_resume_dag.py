@@ -15,7 +15,7 @@ import pytest
 from harvester.cli.main import main
 from harvester.store import runs as store_runs
 
-from test_embedding_runs import distinct_records
+from harvester.testing.samples import distinct_records
 
 HUMDATA = "data-humdata-org.jsonl"
 OUTCOME_STATS = ("fetched", "created", "updated", "unchanged", "failed", "skipped", "removed", "embedded",

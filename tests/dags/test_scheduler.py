@@ -1,4 +1,4 @@
-"""harvest_<portal> DAGs under a real Airflow (tests/harvester.testing.airflow_cluster.py): scheduler, dag-processor and
+"""harvest_<portal> DAGs under a real Airflow (plugins/harvester/testing/airflow_cluster.py): scheduler, dag-processor and
 API server as processes, LocalExecutor, every task its own process; DAG runs triggered and
 backfilled through the REST API. One cluster serves the whole module; each portal is its own local
 CKAN server (DemoPortal) and its own DAG; the harvester database and Airflow's metadata database
@@ -24,7 +24,8 @@ import psycopg
 import pytest
 
 from harvester.testing.airflow_cluster import AirflowCluster, ClusterError, LockWatch, harvester_env, write_portals
-from conftest import GEMINI_KEY, ROOT, load_samples
+from harvester.testing.gemini import TEST_KEY as GEMINI_KEY
+from harvester.testing.samples import ROOT, load_samples
 
 MODEL = "gemini-embedding-001@768"
 LOCK_BOUND = 10.0  # HARVESTER_LOCK_TIMEOUT_SECS in the cluster

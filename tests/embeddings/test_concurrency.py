@@ -17,34 +17,14 @@ from harvester.embeddings.gemini import GeminiProvider
 from harvester.config.portals import Portal
 from harvester.store import db as store_db
 
-from test_embedding_runs import distinct_records
+from harvester.testing.runs import embed, run_stats, stage
+from harvester.testing.samples import distinct_records
 
 MODEL = "gemini-embedding-001@768"
 
 
-def stage(portal_server, records) -> tuple[Portal, int]:
-    """A running run of a portal with ``records`` fetched and classified: their texts are pending."""
-    portal_server.set_records(records)
-    portal = Portal(name="test", url=portal_server.base_url, politeness_delay=0)
-    with store_db.open_cli() as conn, store_db.open_cli() as reader:
-        run_id = pipeline.begin(conn, portal)["run_id"]
-        pipeline.fetch_modified(conn, portal, run_id, pipeline.source_for(portal))
-        pipeline.hash_compare(conn, reader, portal, run_id)
-    return portal, run_id
-
-
-def embed(portal, run_id, settings=None, breaker_config=None, provider=None) -> dict:
-    with store_db.open_cli() as conn, store_db.open_cli() as reader:
-        return embedder.embed_pending(conn, reader, portal.url, run_id, provider or GeminiProvider(),
-                                      settings=settings, breaker_config=breaker_config or BreakerConfig())
-
-
 def settings(concurrency, **more):
     return EmbedSettings(concurrency=concurrency, retry_delay=0, **more)
-
-
-def run_stats(db, run_id):
-    return db.execute("SELECT stats FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()[0]
 
 
 def vector_count(db):

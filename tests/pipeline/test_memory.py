@@ -25,7 +25,7 @@ import ctypes, ctypes.util, os, re, sys, tempfile, threading
 sys.path.insert(0, {plugins!r})
 import os
 
-from harvester import memory
+from harvester.pipeline import memory
 capped = memory.cap_arenas(2) if sys.argv[1] == "capped" else False
 barrier = threading.Barrier(8)
 

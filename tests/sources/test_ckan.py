@@ -16,13 +16,13 @@ import pytest
 
 from harvester.sources.ckan import (CkanClient, CkanError, FilterRejected, PortalUnavailable, parse_ckan_timestamp, scrub_url, solr_date)
 from harvester.testing.ckan_portal import DemoPortal, load_jsonl
+from harvester.testing.samples import sample_path, samples_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or REPO.parent / "shared" / "ckan-samples")
-GC_1150 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
-GC_1230 = SAMPLES / "data-gc-ca-snapshot-2013-06-17T12-30.jsonl"
+SAMPLES = samples_dir()
+GC_1150 = sample_path("data-gc-ca-snapshot-2013-06-17T11-50.jsonl")
+GC_1230 = sample_path("data-gc-ca-snapshot-2013-06-17T12-30.jsonl")
 
-pytestmark = pytest.mark.skipif(not GC_1150.exists(), reason=f"CKAN samples not found in {SAMPLES}")
 
 FQ_RE = re.compile(r"metadata_modified:\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z TO \*\]")
 

@@ -17,7 +17,7 @@ from harvester.config.portals import Portal
 from harvester.store import vectors
 from harvester.store.vectors import IndexSettings, bulk_load_wanted
 
-from test_embedding_runs import distinct_records
+from harvester.testing.samples import distinct_records
 
 MODEL = "gemini-embedding-001@768"
 
@@ -70,15 +70,6 @@ def model_indexes(db) -> dict[str, str]:
 def index_oid(db, model):
     row = db.execute("SELECT to_regclass(%s)::oid", (vectors.index_name(model),)).fetchone()
     return row[0]
-
-
-@pytest.fixture
-def reader(database_url):
-    from harvester.store import db as store_db
-
-    conn = store_db.prepare(store_db.connect_url(database_url))
-    yield conn
-    conn.close()
 
 
 def steps(db, reader, portal, provider, full_sync=False):

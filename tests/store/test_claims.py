@@ -15,8 +15,8 @@ from harvester.config.portals import Portal
 from harvester.store import claims, runs, vectors
 from harvester.store import db as store_db
 
-from test_embedding_concurrency import embed, run_stats, stage
-from test_embedding_runs import distinct_records
+from harvester.testing.runs import embed, run_stats, stage
+from harvester.testing.samples import distinct_records
 
 MODEL = "gemini-embedding-001@768"
 H = [f"{i:064x}" for i in range(6)]

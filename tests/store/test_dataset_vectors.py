@@ -8,16 +8,10 @@ from harvester.pipeline import steps as pipeline
 from harvester.config.portals import Portal
 from harvester.store import vectors
 
-from test_bulk_index import reader  # noqa: F401 (a fixture: the run's second connection)
-from test_embedding_runs import distinct_records
+from harvester.testing.runs import COPY_DRIFT
+from harvester.testing.samples import distinct_records
 
-DRIFT = """
-    SELECT count(*) FROM datasets d
-    JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
-    LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
-    WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
-       OR v.embedding <> e.embedding
-"""
+DRIFT = COPY_DRIFT
 
 
 def copies(db) -> dict[str, tuple[str, str]]:

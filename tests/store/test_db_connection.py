@@ -76,7 +76,7 @@ def test_a_malformed_connection_fails_the_run_without_retries_and_never_falls_ba
 
 
 def test_a_secrets_backend_that_is_down_fails_the_run_with_retries(setup, harvest, db, capfd, caplog, monkeypatch):
-    from conftest import secrets_backend
+    from harvester.testing.dagtest import secrets_backend
 
     monkeypatch.delenv("AIRFLOW_CONN_HARVESTER_DB")
     with secrets_backend(monkeypatch, f"{__name__}.UnreachableVault"):

@@ -16,7 +16,7 @@ import yaml
 from harvester.cli.main import main
 from harvester.embeddings.local import MODEL_NAME, LocalProvider
 from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
-from test_dataset_vectors import DRIFT as COPY_DRIFT  # copies that differ from their vector
+from harvester.testing.runs import COPY_DRIFT  # copies that differ from their vector
 
 PORTALS = {
     "br": ("portuguese", ("dados-gov-br.jsonl",)),

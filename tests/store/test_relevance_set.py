@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, load_samples
+from harvester.testing.samples import ROOT, load_samples
 
 QUERIES = ROOT / "bench" / "relevance" / "queries.yaml"
 

@@ -14,14 +14,14 @@ import pytest
 import requests
 
 from harvester.testing.ckan_portal import DemoPortal, load_jsonl, parse_solr_date, record_ms
+from harvester.testing.samples import sample_path, samples_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or REPO.parent / "shared" / "ckan-samples")
-GC = SAMPLES / "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
-DATA_GOV = SAMPLES / "catalog-data-gov.jsonl"
-DKAN = SAMPLES / "dkan-hauts-de-france.jsonl"
+SAMPLES = samples_dir()
+GC = sample_path("data-gc-ca-snapshot-2013-06-17T11-50.jsonl")
+DATA_GOV = sample_path("catalog-data-gov.jsonl")
+DKAN = sample_path("dkan-hauts-de-france.jsonl")
 
-pytestmark = pytest.mark.skipif(not GC.exists(), reason=f"CKAN samples not found in {SAMPLES}")
 
 
 @pytest.fixture(scope="module")

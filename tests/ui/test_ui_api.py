@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pytest
 
-from conftest import Harvest
+from harvester.testing.dagtest import Harvest
 from harvester.domain.run import STAT_KEYS
 
 HDX = "data-humdata-org.jsonl"

@@ -170,7 +170,7 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
     `airflow api-server` with the plugin on the same metadata DB and database."""
     import psycopg
 
-    from conftest import Harvest
+    from harvester.testing.dagtest import Harvest
     from harvester.testing.ckan_portal import DemoPortal
 
     workdir = tmp_path_factory.mktemp("ui")

@@ -48,6 +48,9 @@ _MESSAGES = {
 }
 
 
+TEST_KEY = "AIza-test-key-for-harvester"  # the key the tests configure and the stand-in accepts
+
+
 def pseudo_vector(text: str, task_type: str | None, dimension: int | None) -> np.ndarray:
     """A random direction seeded by the text (and task type): unrelated texts, unrelated vectors."""
     seed = int.from_bytes(hashlib.sha256(f"{task_type or ''}\0{text}".encode()).digest()[:8], "big")

@@ -1,0 +1,50 @@
+"""The real portal records tests, benches and the demo read: ``../shared/ckan-samples`` beside the
+repository, or ``$HARVESTER_SAMPLES_DIR``. A missing file is an error that names it, never a skip."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository
+
+
+class SamplesMissing(FileNotFoundError):
+    """A sample file the tests need is not there."""
+
+
+def samples_dir() -> Path:
+    return Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
+
+
+def dcat_samples_dir() -> Path:
+    return Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
+
+
+def sample_path(name: str, folder: Path | None = None) -> Path:
+    path = (folder or samples_dir()) / name
+    if not path.exists():
+        raise SamplesMissing(f"sample file {path} is missing: tests read ../shared/ckan-samples "
+                             "(or $HARVESTER_SAMPLES_DIR) beside the repository")
+    return path
+
+
+def load_samples(name: str) -> list[dict]:
+    """The records of one JSON-lines sample file."""
+    with sample_path(name).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def distinct_records(samples, n: int) -> list[dict]:
+    """``n`` real records whose embedded texts all differ (``samples``: a loader like load_samples)."""
+    from harvester.domain import dataset as ds
+
+    seen, out = set(), []
+    for pkg in samples("catalog-data-gov.jsonl") + samples("dados-gov-br.jsonl"):
+        rec = ds.normalize(pkg, "http://x")
+        if rec.ok and rec.content_hash not in seen:
+            seen.add(rec.content_hash)
+            out.append(pkg)
+        if len(out) == n:
+            return out
+    raise AssertionError(f"the samples hold fewer than {n} records with distinct texts")
