@@ -1,47 +1,52 @@
-"""HTTP for the sources: one GET with retries, counted requests and bytes, secrets kept out of logs.
+"""The one retrying HTTP path: every source's GETs (CKAN's Action API, DCAT catalogues) go through
+``HttpFetcher.get``; what an answer means for a kind of portal stays with its source.
 
-5xx, 429 (honouring Retry-After), timeouts and connection errors are retried with jittered
-exponential backoff; when the retries are spent, ``SourceUnavailable``. Every other answer (2xx,
-304, 4xx) goes back to the caller, which knows what it means for its kind of portal.
+- Retried, with jittered exponential backoff (``backoff`` doubling, at most ``max_backoff``): 5xx,
+  429 (waiting what its Retry-After asks, at most ``max_backoff``), timeouts, connection errors, and
+  any answer the caller's ``parse`` turns down with ``Retryable`` (a proxy's maintenance page where
+  a portal's answer should be). When ``max_retries`` retries are spent: ``RetriesExhausted``, a
+  ``SourceUnavailable`` (transient).
+- Every other answer (2xx, 304, 4xx) goes back to the caller, as it is or through ``parse``.
+- A ``politeness_delay`` between one request's end and the next one's start.
+- Counted: ``requests_made`` (every request sent, retries included) and ``bytes_received`` (every
+  body byte as it came over the wire: compressed, if the portal compresses).
+- Credentials: HTTP Basic auth (``basic_auth``) or one header (``header_auth``, e.g. a CKAN API
+  token in ``Authorization``); neither ever appears in a log line, a message or a ``repr``, and
+  URLs and error texts are scrubbed of user:password before they are logged or raised.
 """
 from __future__ import annotations
 
 import email.utils
 import logging
 import random
-import re
 import time
 from datetime import datetime, timezone
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 import requests.auth
 
+from harvester.config.secrets import redact_text, redact_url
 from harvester.sources.base import SourceUnavailable
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "harvester (+https://github.com/harvester)"
-_USERINFO_RE = re.compile(r"(?<=//)[^/@\s]+@")
+# The one redactor (config/secrets.py), by the names the sources know it by: URLs and error texts
+# lose any user:password and secret query parameters before they are logged or raised.
+scrub_url, scrub_text = redact_url, redact_text
 
 
-def scrub_text(text: str) -> str:
-    """Any user:password@ in a text replaced by ***@."""
-    return _USERINFO_RE.sub("***@", text)
-
-
-def scrub_url(url: str) -> str:
-    """The URL without user:password (for logs and messages)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return scrub_text(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without user:password, (user, password) percent-decoded or None): a user:password
+    in a URL is sent as Basic auth, never as part of the URL."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -70,25 +75,78 @@ def wire_bytes(resp: requests.Response) -> int:
     return told if isinstance(told, int) and told > 0 else len(resp.content or b"")
 
 
+def read_whole(resp: requests.Response) -> None:
+    """Read a streamed answer's body in as few reads as the socket allows; ``resp.content``,
+    ``.text`` and ``.json()`` then return it as usual. Read by requests itself (stream=False), it
+    comes in 10 KB chunks, each of which gives the GIL up and must take it back: with another
+    thread busy (the listing is read ahead while the previous page is staged, see
+    pipeline/readahead.py) each chunk waited for the switch interval, and a page of 1000 CKAN
+    records (~8 MB) took seconds instead of milliseconds. Errors are those requests raises for the
+    body (ChunkedEncodingError, ConnectionError for a read timeout, ContentDecodingError)."""
+    resp._content = b"".join(resp.iter_content(chunk_size=None)) or b""
+
+
+class Retryable(Exception):
+    """Raised by a ``parse`` callback of ``HttpFetcher.get``: the answer is not one the portal
+    writes when it works (an HTML maintenance page, a captive portal's page, a truncated body), so
+    it is retried like a 5xx. The message says what came; it is the ``last`` of a
+    ``RetriesExhausted``."""
+
+
+class RetriesExhausted(SourceUnavailable):
+    """A GET failed transiently (5xx, 429, timeout, connection error, ``Retryable``) on every
+    attempt. ``attempts`` made, ``last``: what went wrong the last time (``HTTP 503``, ``timeout
+    after 60s (ReadTimeout)``...), ``status``: the last answer's HTTP status (None when none came);
+    a source may word its own message from them."""
+
+    def __init__(self, message: str, *, attempts: int, last: str, status: int | None):
+        super().__init__(message)
+        self.attempts, self.last, self.status = attempts, last, status
+
+
 class _BasicAuth(requests.auth.HTTPBasicAuth):
     def __repr__(self) -> str:
         return "<BasicAuth ***>"
 
 
+class _HeaderAuth(requests.auth.AuthBase):
+    """One header carrying a secret (``Authorization: <a CKAN API token>``). Passed as ``auth`` so
+    that requests neither replaces it with Basic auth from the URL's user:password nor with ~/.netrc."""
+
+    def __init__(self, name: str, value: str):
+        self._name, self._value = name, value
+
+    def __call__(self, r):
+        r.headers[self._name] = self._value
+        return r
+
+    def __repr__(self) -> str:
+        return f"<HeaderAuth {self._name} ***>"
+
+
 class HttpFetcher:
     """GETs for one portal (``label`` names it in messages). ``requests_made`` counts every request
     sent, retries included; ``bytes_received`` every body byte as it came over the wire (a
-    streamed body's bytes are added by whoever reads it, with ``add_bytes``)."""
+    streamed body's bytes are added by whoever reads it, with ``add_bytes``). ``headers`` go with
+    every request (after ``User-Agent: <user_agent>``); ``basic_auth`` (user, password) or
+    ``header_auth`` (header name, secret value) authenticate them, not both. ``sleep`` waits (the
+    backoff, Retry-After and the politeness delay)."""
 
     def __init__(self, label: str, *, timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
                  max_backoff: float = 60.0, politeness_delay: float = 0.0,
-                 basic_auth: tuple[str, str] | None = None, session: requests.Session | None = None, sleep=time.sleep):
+                 basic_auth: tuple[str, str] | None = None, header_auth: tuple[str, str] | None = None,
+                 headers: dict[str, str] | None = None, user_agent: str = USER_AGENT,
+                 session: requests.Session | None = None, sleep: Callable[[float], Any] = time.sleep):
+        if basic_auth and header_auth:
+            raise ValueError(f"{scrub_url(label)}: give basic_auth or header_auth ({header_auth[0]}), not both")
         self.label = scrub_url(label)
-        self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
-        self.politeness_delay = politeness_delay
+        self.timeout, self.backoff, self.max_backoff = timeout, backoff, max_backoff
+        self.max_retries = max(0, int(max_retries))
+        self.politeness_delay = max(0.0, politeness_delay)
         self.session = session or requests.Session()
-        self.session.headers.setdefault("User-Agent", USER_AGENT)
-        self._auth = _BasicAuth(*basic_auth) if basic_auth else None
+        self.headers = {"User-Agent": user_agent, **(headers or {})}
+        self._auth: requests.auth.AuthBase | None = (
+            _HeaderAuth(*header_auth) if header_auth else _BasicAuth(*basic_auth) if basic_auth else None)
         self._sleep = sleep
         self._last_request: float | None = None
         self.requests_made = 0
@@ -100,7 +158,16 @@ class HttpFetcher:
     def add_bytes(self, n: int) -> None:
         self.bytes_received += int(n)
 
-    def get(self, url: str, *, headers: dict | None = None, stream: bool = False) -> requests.Response:
+    def get(self, url: str, *, params: dict | None = None, headers: dict | None = None, stream: bool = False,
+            parse: Callable[[requests.Response], Any] | None = None, what: str | None = None) -> Any:
+        """GET ``url`` (with query ``params``), retrying transient failures. Returns the answer, or
+        what ``parse(answer)`` returns when ``parse`` is given (it may raise ``Retryable`` to have
+        the answer retried like a 5xx; any other exception goes to the caller, unretried).
+        ``stream``: the body is left unread (the caller reads it and adds its bytes). ``what``
+        names the request in log lines and in the ``RetriesExhausted`` message (default
+        ``<label>: GET <url>``)."""
+        what = what or f"{self.label}: GET {scrub_url(url)}"
+        headers = {**self.headers, **(headers or {})}
         attempt = 0
         while True:
             attempt += 1
@@ -108,7 +175,10 @@ class HttpFetcher:
             self.requests_made += 1
             retry_after = status = None
             try:
-                resp = self.session.get(url, headers=headers, auth=self._auth, timeout=self.timeout, stream=stream)
+                resp = self.session.get(url, params=params, headers=headers, auth=self._auth, timeout=self.timeout,
+                                        stream=True)
+                if not stream:
+                    read_whole(resp)
             except requests.Timeout as exc:
                 last = f"timeout after {self.timeout}s ({type(exc).__name__})"
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
@@ -118,20 +188,25 @@ class HttpFetcher:
                 if status != 429 and status < 500:
                     if not stream:
                         self.bytes_received += wire_bytes(resp)
-                    return resp
-                self.bytes_received += wire_bytes(resp)
-                last = f"HTTP {status}"
-                if status == 429:
-                    retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
+                    if parse is None:
+                        return resp
+                    try:
+                        return parse(resp)
+                    except Retryable as exc:  # a proxy's page, most likely: try again
+                        last = str(exc)
+                else:
+                    self.bytes_received += wire_bytes(resp)
+                    last = f"HTTP {status}"
+                    if status == 429:
+                        retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
                 resp.close()
             finally:
                 self._last_request = time.monotonic()
             if attempt > self.max_retries:
-                raise SourceUnavailable(f"{self.label}: GET {scrub_url(url)} failed after {attempt} attempts "
-                                        f"(last: {last})")
+                raise RetriesExhausted(f"{what} failed after {attempt} attempts (last: {last})", attempts=attempt,
+                                       last=last, status=status)
             delay = min(self.max_backoff, retry_after) if retry_after is not None else self._delay(attempt)
-            log.warning("%s: GET %s: %s; retry %d of %d in %.2fs", self.label, scrub_url(url), last, attempt,
-                        self.max_retries, delay)
+            log.warning("%s: %s; retry %d of %d in %.2fs", what, last, attempt, self.max_retries, delay)
             self._sleep(delay)
 
     def _polite(self) -> None:

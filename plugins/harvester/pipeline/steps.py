@@ -15,13 +15,13 @@ import time
 
 from harvester.domain import dataset as ds
 from harvester.sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
-from harvester.sources.ckan import FilterRejected, to_ms
+from harvester.sources.base import FilterRejected, to_ms
 from harvester.pipeline.readahead import read_ahead
 from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_shards
 from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
-from harvester.store import claims, datasets, history, listing, runs, staging, vectors
+from harvester.store import claims, datasets, history, listing, review, runs, staging, vectors
 
 # What a reconciliation lists of every dataset.
 LISTING_FIELDS = ("id", "metadata_modified")
@@ -418,7 +418,7 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     runs.touch(conn, run_id)
     with conn.transaction():
         run = runs.require_running(conn, run_id)
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
+        runs.lock_portal(conn, portal.url)
         reuse = vectors.reuse(conn, run_id, model, run.started_at)
         reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language)
@@ -435,9 +435,8 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
                 conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
                 force=force_removals, removed_significance=portal.significance.removed,
                 review_threshold=portal.significance.review_threshold)
-        review = conn.execute("SELECT count(*) FROM dataset_changes WHERE run_id = %s AND requires_review",
-                              (run_id,)).fetchone()[0]
-        stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": int(review),
+        to_review = review.count_needing_review(conn, run_id)
+        stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": to_review,
                  "versions": written.get("versions", 0)}
         if run.reconcile_reason is not None:
             stats["reconcile_removed"] = removals.get("removed", 0)

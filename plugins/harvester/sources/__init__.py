@@ -2,28 +2,31 @@
 
 ``type:`` in portals.yaml picks the kind: ``ckan`` (the Action API), ``dcat-json`` (a DCAT-US /
 DCAT-AR ``data.json`` catalogue), ``dcat-rdf`` (a DCAT-AP catalogue in RDF/XML, Turtle or JSON-LD,
-Hydra-paged). Adding a kind is one module here and one entry below.
+Hydra-paged). Adding a kind is one name in config/portals.py's PORTAL_TYPES, one module here and one
+entry below.
 """
 from __future__ import annotations
 
-from harvester.sources.base import Capabilities, Listing, Source, SourceError, SourceUnavailable
+from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, PORTAL_TYPES
+from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
 
-__all__ = ["CAPABILITIES", "Capabilities", "Listing", "Source", "SourceError", "SourceUnavailable", "as_source",
-           "source_for"]
+__all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
+           "as_source", "source_for"]
 
 # What each kind can do (sources/base.py): begin() plans runs with it before any request is made.
 CAPABILITIES = {
-    "ckan": Capabilities(incremental=True, reconcile=True),
-    "dcat-json": Capabilities(conditional=True),
-    "dcat-rdf": Capabilities(),
+    CKAN: Capabilities(incremental=True, reconcile=True),
+    DCAT_JSON: Capabilities(conditional=True),
+    DCAT_RDF: Capabilities(),
 }
+assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
 
 
 def source_for(portal, **overrides) -> Source:
     """The portal's source, with its settings and credentials (a CKAN portal's API token comes from
     its ``conn_id``, looked up in Airflow; a user:password in the url is sent as Basic auth)."""
-    if portal.type == "ckan":
-        from harvester.config.secrets import api_key
+    if portal.type == CKAN:
+        from harvester.config.credentials import api_key
         from harvester.sources.ckan import CkanClient, CkanSource
 
         settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
@@ -35,16 +38,16 @@ def source_for(portal, **overrides) -> Source:
     settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
                 "timeout": portal.timeout, "basic_auth": portal.credentials, **overrides}
     fetcher = HttpFetcher(portal.url, **settings)
-    if portal.type == "dcat-json":
+    if portal.type == DCAT_JSON:
         from harvester.sources.dcat_json import DcatJsonSource
 
         return DcatJsonSource(portal.url, fetcher=fetcher)
-    if portal.type == "dcat-rdf":
+    if portal.type == DCAT_RDF:
         from harvester.sources.dcat_rdf import DcatRdfSource
 
         return DcatRdfSource(portal.url, fetcher=fetcher, language=portal.language_code)
     raise ValueError(f"portal {portal.name}: type {portal.type!r} has no source; valid types are: "
-                     f"{', '.join(CAPABILITIES)}")
+                     f"{', '.join(PORTAL_TYPES)}")
 
 
 def as_source(source_or_client, portal) -> Source:

@@ -10,11 +10,16 @@ dataset. What a kind of portal can do differs, and the source says so in its ``C
   (ETag / Last-Modified) of the last committed run: one request, nothing to process;
 - ``reconcile``: the portal lists identifiers cheaply and fetches chosen records (a cheap
   comparison of the whole portal between full listings).
+
+Failures are ``SourceError`` (terminal: a bad answer, a refused request) or ``SourceUnavailable``
+(transient: what outlived the retries of http.py). One more is the pipeline's to handle:
+``FilterRejected``, the portal refusing (or ignoring) the modified-since filter of an incremental
+listing, after which the run falls back to a full listing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Iterator, Protocol
 
 from harvester.domain.dataset import DatasetRecord
@@ -30,6 +35,18 @@ class SourceUnavailable(SourceError):
     """Transient failures (5xx, 429, timeouts, connection errors) that outlived the retries."""
 
     transient = True
+
+
+class FilterRejected(SourceError):
+    """The portal refused (or ignored) the modified-since filter of a listing: terminal for that
+    listing; the pipeline falls back to a full one (and no other error may make it do so)."""
+
+
+def to_ms(dt: datetime) -> datetime:
+    """Truncated to the millisecond, in UTC (naive means UTC): the precision at which a listing's
+    timestamps are compared (Solr indexes dates in milliseconds; a full record has microseconds)."""
+    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ and ``fetch_by_ids`` fetches chosen records in full, ``package_search`` with ``f
 ``rows=0`` request. ``requests_made`` and ``bytes_received`` count every request and every body byte
 as it came over the wire (compressed, if the portal compresses).
 
+HTTP is http.py's ``HttpFetcher`` (``client.http``): retries with backoff and Retry-After,
+politeness delay, counters, auth, timeouts, scrubbed messages. This module adds what is CKAN's: the
+action URLs, the ``{"success": ..., "result": ...}`` envelope and CKAN's errors.
+
 Failures: 5xx, 429, timeouts and connection errors are retried with backoff, and so is a 2xx answer
 that is not a CKAN answer (an HTML page, invalid JSON, no ``success: true`` envelope: usually a
 proxy's or a captive portal's page standing in for an error); when the retries are spent they raise
@@ -43,21 +47,16 @@ proxy in front of the portal). Neither ever appears in a log line, a message or 
 from __future__ import annotations
 
 import logging
-import random
-import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
-import requests.auth
 
-from harvester.domain.dataset import DatasetRecord, normalize
-from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable
-from harvester.http import retry_after_seconds as _retry_after_seconds
-from harvester.http import scrub_text as _scrub_text
-from harvester.http import scrub_url
-from harvester.http import wire_bytes as _wire_bytes
+from harvester.config.portals import CKAN
+from harvester.domain.dataset import DatasetRecord, normalize, parse_timestamp
+from harvester.http import HttpFetcher, RetriesExhausted, Retryable, scrub_url, split_userinfo
+from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable, to_ms
+from harvester.sources.base import FilterRejected as SourceFilterRejected
 
 log = logging.getLogger(__name__)
 
@@ -84,35 +83,18 @@ class PortalUnavailable(CkanError, SourceUnavailable):
     transient = True
 
 
-class FilterRejected(CkanError):
+class FilterRejected(CkanError, SourceFilterRejected):
     """The portal refused (or ignored) our ``fq``: terminal; fall back to a full listing."""
 
 
-class _NotCkanAnswer(Exception):
+class _NotCkanAnswer(Retryable):
     """A 2xx answer that CKAN did not write (HTML, invalid JSON, no success envelope): retried."""
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def parse_ckan_timestamp(value: Any) -> datetime | None:
-    """A CKAN timestamp as an aware UTC datetime. CKAN writes UTC without a zone
-    (``2013-06-17T15:32:05.305546``); DKAN ``2019-09-30 22:00:00``; zoned values are converted.
-    None when missing or unparseable."""
-    if isinstance(value, datetime):
-        dt = value
-    elif isinstance(value, str) and value.strip():
-        try:
-            dt = datetime.fromisoformat(value.strip())
-        except ValueError:
-            return None
-    else:
-        return None
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def to_ms(dt: datetime) -> datetime:
-    """Truncate to the millisecond (Solr's date precision); naive means UTC."""
-    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+# A CKAN timestamp (UTC without a zone; DKAN's with a space for the T; zoned values converted) as an
+# aware UTC datetime, None when missing or unparseable: the domain's one parser of record timestamps.
+parse_ckan_timestamp = parse_timestamp
 
 
 def solr_date(dt: datetime) -> str:
@@ -161,50 +143,10 @@ def _snippet(resp: requests.Response) -> str:
     return text[:120] or "(empty body)"
 
 
-def _split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
-    """(the URL without user:password, (user, password) percent-decoded or None)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url, None
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
-
-
-def _read_whole(resp: requests.Response) -> None:
-    """Read a streamed answer's body in as few reads as the socket allows; ``resp.content``,
-    ``.text`` and ``.json()`` then return it as usual. Read by requests itself (stream=False), it
-    comes in 10 KB chunks, each of which gives the GIL up and must take it back: with another
-    thread busy (the listing is read ahead while the previous page is staged, see
-    sources/readahead.py) each chunk waited for the switch interval, and a page of 1000 records
-    (~8 MB) took seconds instead of milliseconds. Errors are those requests raises for the body
-    (ChunkedEncodingError, ConnectionError for a read timeout, ContentDecodingError)."""
-    resp._content = b"".join(resp.iter_content(chunk_size=None)) or b""
-
-
-class _BasicAuth(requests.auth.HTTPBasicAuth):
-    def __repr__(self) -> str:
-        return "<BasicAuth ***>"
-
-
-class _ApiKeyAuth(requests.auth.AuthBase):
-    """``Authorization: <key>`` (CKAN API tokens). Passed as ``auth`` so that requests neither
-    replaces it with Basic auth from the URL's user:password nor with ~/.netrc."""
-
-    def __init__(self, key: str):
-        self._key = key
-
-    def __call__(self, r):
-        r.headers["Authorization"] = self._key
-        return r
-
-    def __repr__(self) -> str:
-        return "<ApiKeyAuth ***>"
-
-
 # -- the client ---------------------------------------------------------------------------------
 class CkanClient:
-    """One CKAN portal's Action API (``<base_url>/api/3/action/...``).
+    """One CKAN portal's Action API (``<base_url>/api/3/action/...``), over ``http`` (an
+    ``HttpFetcher`` made from the HTTP settings given here).
 
     ``requests_made`` counts every HTTP request sent, retries included; ``bytes_received`` the
     bytes of every response body received, as they came over the wire. ``total`` is the ``count``
@@ -221,31 +163,30 @@ class CkanClient:
                 base = base[: -len(suffix)]
                 break
         self.portal = scrub_url(base)
-        self.base_url, url_auth = _split_userinfo(base)
+        self.base_url, url_auth = split_userinfo(base)
         basic_auth = basic_auth or url_auth
-        self.timeout = timeout
-        self.max_retries = max(0, int(max_retries))
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.politeness_delay = max(0.0, politeness_delay)
-        self.session = session or requests.Session()
-        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        # Passed as ``auth``: requests then neither takes user:password from the URL nor ~/.netrc.
-        self._auth: requests.auth.AuthBase | None = (
-            _ApiKeyAuth(api_key) if api_key else _BasicAuth(*basic_auth) if basic_auth else None)
         self.include_private = bool(api_key)
         if api_key and basic_auth:
             log.warning("%s: an api_key is given, so the user:password for the portal is not used", self.portal)
-        self.requests_made = 0
-        self.bytes_received = 0
+        self.http = HttpFetcher(self.portal, timeout=timeout, max_retries=max_retries, backoff=backoff,
+                                max_backoff=max_backoff, politeness_delay=politeness_delay, user_agent=user_agent,
+                                headers={"Accept": "application/json"}, session=session,
+                                header_auth=("Authorization", api_key) if api_key else None,
+                                basic_auth=None if api_key else basic_auth)
         self.total: int | None = None
-        self._last_request: float | None = None
         self._fq_rejected = False
         self._ids_fq_rejected = False
-        self._sleep = time.sleep
 
     def __repr__(self) -> str:
         return f"CkanClient({self.portal!r})"
+
+    @property
+    def requests_made(self) -> int:
+        return self.http.requests_made
+
+    @property
+    def bytes_received(self) -> int:
+        return self.http.bytes_received
 
     # public calls -----------------------------------------------------------------------------
     def status(self) -> dict:
@@ -444,54 +385,16 @@ class CkanClient:
                             portal=self.portal, action="package_search")
 
     # HTTP ---------------------------------------------------------------------------------------
-    def _polite(self) -> None:
-        if self.politeness_delay and self._last_request is not None:
-            wait = self.politeness_delay - (time.monotonic() - self._last_request)
-            if wait > 0:
-                self._sleep(wait)
-
-    def _delay(self, attempt: int) -> float:
-        base = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
-        return base * (0.5 + random.random() / 2)  # "equal jitter"
-
     def _call(self, action: str, params: dict, *, fq: str | None = None) -> Any:
-        url = f"{self.base_url}/api/3/action/{action}"
-        attempt = 0
-        while True:
-            attempt += 1
-            self._polite()
-            self.requests_made += 1
-            retry_after = status = None
-            try:
-                resp = self.session.get(url, params=params, headers=self._headers, auth=self._auth,
-                                        timeout=self.timeout, stream=True)
-                _read_whole(resp)
-            except requests.Timeout as exc:
-                last = f"timeout after {self.timeout}s ({type(exc).__name__})"
-            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-                last = f"connection error ({type(exc).__name__}: {_scrub_text(str(exc))[:200]})"
-            else:
-                status = resp.status_code
-                self.bytes_received += _wire_bytes(resp)
-                if status != 429 and status < 500:
-                    try:
-                        return self._result(action, resp, fq)
-                    except _NotCkanAnswer as exc:  # a proxy's page, most likely: try again
-                        last = str(exc)
-                else:
-                    last = f"HTTP {status}"
-                if status == 429:
-                    retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
-            finally:
-                self._last_request = time.monotonic()
-            if attempt > self.max_retries:
-                raise PortalUnavailable(
-                    f"{self.portal} {action}: portal unavailable after {attempt} attempts (last: {last})",
-                    portal=self.portal, action=action, status=status)
-            delay = min(self.max_backoff, retry_after) if retry_after is not None else self._delay(attempt)
-            log.warning("%s %s: %s; retry %d of %d in %.2fs", self.portal, action, last, attempt,
-                        self.max_retries, delay)
-            self._sleep(delay)
+        """One action's ``result``, through the shared retrying path (http.py), where an answer CKAN
+        did not write (``_NotCkanAnswer``) is retried like a 5xx."""
+        what = f"{self.portal} {action}"
+        try:
+            return self.http.get(f"{self.base_url}/api/3/action/{action}", params=params, what=what,
+                                 parse=lambda resp: self._result(action, resp, fq))
+        except RetriesExhausted as exc:
+            raise PortalUnavailable(f"{what}: portal unavailable after {exc.attempts} attempts (last: {exc.last})",
+                                    portal=self.portal, action=action, status=exc.status) from None
 
     def _result(self, action: str, resp: requests.Response, fq: str | None) -> Any:
         status = resp.status_code
@@ -524,7 +427,7 @@ class CkanSource:
     """A CKAN portal as a source (sources/base.py): modified-since listings filtered by the portal,
     records normalized into DatasetRecords, and the Action API (``client``) for reconciliation."""
 
-    kind = "ckan"
+    kind = CKAN
     capabilities = Capabilities(incremental=True, reconcile=True)
 
     def __init__(self, client: CkanClient, portal_url: str):
