@@ -35,7 +35,7 @@ def held_ids(db):
 
 # -- the token's connection -------------------------------------------------------------------------
 def test_api_key_is_the_connections_password_or_extra_api_key(monkeypatch):
-    from harvester.config.secrets import api_key
+    from harvester.config.credentials import api_key
 
     assert api_key(portal()) is None
     connection(monkeypatch, "ckan_pw", password=TOKEN, extra={"api_key": "not-this-one"})
@@ -45,7 +45,7 @@ def test_api_key_is_the_connections_password_or_extra_api_key(monkeypatch):
 
 
 def test_a_missing_or_empty_connection_is_named_with_the_portal(monkeypatch):
-    from harvester.config.secrets import CredentialsError, api_key
+    from harvester.config.credentials import CredentialsError, api_key
 
     with pytest.raises(CredentialsError) as info:
         api_key(portal(conn_id="ckan_nowhere"))

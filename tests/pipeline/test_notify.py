@@ -13,35 +13,9 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from harvester.testing.local_http import LocalAPIServer
-
 ROOT = Path(__file__).resolve().parents[2]
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "hook-token-s3cr3t-4242"
-
-
-class Receiver(LocalAPIServer):
-    """Where notifications go: remembers every POST and answers 200, or what ``statuses`` says for its path."""
-
-    name = "notify-receiver"
-
-    def __init__(self):
-        super().__init__()
-        self.statuses: dict[str, int] = {}
-
-    def _answer(self, path, headers, raw):
-        self._record(path, headers, raw)
-        status = self.statuses.get(path, 200)
-        return status, {}, {"ok": status < 400}
-
-    def bodies(self, path=None):
-        return [body for p, _, body in self.requests if path is None or p == path]
-
-
-@pytest.fixture
-def receiver():
-    with Receiver() as server:
-        yield server
 
 
 def edited(record, **fields):
@@ -188,7 +162,7 @@ def test_a_notifier_class_by_import_path_gets_the_task_context_and_the_payload(
     harvest.configure(portal_server.base_url, significance={"review_threshold": 0.3}, notify=[{
         "class": "harvester.testing.notifier.RecordingNotifier", "on": ["review"],
         "kwargs": {"url": receiver.base_url + "/class",
-                   "message": "{{ harvester.config.portals }}: {{ harvester.outcome }} in {{ dag.dag_id }}, "
+                   "message": "{{ harvester.portal }}: {{ harvester.outcome }} in {{ dag.dag_id }}, "
                               "{{ harvester.counts.review }} to review"}}])
     assert harvest.run().state == "success"
     assert receiver.requests == []
@@ -270,6 +244,7 @@ def test_a_bad_notify_entry_names_the_portal_and_the_entry(notify, problem, tmp_
 
 def test_notify_entries_parse_with_yaml_s_bare_on_and_never_show_a_secret(tmp_path, monkeypatch):
     from harvester.config.portals import load_portals
+    from harvester.pipeline.notify import notifier
 
     monkeypatch.setenv("HOOK_TOKEN", TOKEN)
     path = tmp_path / "portals.yaml"
@@ -286,6 +261,6 @@ def test_notify_entries_parse_with_yaml_s_bare_on_and_never_show_a_secret(tmp_pa
     webhook, cls = portal.notify
     assert webhook.on == {"failed", "degraded"} and cls.on == {"failed", "degraded", "review"}
     assert webhook.label == "webhook https://hooks.example.org/…" and cls.label == "harvester.testing.notifier.RecordingNotifier"
-    assert TOKEN not in repr(portal) and TOKEN not in repr(webhook.build())
-    assert webhook.build().url == f"https://hooks.example.org/services/{TOKEN}"
+    assert TOKEN not in repr(portal) and TOKEN not in repr(notifier(webhook))
+    assert notifier(webhook).url == f"https://hooks.example.org/services/{TOKEN}"
     hash(portal)

@@ -155,9 +155,9 @@ def test_cli_with_embedded_off_and_nothing_configured_is_an_error(nothing_config
 
 @pytest.mark.parametrize("variable, value, why", [
     ("HARVESTER_DATABASE_URL", f"postgresql://h:{PASSWORD}@127.0.0.1:notaport/h",
-     f"HARVESTER_DATABASE_URL (postgresql://h:***@127.0.0.1:notaport/h) has a bad port"),
+     f"HARVESTER_DATABASE_URL (postgresql://***@127.0.0.1:notaport/h) has a bad port"),
     ("HARVESTER_DATABASE_URL", f"mysql://h:{PASSWORD}@127.0.0.1/h",
-     "HARVESTER_DATABASE_URL is not a PostgreSQL URI (mysql://h:***@127.0.0.1/h)"),
+     "HARVESTER_DATABASE_URL is not a PostgreSQL URI (mysql://***@127.0.0.1/h)"),
     ("AIRFLOW_CONN_HARVESTER_DB", '{"conn_type": "postgres", "password": "' + PASSWORD + '", "port": ',
      "AIRFLOW_CONN_HARVESTER_DB (the connection harvester_db) does not parse"),
 ], ids=["bad-port", "not-postgres", "broken-json"])

@@ -159,7 +159,7 @@ def test_a_backend_killed_by_sigill_is_a_clear_terminal_error(crash_server, cras
     assert crashing.killed, "the proxy killed no backend: the check built no HNSW index"
     message = str(caught.value)
     assert "server process died while pgvector built a test HNSW index of random vectors on" in message
-    assert f"postgresql://postgres:***@127.0.0.1:{crashing.port}/harvester" in message
+    assert f"postgresql://***@127.0.0.1:{crashing.port}/harvester" in message
     assert PASSWORD not in message
     assert "CPU" in message and "AVX-512" in message
     assert "harvester_db" in message and "AIRFLOW_CONN_HARVESTER_DB" in message

@@ -10,7 +10,6 @@ Credentials: a user:password in the url (literal or from ``${VAR}``) is taken ou
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,14 +17,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from harvester.config.notify import parse_notify
+from harvester.config.secrets import ENV_REFERENCE, expand_env, redact_url
+from harvester.config.settings import env_value
 from harvester.domain.changes import DEFAULT as DEFAULT_SIGNIFICANCE
 from harvester.domain.changes import SignificanceConfig
 from harvester.domain.run import DEFAULT_STALE_AFTER
 
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.yaml"
-# ckan: the CKAN Action API; dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a
-# DCAT-AP catalogue in RDF (sources/).
-PORTAL_TYPES = ("ckan", "dcat-json", "dcat-rdf")
+# The kinds of portal (``type:``), each read by its module in sources/: ckan: the CKAN Action API;
+# dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF.
+CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
+PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
@@ -50,19 +53,20 @@ LANGUAGE_CODES = {"ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catal
 _OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")  # what Airflow accepts as a connection id
 
 
 class PortalConfigError(ValueError):
-    """portals.yaml is not valid; the message names every bad entry."""
+    """portals.yaml is not valid; the message names every bad entry. Terminal (domain/errors.py)."""
+
+    transient = False
 
 
 @dataclass(frozen=True)
 class Portal:
     name: str
     url: str
-    type: str = "ckan"
+    type: str = CKAN
     schedule: str | None = "@daily"
     enabled: bool = True
     lookback: timedelta = DEFAULT_LOOKBACK
@@ -85,7 +89,7 @@ class Portal:
     conn_id: str | None = None
     # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
     credentials: tuple[str, str] | None = field(default=None, repr=False)
-    # Where failed, degraded and needs-review runs are announced (harvester.pipeline.notify.NotifyTarget).
+    # Where failed, degraded and needs-review runs are announced (harvester.config.notify.NotifyTarget).
     notify: tuple = ()
     # The text-search configuration its datasets are indexed with (`language:`; search.py).
     language: str = "simple"
@@ -101,7 +105,7 @@ class Portal:
 
 
 def portals_file() -> Path:
-    return Path(os.environ.get("HARVESTER_PORTALS_FILE") or DEFAULT_PORTALS_FILE)
+    return env_value("HARVESTER_PORTALS_FILE") or DEFAULT_PORTALS_FILE
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -136,40 +140,11 @@ def _optional_duration(entry: dict, key: str, default: timedelta | None, *, zero
     return duration
 
 
-def _env_value(match: re.Match) -> str:
-    value = os.environ.get(match.group(1))
-    if value:
-        return value
-    if match.group(2) is not None:
-        return match.group(2)
-    raise ValueError(f"environment variable {match.group(1)} is not set")
-
-
-def _expand_env(text: str) -> str:
-    return _ENV.sub(_env_value, text)
-
-
-def _expand_userinfo(text: str) -> str:
-    """A user or password from a url: literal text percent-decoded, ``${VAR}`` values as they are."""
-    out, pos = [], 0
-    for match in _ENV.finditer(text):
-        out += [unquote(text[pos:match.start()]), _env_value(match)]
-        pos = match.end()
-    return "".join(out + [unquote(text[pos:])])
-
-
-def shown_url(text: str) -> str:
-    """A url fit for a message: anything that may be a user:password (up to the last @) hidden."""
-    if "@" not in text:
-        return text
-    return re.sub(r"(?<=//).*@", "***@", text, count=1) if "//" in text else re.sub(r"^.*@", "***@", text)
-
-
 def split_url(raw: str) -> tuple[str, tuple[str, str] | None]:
     """A portals.yaml url, ``${VAR}`` expanded, as (the url without user:password, (user,
     password) or None). The userinfo is found before expanding, so a password from a variable
     may hold any character; literal ones are percent-decoded."""
-    masked = _ENV.sub(lambda m: "\0" * len(m.group(0)), raw)  # same length: indexes match
+    masked = ENV_REFERENCE.sub(lambda m: "\0" * len(m.group(0)), raw)  # same length: indexes match
     credentials = None
     start = masked.find("://") + 3
     if start >= 3:
@@ -178,13 +153,14 @@ def split_url(raw: str) -> tuple[str, tuple[str, str] | None]:
         if at >= 0:
             colon = masked.find(":", start, at)
             user, password = (raw[start:colon], raw[colon + 1:at]) if colon >= 0 else (raw[start:at], "")
-            credentials = (_expand_userinfo(user), _expand_userinfo(password))
+            # literal text percent-decoded, ${VAR} values as they are
+            credentials = (expand_env(user, literal=unquote), expand_env(password, literal=unquote))
             raw = raw[:start] + raw[at + 1:]
-    url = _expand_env(raw)
+    url = expand_env(raw)
     parts = urlsplit(url)
     if "@" in parts.netloc:  # the userinfo came from a variable (e.g. url: ${PORTAL_URL})
         if credentials is not None:
-            raise ValueError(f"url {shown_url(url)!r} has a user:password twice")
+            raise ValueError(f"url {redact_url(url)!r} has a user:password twice")
         userinfo, _, host = parts.netloc.rpartition("@")
         user, _, password = userinfo.partition(":")
         credentials = (unquote(user), unquote(password))
@@ -227,15 +203,15 @@ def _portal(entry: Any) -> Portal:
         parts = urlsplit(url)
         parts.port  # noqa: B018  raises ValueError for a port that is not a number
     except ValueError:
-        raise ValueError(f"url {shown_url(url)!r} is not a valid URL (bad host or port; a password with / ? # "
+        raise ValueError(f"url {redact_url(url)!r} is not a valid URL (bad host or port; a password with / ? # "
                          "or @ in it must be percent-encoded, or come from ${VAR})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"url {shown_url(url)!r} must be an http(s) URL of the portal's root, "
+        raise ValueError(f"url {redact_url(url)!r} must be an http(s) URL of the portal's root, "
                          "e.g. https://open.canada.ca/data")
     conn_id = entry.get("conn_id")
     if conn_id is not None and (not isinstance(conn_id, str) or not _CONN_ID.match(conn_id)):
         raise ValueError(f"conn_id {conn_id!r} must name an Airflow connection (letters, digits, _ . -)")
-    kind = entry.get("type", "ckan")
+    kind = entry.get("type", CKAN)
     if kind not in PORTAL_TYPES:
         raise ValueError(f"type {kind!r} is not supported; valid types are: {', '.join(PORTAL_TYPES)}")
     enabled = entry.get("enabled", True)
@@ -263,14 +239,14 @@ def _portal(entry: Any) -> Portal:
         lookback = parse_duration(entry["lookback"]) if "lookback" in entry else DEFAULT_LOOKBACK
     except ValueError as exc:
         raise ValueError(f"lookback {exc}") from None
-    if kind != "ckan":
+    if kind != CKAN:
         # A DCAT catalogue is one document (or one paged listing): every run reads it whole.
         for key in ("reconcile_every", "conn_id"):
             if entry.get(key) is not None:
                 raise ValueError(f"{key} applies to type ckan only: a {kind} catalogue is read whole on every run"
                                  + (" (removals are found every run)" if key == "reconcile_every" else
                                     "; put user:password in the url for a catalogue behind Basic auth"))
-    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY if kind == "ckan" else None,
+    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY if kind == CKAN else None,
                                          zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
     try:
@@ -304,11 +280,7 @@ def _language(entry: dict) -> str:
 
 
 def _notify(entry: dict) -> tuple:
-    if "notify" not in entry:
-        return ()
-    from harvester.pipeline.notify import parse_notify  # imports Airflow: only for portals that notify
-
-    return parse_notify(entry["notify"])
+    return parse_notify(entry["notify"]) if "notify" in entry else ()
 
 
 def parse_portals(document: Any, source: str = "portals.yaml") -> list[Portal]:

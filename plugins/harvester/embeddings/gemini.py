@@ -23,19 +23,20 @@ so they carry no ``__cause__`` or ``__context__``), or this object's ``repr``.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 from typing import Sequence
 
 import numpy as np
 
+from harvester.config.secrets import lookup_connection
+from harvester.config.settings import SettingError, default, env_value, setting
 from harvester.domain.dataset import MAX_TEXT_CHARS
 from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
 
-DEFAULT_MODEL = "gemini-embedding-001"
-DEFAULT_DIMENSION = 768
-MAX_DIMENSION = 3072
+DEFAULT_MODEL = default("GEMINI_EMBEDDING_MODEL")  # gemini-embedding-001
+DEFAULT_DIMENSION = default("GEMINI_EMBEDDING_DIMENSION")  # 768
+MAX_DIMENSION = setting("GEMINI_EMBEDDING_DIMENSION").high  # 3072
 MAX_BATCH = 100  # batchEmbedContents rejects more requests per batch
 CONNECTION_ID = "gemini_default"
 DEFAULT_ENDPOINT = "https://generativelanguage.googleapis.com"
@@ -53,27 +54,13 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
 def api_key_from_settings() -> str | None:
     """The ``gemini_default`` connection's password if Airflow can give it, else ``GEMINI_API_KEY``."""
     try:
-        from airflow.sdk import Connection
-    except Exception:  # no Airflow here
-        Connection = None
-    if Connection is not None:
-        try:
-            password = Connection.get(CONNECTION_ID).password
-        except Exception:  # no such connection, or no Airflow context to ask
-            password = None
-        if password and password.strip():
-            return password.strip()
-    return (os.environ.get("GEMINI_API_KEY") or "").strip() or None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise TerminalEmbeddingError(f"{name}={value!r} must be a whole number") from None
+        conn = lookup_connection(CONNECTION_ID)
+    except Exception:  # noqa: BLE001  no Airflow here, or no backend to ask: the variable will do
+        conn = None
+    password = conn.password if conn is not None else None
+    if password and password.strip():
+        return password.strip()
+    return env_value("GEMINI_API_KEY")
 
 
 def _transport_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -98,17 +85,19 @@ class GeminiProvider:
 
     def __init__(self, *, api_key: str | None = None, model: str | None = None, dimension: int | None = None,
                  base_url: str | None = None, timeout: float | None = None):
-        self.model_name = (model or os.environ.get("GEMINI_EMBEDDING_MODEL") or DEFAULT_MODEL).strip()
+        try:  # the GEMINI_* settings (config/settings.py: ranges, messages); a bad one is terminal
+            self.model_name = (model or env_value("GEMINI_EMBEDDING_MODEL")).strip()
+            self.dimension = int(dimension) if dimension is not None else env_value("GEMINI_EMBEDDING_DIMENSION")
+            self.base_url = (base_url or env_value("GEMINI_BASE_URL") or "").strip() or None
+            self.timeout = float(timeout if timeout is not None else env_value("GEMINI_TIMEOUT"))
+        except SettingError as exc:
+            raise TerminalEmbeddingError(str(exc)) from None
         if self.model_name.startswith("models/"):
             self.model_name = self.model_name[len("models/"):]
-        self.dimension = int(dimension) if dimension is not None else _env_int("GEMINI_EMBEDDING_DIMENSION",
-                                                                                DEFAULT_DIMENSION)
         if not 1 <= self.dimension <= MAX_DIMENSION:
             raise TerminalEmbeddingError(f"GEMINI_EMBEDDING_DIMENSION={self.dimension} must be from 1 to "
                                          f"{MAX_DIMENSION} (gemini-embedding-001 recommends 768, 1536 or 3072)")
         self.model = f"{self.model_name}@{self.dimension}"
-        self.base_url = (base_url or os.environ.get("GEMINI_BASE_URL") or "").strip() or None
-        self.timeout = float(timeout if timeout is not None else os.environ.get("GEMINI_TIMEOUT") or 60)
         self._api_key = api_key.strip() if api_key else None  # resolved at the first request otherwise
         self._client = None
         self._key: str | None = None

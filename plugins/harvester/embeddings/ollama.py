@@ -19,42 +19,21 @@ Errors: 404 model not found -> ``TerminalEmbeddingError`` saying ``ollama pull <
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import requests
 
+from harvester.config.secrets import redact_text, redact_url
+from harvester.config.settings import SettingError, default, env_value
 from harvester.domain.dataset import MAX_TEXT_CHARS
 from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
 
-DEFAULT_URL = "http://127.0.0.1:11434"
-DEFAULT_MODEL = "nomic-embed-text"
-DEFAULT_MAX_BATCH = 64
+DEFAULT_URL = default("OLLAMA_URL")  # http://127.0.0.1:11434
+DEFAULT_MODEL = default("OLLAMA_EMBEDDING_MODEL")  # nomic-embed-text
+DEFAULT_MAX_BATCH = default("OLLAMA_MAX_BATCH")  # 64
 PROBE_TEXT = "dimension probe"
 POOL_SIZE = 64  # connections kept per host: HARVESTER_EMBED_CONCURRENCY's maximum
-
-
-def _env_number(name: str, default, kind=int):
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return default
-    try:
-        number = kind(value)
-    except ValueError:
-        raise TerminalEmbeddingError(f"{name}={value!r} must be a number") from None
-    if number <= 0:
-        raise TerminalEmbeddingError(f"{name}={value!r} must be positive")
-    return number
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class OllamaProvider:
@@ -62,12 +41,15 @@ class OllamaProvider:
 
     def __init__(self, *, url: str | None = None, model: str | None = None, dimension: int | None = None,
                  max_batch: int | None = None, timeout: float | None = None):
-        self.url = (url or os.environ.get("OLLAMA_URL") or DEFAULT_URL).strip().rstrip("/")
-        self.model_name = (model or os.environ.get("OLLAMA_EMBEDDING_MODEL") or DEFAULT_MODEL).strip()
+        try:  # the OLLAMA_* settings (config/settings.py: ranges, messages); a bad one is terminal
+            self.url = (url or env_value("OLLAMA_URL")).strip().rstrip("/")
+            self.model_name = (model or env_value("OLLAMA_EMBEDDING_MODEL")).strip()
+            self.max_batch = int(max_batch or env_value("OLLAMA_MAX_BATCH"))
+            self.timeout = float(timeout or env_value("OLLAMA_TIMEOUT"))
+            self._dimension = int(dimension or env_value("OLLAMA_EMBEDDING_DIMENSION") or 0) or None
+        except SettingError as exc:
+            raise TerminalEmbeddingError(str(exc)) from None
         self.model = f"ollama/{self.model_name}"
-        self.max_batch = int(max_batch or _env_number("OLLAMA_MAX_BATCH", DEFAULT_MAX_BATCH))
-        self.timeout = float(timeout or _env_number("OLLAMA_TIMEOUT", 120.0, float))
-        self._dimension = int(dimension or _env_number("OLLAMA_EMBEDDING_DIMENSION", 0)) or None
         # Shared by the threads that embed at once (HARVESTER_EMBED_CONCURRENCY): enough pooled
         # connections that none is dropped and reopened.
         self._session = requests.Session()
@@ -75,7 +57,7 @@ class OllamaProvider:
         self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=POOL_SIZE))
 
     def __repr__(self) -> str:
-        return f"OllamaProvider(model={self.model!r}, url={_redact(self.url)!r})"
+        return f"OllamaProvider(model={self.model!r}, url={redact_url(self.url)!r})"
 
     @property
     def dimension_needs_call(self) -> bool:
@@ -97,10 +79,10 @@ class OllamaProvider:
         try:
             response = self._session.post(endpoint, json=payload, timeout=self.timeout)
         except requests.Timeout:
-            error = EmbeddingError(f"Ollama at {_redact(self.url)} did not answer within {self.timeout:g}s")
+            error = EmbeddingError(f"Ollama at {redact_url(self.url)} did not answer within {self.timeout:g}s")
         except requests.RequestException as exc:
-            error = EmbeddingError(f"could not reach Ollama at {_redact(self.url)}: {type(exc).__name__}: "
-                                   f"{str(exc)[:300]}")
+            error = EmbeddingError(f"could not reach Ollama at {redact_url(self.url)}: {type(exc).__name__}: "
+                                   f"{redact_text(str(exc))[:300]}")
         if error is None:
             error = self._check(response)
         if error is not None:
@@ -108,8 +90,8 @@ class OllamaProvider:
         try:
             embeddings = response.json()["embeddings"]
         except (ValueError, KeyError, TypeError):
-            raise EmbeddingError(f"Ollama at {_redact(self.url)} answered without embeddings "
-                                 f"(is {_redact(self.url)} an Ollama server?)") from None
+            raise EmbeddingError(f"Ollama at {redact_url(self.url)} answered without embeddings "
+                                 f"(is {redact_url(self.url)} an Ollama server?)") from None
         if not isinstance(embeddings, list) or len(embeddings) != len(texts):
             raise EmbeddingError(f"Ollama returned {len(embeddings) if isinstance(embeddings, list) else 'no'} "
                                  f"embeddings for {len(texts)} texts")
@@ -124,7 +106,7 @@ class OllamaProvider:
             message = str(body.get("error") or body) if isinstance(body, dict) else str(body)
         except ValueError:
             message = response.text.strip()[:300]
-        where = f"Ollama at {_redact(self.url)}"
+        where = f"Ollama at {redact_url(self.url)}"
         if code == 404:
             if "not found" in message and "model" in message:
                 return TerminalEmbeddingError(

@@ -1,16 +1,8 @@
 """Telling people about the runs that need them, through Airflow notifiers.
 
-A portal's ``notify:`` list in portals.yaml names where its runs are announced and which ones:
-
-    notify:
-      - webhook: ${HARVEST_WEBHOOK_URL}         # HTTP POST of JSON (WebhookNotifier below)
-        on: [failed, degraded]                  # default: failed, degraded, review
-      - class: airflow.providers.slack.notifications.slack.SlackNotifier
-        kwargs: {slack_conn_id: slack_api_default, channel: "#data", text: "{{ harvester.message }}"}
-
-Outcomes: ``failed`` (the DAG run failed), ``degraded`` (committed, but embeddings were skipped
-while the breaker was open or the removal guard withheld removals), ``review`` (committed with
-changes that need review). A clean run announces nothing.
+A portal's ``notify:`` list in portals.yaml (config/notify.py: its targets, validated when the
+file is loaded) names where its runs are announced and which ones: failed, degraded, review. A
+clean run announces nothing.
 
 Any ``BaseNotifier`` subclass works by import path, unchanged: it is called as Airflow calls it,
 with the task's context, plus ``harvester`` (the payload WebhookNotifier posts) for its templates.
@@ -20,159 +12,31 @@ shown as scheme://host/…
 """
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseNotifier
 
-from harvester.config.portals import _expand_env as expand_env  # ${VAR} and ${VAR:-default}, as in a portal's url
+from harvester.config.notify import DEFAULT_TIMEOUT, NotifyTarget, import_class
+from harvester.config.secrets import expand_env, mask, redact_text, redact_url
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("failed", "degraded", "review")
 # The counts a notification carries (of the run's stats; 0 when absent).
 COUNT_KEYS = ("fetched", "created", "updated", "unchanged", "removed", "failed", "skipped", "review",
               "removals_withheld")
-DEFAULT_TIMEOUT = 10.0
-_ENTRY_KEYS = ("webhook", "class", "kwargs", "on", "timeout")
 
 
 class NotificationError(RuntimeError):
     """A notification could not be delivered; the message never holds a secret."""
 
 
-def redact_url(url: str) -> str:
-    """scheme://host[:port], with /… when there was more: webhook paths and queries hold tokens."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparseable URL>"
-    if not parts.scheme or not host:
-        return "<not a URL>"
-    more = "/…" if parts.path.strip("/") or parts.query or parts.fragment else ""
-    return f"{parts.scheme}://{host}{port}{more}"
-
-
-@dataclass(frozen=True)
-class NotifyTarget:
-    """One entry of a portal's notify list: a webhook, or a notifier class by import path."""
-
-    on: frozenset
-    webhook: str | None = None          # as written in portals.yaml; ${VAR} expanded when sent
-    class_path: str | None = None
-    kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    timeout: float = DEFAULT_TIMEOUT
-
-    @property
-    def label(self) -> str:
-        """What the target is called in logs: never a secret."""
-        if self.class_path:
-            return self.class_path
-        try:
-            return f"webhook {redact_url(expand_env(self.webhook or ''))}"
-        except ValueError:
-            return "webhook (URL not set)"
-
-    def __repr__(self) -> str:
-        return f"NotifyTarget({self.label}, on={sorted(self.on)})"
-
-    def build(self) -> BaseNotifier:
-        """A fresh notifier (Airflow renders templates into a notifier's attributes, for good)."""
-        if self.class_path:
-            return _import_class(self.class_path)(**self.kwargs)
-        return WebhookNotifier(url=expand_env(self.webhook or ""), timeout=self.timeout)
-
-
-def _import_class(path: str) -> type:
-    module_name, _, name = path.rpartition(".")
-    if not module_name or not name:
-        raise ValueError(f"class {path!r} must be a dotted import path, e.g. "
-                         "airflow.providers.slack.notifications.slack.SlackNotifier")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"class {path!r} cannot be imported ({type(exc).__name__}: {exc})") from None
-    if not (inspect.isclass(cls) and issubclass(cls, BaseNotifier)):
-        raise ValueError(f"class {path!r} is not an Airflow notifier (a subclass of airflow.sdk.BaseNotifier)")
-    return cls
-
-
-def _check_webhook(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("webhook must be the http(s) URL to POST to")
-    value = value.strip()
-    try:
-        url = expand_env(value)
-    except ValueError as exc:
-        raise ValueError(f"webhook: {exc}") from None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"webhook {redact_url(url) if parts.netloc else 'value'} must be an http(s) URL")
-    return value
-
-
-def _target(entry: Any) -> NotifyTarget:
-    if not isinstance(entry, dict):
-        raise ValueError(f"must be a mapping with webhook or class, got {type(entry).__name__}")
-    if True in entry and "on" not in entry:  # YAML 1.1 reads an unquoted `on:` key as true
-        entry = {("on" if key is True else key): value for key, value in entry.items()}
-    unknown = sorted(map(str, set(entry) - set(_ENTRY_KEYS)))
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)}; valid keys are: {', '.join(_ENTRY_KEYS)}")
-    if ("webhook" in entry) == ("class" in entry):
-        raise ValueError("needs exactly one of webhook (a URL to POST to) or class (a notifier's import path)")
-    on = entry.get("on", list(OUTCOMES))
-    on = [on] if isinstance(on, str) else on
-    if not isinstance(on, list) or not on or any(o not in OUTCOMES for o in on):
-        raise ValueError(f"on {entry.get('on')!r} must be a list of: {', '.join(OUTCOMES)}")
-    if "webhook" in entry:
-        if "kwargs" in entry:
-            raise ValueError("kwargs go with class, not webhook")
-        timeout = entry.get("timeout", DEFAULT_TIMEOUT)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"timeout {timeout!r} must be a number of seconds > 0")
-        return NotifyTarget(on=frozenset(on), webhook=_check_webhook(entry["webhook"]), timeout=float(timeout))
-    if "timeout" in entry:
-        raise ValueError("timeout goes with webhook; give a class its own settings in kwargs")
-    path = entry["class"]
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError("class must be a notifier's import path, e.g. "
-                         "airflow.providers.slack.notifications.slack.SlackNotifier")
-    kwargs = entry.get("kwargs") or {}
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise ValueError("kwargs must be a mapping of the notifier's arguments")
-    cls = _import_class(path.strip())
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError):  # nothing to check the kwargs against: the first notification will
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as exc:
-            raise ValueError(f"kwargs do not fit {path.strip()}: {exc}") from None
-    return NotifyTarget(on=frozenset(on), class_path=path.strip(), kwargs=dict(kwargs))
-
-
-def parse_notify(value: Any) -> tuple[NotifyTarget, ...]:
-    """A portal's ``notify:`` list; ValueError naming the bad entry (``notify[1]: ...``)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ValueError("notify must be a list of entries, each with webhook or class")
-    targets = []
-    for index, entry in enumerate(value):
-        try:
-            targets.append(_target(entry))
-        except ValueError as exc:
-            raise ValueError(f"notify[{index}]: {exc}") from None
-    return tuple(targets)
+def notifier(target: NotifyTarget) -> BaseNotifier:
+    """A fresh notifier for ``target`` (Airflow renders templates into a notifier's attributes, for good)."""
+    if target.class_path:
+        return import_class(target.class_path)(**target.kwargs)
+    return WebhookNotifier(url=expand_env(target.webhook or ""), timeout=target.timeout)
 
 
 # -- what is sent ---------------------------------------------------------------------------------
@@ -254,24 +118,23 @@ class WebhookNotifier(BaseNotifier):
         super().__init__(**kwargs)
         self.url = url
         self.timeout = float(timeout)
-        try:  # Airflow masks it (and its path, where tokens go) in logs from now on, whoever logs it
-            from airflow.sdk.log import mask_secret
-
-            mask_secret(url)
+        # Airflow masks it (and its path, where tokens go) in logs from now on, whoever logs it.
+        mask(url)
+        try:
             parts = urlsplit(url)
-            if parts.path.strip("/") or parts.query:
-                mask_secret(parts.path + (f"?{parts.query}" if parts.query else ""))
-        except Exception:
-            pass
+        except ValueError:  # no path to tell apart; the request will say what is wrong
+            parts = None
+        if parts is not None and (parts.path.strip("/") or parts.query):
+            mask(parts.path + (f"?{parts.query}" if parts.query else ""))
 
     def __repr__(self) -> str:
-        return f"WebhookNotifier({redact_url(self.url)})"
+        return f"WebhookNotifier({redact_url(self.url, hide_path=True)})"
 
     def notify(self, context) -> None:
         import requests
 
         body = _from_context(context)
-        where = redact_url(self.url)
+        where = redact_url(self.url, hide_path=True)
         error = None
         try:
             response = requests.post(self.url, json=body, timeout=self.timeout,
@@ -329,14 +192,14 @@ def announce(portal, outcomes: list[str], context: Mapping[str, Any] | None, *, 
                        run_id=run_id, stats=stats, error=error)
     except Exception as exc:
         log.warning("could not announce the run of %s (the run is not affected): %s: %s",
-                    portal.name, type(exc).__name__, str(exc)[:300])
+                    portal.name, type(exc).__name__, redact_text(str(exc))[:300])
         return 0
     for target in targets:
         try:
-            notifier = target.build()
-            notifier({**context, "harvester": dict(body)})  # each its own copy: notifiers add to it
+            notifier(target)({**context, "harvester": dict(body)})  # each its own copy: notifiers add to it
             sent += 1
         except Exception as exc:  # never fail the run, never mask its failure
             log.warning("could not notify %s that run %s of %s is %s (the run is not affected): %s: %s",
-                        target.label, run_id, portal.name, body["outcome"], type(exc).__name__, str(exc)[:300])
+                        target.label, run_id, portal.name, body["outcome"], type(exc).__name__,
+                        redact_text(str(exc))[:300])
     return sent

@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from harvester.config.secrets import (ConnectionLookupError, ConnectionValueError, lookup_connection,
+                                      redact_connection, scrub_connection)
+from harvester.config.secrets import conn_env as airflow_conn_env
+from harvester.config.settings import SettingError, env_value
 from harvester.store import migrations
 
 log = logging.getLogger(__name__)
@@ -36,58 +39,26 @@ POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+
 class DatabaseConfigError(RuntimeError):
     """The database configuration is wrong; retrying cannot help."""
 
+    transient = False
+
 
 class DatabaseLookupError(RuntimeError):
     """Looking the database connection up, or connecting, failed; it may pass."""
 
+    transient = True
+
 
 def conn_env(conn_id: str = CONN_ID) -> str:
     """The environment variable that defines Airflow connection ``conn_id``."""
-    return f"AIRFLOW_CONN_{conn_id.upper()}"
-
-
-def redact(url: str) -> str:
-    """A URL fit for a log: the password replaced."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
-_JSON_PASSWORD = re.compile(r'("password"\s*:\s*)"(?:[^"\\]|\\.)*"')
-
-
-def _redact_value(value: str) -> str:
-    """A connection's value (a URI or Airflow's JSON form) fit for a log or an error message."""
-    value = value.strip()
-    if value.startswith("{"):
-        return _JSON_PASSWORD.sub(r'\1"***"', value)
-    try:
-        return redact(value)
-    except ValueError:  # not even a URL: show nothing of it that could be a secret
-        return f"<{len(value)} characters that are not a URI>"
-
-
-def _scrub(text: str, value: str) -> str:
-    """``text`` (an error message) with ``value`` and its password in it replaced by the redacted form."""
-    text = text.replace(value, _redact_value(value))
-    try:
-        password = urlsplit(value.strip()).password
-    except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+    return airflow_conn_env(conn_id)
 
 
 def embedded_allowed() -> bool:
     """HARVESTER_EMBEDDED_DB: on (the default) or off (no fallback to the embedded server)."""
-    raw = os.environ.get(EMBEDDED_ENV, "")
-    value = raw.strip().lower()
-    if value in ("", "on", "true", "yes", "1"):
-        return True
-    if value in ("off", "false", "no", "0"):
-        return False
-    raise DatabaseConfigError(f"{EMBEDDED_ENV}={raw!r} is neither on nor off")
+    try:
+        return env_value(EMBEDDED_ENV)
+    except SettingError as exc:
+        raise DatabaseConfigError(str(exc)) from None
 
 
 # Executors that run every task on this one machine: the only ones a task's embedded server suits.
@@ -143,14 +114,14 @@ def _postgres_url(url: str, source: str) -> str:
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in POSTGRES_SCHEMES:
-        raise DatabaseConfigError(f"{source} is not a PostgreSQL URI ({_redact_value(url)}): expected "
+        raise DatabaseConfigError(f"{source} is not a PostgreSQL URI ({redact_connection(url)}): expected "
                                   "postgresql://user:password@host:5432/database")
     parts = urlsplit(url)
     if "," not in parts.netloc:  # libpq's multi-host form has no single port to check
         try:
             parts.port
         except ValueError as exc:
-            raise DatabaseConfigError(f"{source} ({_redact_value(url)}) has a bad port: {exc}") from None
+            raise DatabaseConfigError(f"{source} ({redact_connection(url)}) has a bad port: {exc}") from None
     return "postgresql://" + rest
 
 
@@ -165,8 +136,8 @@ def _url_from_airflow_env(conn_id: str) -> str | None:
             return Connection(conn_id=conn_id, **json.loads(raw)).get_uri()
         except (ValueError, TypeError) as exc:
             raise DatabaseConfigError(
-                f"{conn_env(conn_id)} (the connection {conn_id}) does not parse ({_redact_value(raw)}): "
-                f"{type(exc).__name__}: {_scrub(str(exc), raw)}") from None
+                f"{conn_env(conn_id)} (the connection {conn_id}) does not parse ({redact_connection(raw)}): "
+                f"{type(exc).__name__}: {scrub_connection(str(exc), raw)}") from None
     return raw
 
 
@@ -189,50 +160,14 @@ def connect_url(url: str):
 
 def _lookup(conn_id: str):
     """The Airflow connection ``conn_id``, None when no secrets backend defines it. Any other
-    failure raises DatabaseConfigError or DatabaseLookupError naming the connection and why."""
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
+    failure raises DatabaseConfigError (its value does not parse) or DatabaseLookupError (a secrets
+    backend failed: it may pass), naming the connection and why."""
     try:
-        return Connection.get(conn_id)
-    except AirflowNotFoundException:
-        pass
-    except Exception as exc:  # e.g. AirflowSecretsBackendAccessDenied
-        raise DatabaseLookupError(f"could not look up the Airflow connection {conn_id}: "
-                                  f"{type(exc).__name__}: {exc}") from None
-    # Airflow also says "not defined" when a secrets backend raised or a value did not parse (it
-    # logs those at DEBUG and asks the next backend): ask each backend again to tell them apart.
-    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
-
-    for backend in ensure_secrets_backend_loaded():
-        found = _ask_backend(backend, conn_id)
-        if found is not None:
-            return found
-    return None
-
-
-def _ask_backend(backend, conn_id: str):
-    """What one secrets backend holds for ``conn_id`` (None: nothing), its failures named: a value
-    that does not parse is a configuration error, the backend failing may pass."""
-    from airflow.secrets.environment_variables import EnvironmentVariablesBackend
-
-    where = (f"{conn_env(conn_id)} (the Airflow connection {conn_id})"
-             if isinstance(backend, EnvironmentVariablesBackend)
-             else f"the Airflow connection {conn_id} in the secrets backend {type(backend).__name__}")
-    try:
-        try:
-            value = backend.get_conn_value(conn_id)
-        except NotImplementedError:  # a backend that implements get_connection only
-            return backend.get_connection(conn_id)
-    except Exception as exc:
-        raise DatabaseLookupError(f"could not look up {where}: {type(exc).__name__}: {exc}") from None
-    if not value:
-        return None
-    try:
-        return backend.deserialize_connection(conn_id=conn_id, value=value)
-    except Exception as exc:
-        raise DatabaseConfigError(f"{where} does not parse ({_redact_value(value)}): "
-                                  f"{type(exc).__name__}: {_scrub(str(exc), value)}") from None
+        return lookup_connection(conn_id)
+    except ConnectionValueError as exc:
+        raise DatabaseConfigError(str(exc)) from None
+    except ConnectionLookupError as exc:
+        raise DatabaseLookupError(str(exc)) from None
 
 
 def airflow_connection(conn_id: str = CONN_ID):
@@ -242,7 +177,7 @@ def airflow_connection(conn_id: str = CONN_ID):
     conn = _lookup(conn_id)
     if conn is None:
         return connect_url(_embedded_url(f"no Airflow connection {conn_id} is defined", logging.WARNING, task=True))
-    uri = _redact_value(conn.get_uri())
+    uri = redact_connection(conn.get_uri())
     if (conn.conn_type or "").lower() not in POSTGRES_SCHEMES:
         raise DatabaseConfigError(f"the Airflow connection {conn_id} is not a PostgreSQL connection (type "
                                   f"{conn.conn_type!r}: {uri}): expected postgresql://user:password@host:5432/database")
@@ -278,27 +213,22 @@ def require_current_schema(conn) -> None:
 
 
 LOCK_TIMEOUT_ENV = "HARVESTER_LOCK_TIMEOUT_SECS"
-DEFAULT_LOCK_TIMEOUT = 30.0
 
 
 def lock_timeout(environ=None) -> float:
     """HARVESTER_LOCK_TIMEOUT_SECS: how long a statement of Harvester's may wait for a lock held by
     another session (another run, a migration, an operator's transaction) before it gives up with
     LockWaitTimeout; a task then fails and Airflow retries it. Default 30 s."""
-    raw = (os.environ if environ is None else environ).get(LOCK_TIMEOUT_ENV, "")
-    if raw.strip() == "":
-        return DEFAULT_LOCK_TIMEOUT
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0.1 <= value <= 86400:
-        raise DatabaseConfigError(f"{LOCK_TIMEOUT_ENV}={raw!r} must be a number of seconds from 0.1 to 86400")
-    return value
+        return env_value(LOCK_TIMEOUT_ENV, environ)
+    except SettingError as exc:
+        raise DatabaseConfigError(str(exc)) from None
 
 
 class LockWaitTimeout(RuntimeError):
     """A statement waited longer than HARVESTER_LOCK_TIMEOUT_SECS for a lock; it may pass (retry)."""
+
+    transient = True
 
 
 def lock_wait_error(exc: BaseException, where: str = "") -> LockWaitTimeout:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from harvester.store.db import redact
+from harvester.config.secrets import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ _CRASH_LINE = re.compile(r"terminated by (?:signal|exception)|Illegal instructio
 
 class VectorExtensionError(RuntimeError):
     """pgvector cannot run on the database server: retrying cannot help."""
+
+    transient = False
 
 
 def reset_cache() -> None:
@@ -107,7 +109,7 @@ def server_url(conn) -> str:
     info = conn.info
     auth = quote(info.user or "", safe="") + (f":{quote(info.password, safe='')}" if info.password else "")
     host = f"[{info.host}]" if ":" in (info.host or "") else info.host
-    return redact(f"postgresql://{auth}@{host}:{info.port}/{quote(info.dbname or '', safe='')}")
+    return redact_url(f"postgresql://{auth}@{host}:{info.port}/{quote(info.dbname or '', safe='')}")
 
 
 def _size(path: Path | None) -> int | None:
