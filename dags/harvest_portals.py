@@ -6,16 +6,16 @@ import with a message naming the bad entry, and leaves other DAG files alone.
 """
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
 from harvester.pipeline import tasks
 from harvester.config.portals import Portal, load_portals
-from harvester.domain.run import DAG_RUN_TIMEOUT, TaskSettings, format_duration
+from harvester.config.settings import task_settings
+from harvester.domain.run import DAG_RUN_TIMEOUT, format_duration
 
-SETTINGS = TaskSettings.from_env(os.environ)  # a bad value fails this file's import, naming the variable
+SETTINGS = task_settings()  # a bad value fails this file's import, naming the variable
 
 DOC = """
 ### Harvest {name}

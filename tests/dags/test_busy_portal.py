@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from airflow.secrets import BaseSecretsBackend
 
+from harvester.config.settings import task_settings
 from harvester.domain.run import BackfillRun, Cover, TaskSettings, cover_backfill
 from harvester.store import db as store_db
 from harvester.store import runs as store_runs
@@ -69,14 +70,14 @@ def test_a_backfill_dag_run_syncs_the_portal_itself_when_nothing_covers_it(last,
 
 # -- the settings the DAG file reads --------------------------------------------------------------
 def test_settings_defaults_and_values():
-    assert TaskSettings.from_env({}) == TaskSettings()
+    assert task_settings({}) == TaskSettings()
     assert TaskSettings().busy_wait == timedelta(hours=6) and TaskSettings().embedding_pool == "default_pool"
-    got = TaskSettings.from_env({"HARVESTER_TASK_RETRIES": "0", "HARVESTER_TASK_RETRY_DELAY_SECS": " 5 ",
+    got = task_settings({"HARVESTER_TASK_RETRIES": "0", "HARVESTER_TASK_RETRY_DELAY_SECS": " 5 ",
                                  "HARVESTER_BUSY_POLL_SECS": "2", "HARVESTER_BUSY_WAIT_SECS": "10",
                                  "HARVESTER_BACKFILL_COVER_SECS": "0", "HARVESTER_EMBEDDING_POOL": "embedding_api"})
     assert got == TaskSettings(0, timedelta(seconds=5), timedelta(seconds=2), timedelta(seconds=10), timedelta(0),
                                "embedding_api")
-    assert TaskSettings.from_env({"HARVESTER_EMBEDDING_POOL": " "}).embedding_pool == "default_pool"
+    assert task_settings({"HARVESTER_EMBEDDING_POOL": " "}).embedding_pool == "default_pool"
 
 
 @pytest.mark.parametrize("env, message", [
@@ -92,7 +93,7 @@ def test_settings_defaults_and_values():
 ])
 def test_a_bad_setting_is_named(env, message):
     with pytest.raises(ValueError) as caught:
-        TaskSettings.from_env(env)
+        task_settings(env)
     assert message in str(caught.value)
 
 

@@ -37,42 +37,27 @@ def test_defaults_and_probes_default_to_the_success_threshold():
     assert BreakerConfig(success_threshold=4, half_open_max_probes=1).max_probes == 1
 
 
-def test_from_env_reads_every_variable():
-    config = BreakerConfig.from_env({
-        "CB_FAILURE_THRESHOLD": "3", "CB_RECOVERY_TIMEOUT_SECS": "10.5", "CB_SUCCESS_THRESHOLD": "1",
-        "CB_RATE_LIMIT_BACKOFF_MULTIPLIER": "3", "CB_MAX_RECOVERY_TIMEOUT_SECS": "100",
-        "CB_HALF_OPEN_MAX_PROBES": "4", "CB_PROBE_LEASE_SECS": " 45 ", "UNRELATED": "x"})
-    assert config == BreakerConfig(3, 10.5, 1, 3.0, 100.0, 4, 45.0)
-
-
-def test_from_env_unset_or_blank_take_defaults():
-    assert BreakerConfig.from_env({}) == CFG
-    assert BreakerConfig.from_env({"CB_FAILURE_THRESHOLD": "  "}) == CFG
-
-
-@pytest.mark.parametrize("env, message", [
-    ({"CB_FAILURE_THRESHOLD": "five"}, "CB_FAILURE_THRESHOLD='five' is not a whole number"),
-    ({"CB_FAILURE_THRESHOLD": "2.5"}, "CB_FAILURE_THRESHOLD='2.5' is not a whole number"),
-    ({"CB_FAILURE_THRESHOLD": "0"}, r"CB_FAILURE_THRESHOLD \(failure_threshold\) must be a whole number >= 1, got 0"),
-    ({"CB_SUCCESS_THRESHOLD": "-1"}, r"CB_SUCCESS_THRESHOLD \(success_threshold\) must be a whole number >= 1"),
-    ({"CB_HALF_OPEN_MAX_PROBES": "0"}, r"CB_HALF_OPEN_MAX_PROBES \(half_open_max_probes\) must be"),
-    ({"CB_RECOVERY_TIMEOUT_SECS": "soon"}, "CB_RECOVERY_TIMEOUT_SECS='soon' is not a number"),
-    ({"CB_RECOVERY_TIMEOUT_SECS": "0"}, r"CB_RECOVERY_TIMEOUT_SECS \(recovery_timeout_secs\) must be a number of"
-                                        r" seconds > 0, got 0.0"),
-    ({"CB_RECOVERY_TIMEOUT_SECS": "nan"}, r"CB_RECOVERY_TIMEOUT_SECS .* must be a number of seconds > 0, got nan"),
-    ({"CB_PROBE_LEASE_SECS": "inf"}, r"CB_PROBE_LEASE_SECS .* must be a number of seconds > 0, got inf"),
-    ({"CB_RATE_LIMIT_BACKOFF_MULTIPLIER": "0.5"}, r"CB_RATE_LIMIT_BACKOFF_MULTIPLIER .* must be a number >= 1"),
-    ({"CB_MAX_RECOVERY_TIMEOUT_SECS": "10"}, r"CB_MAX_RECOVERY_TIMEOUT_SECS .* 10 must be at least"
-                                             r" CB_RECOVERY_TIMEOUT_SECS .* 30"),
+# (Reading these from the CB_* variables: config/settings.py's breaker_config(), tests/config/test_settings.py.)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"failure_threshold": 0}, r"CB_FAILURE_THRESHOLD \(failure_threshold\) must be a whole number >= 1, got 0"),
+    ({"success_threshold": -1}, r"CB_SUCCESS_THRESHOLD \(success_threshold\) must be a whole number >= 1"),
+    ({"half_open_max_probes": 0}, r"CB_HALF_OPEN_MAX_PROBES \(half_open_max_probes\) must be"),
+    ({"recovery_timeout_secs": 0.0}, r"CB_RECOVERY_TIMEOUT_SECS \(recovery_timeout_secs\) must be a number of"
+                                     r" seconds > 0, got 0.0"),
+    ({"recovery_timeout_secs": float("nan")}, r"CB_RECOVERY_TIMEOUT_SECS .* must be a number of seconds > 0, got nan"),
+    ({"probe_lease_secs": float("inf")}, r"CB_PROBE_LEASE_SECS .* must be a number of seconds > 0, got inf"),
+    ({"rate_limit_backoff_multiplier": 0.5}, r"CB_RATE_LIMIT_BACKOFF_MULTIPLIER .* must be a number >= 1"),
+    ({"max_recovery_timeout_secs": 10.0}, r"CB_MAX_RECOVERY_TIMEOUT_SECS .* 10 must be at least"
+                                          r" CB_RECOVERY_TIMEOUT_SECS .* 30"),
 ])
-def test_bad_settings_name_the_variable(env, message):
+def test_bad_settings_name_the_variable(kwargs, message):
     with pytest.raises(BreakerConfigError, match=message):
-        BreakerConfig.from_env(env)
+        BreakerConfig(**kwargs)
 
 
-def test_every_bad_variable_is_reported_at_once():
+def test_every_bad_setting_is_reported_at_once():
     with pytest.raises(BreakerConfigError) as error:
-        BreakerConfig.from_env({"CB_FAILURE_THRESHOLD": "x", "CB_PROBE_LEASE_SECS": "y"})
+        BreakerConfig(failure_threshold=0, probe_lease_secs=-1.0)
     assert "CB_FAILURE_THRESHOLD" in str(error.value) and "CB_PROBE_LEASE_SECS" in str(error.value)
 
 

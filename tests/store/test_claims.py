@@ -151,7 +151,7 @@ def test_a_wait_for_another_run_is_bounded(database_url, db, portal_server, samp
     assert len(gemini.texts) == 7
 
 
-@pytest.mark.parametrize("raw, says", [("-1", "must be at least 1"), ("soon", "is not a number")])
-def test_claim_settings_are_checked(raw, says):
-    with pytest.raises(ValueError, match=f"HARVESTER_EMBED_CLAIM_TTL_SECS={raw!r} {says}"):
+@pytest.mark.parametrize("raw", ["-1", "soon"])
+def test_claim_settings_are_checked(raw):
+    with pytest.raises(ValueError, match=f"HARVESTER_EMBED_CLAIM_TTL_SECS={raw!r} must be a number >= 1"):
         EmbedSettings.from_env({"HARVESTER_EMBED_CLAIM_TTL_SECS": raw})

@@ -29,9 +29,7 @@ every worker shares one breaker per provider and model.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 CLOSED = "closed"
 OPEN = "open"
@@ -46,21 +44,24 @@ _REASON_ERROR_CHARS = 200
 class BreakerConfigError(ValueError):
     """The circuit breaker's settings are not valid; the message names every bad variable."""
 
+    transient = False  # domain/errors.py
 
-# field -> (environment variable, kind)
-_ENV = {
-    "failure_threshold": ("CB_FAILURE_THRESHOLD", int),
-    "recovery_timeout_secs": ("CB_RECOVERY_TIMEOUT_SECS", float),
-    "success_threshold": ("CB_SUCCESS_THRESHOLD", int),
-    "rate_limit_backoff_multiplier": ("CB_RATE_LIMIT_BACKOFF_MULTIPLIER", float),
-    "max_recovery_timeout_secs": ("CB_MAX_RECOVERY_TIMEOUT_SECS", float),
-    "half_open_max_probes": ("CB_HALF_OPEN_MAX_PROBES", int),
-    "probe_lease_secs": ("CB_PROBE_LEASE_SECS", float),
+
+# field -> the environment variable that sets it (read by config/settings.py's breaker_config();
+# named here so the checks below name it too)
+ENV_NAMES = {
+    "failure_threshold": "CB_FAILURE_THRESHOLD",
+    "recovery_timeout_secs": "CB_RECOVERY_TIMEOUT_SECS",
+    "success_threshold": "CB_SUCCESS_THRESHOLD",
+    "rate_limit_backoff_multiplier": "CB_RATE_LIMIT_BACKOFF_MULTIPLIER",
+    "max_recovery_timeout_secs": "CB_MAX_RECOVERY_TIMEOUT_SECS",
+    "half_open_max_probes": "CB_HALF_OPEN_MAX_PROBES",
+    "probe_lease_secs": "CB_PROBE_LEASE_SECS",
 }
 
 
 def _name(field_name: str) -> str:
-    return f"{_ENV[field_name][0]} ({field_name})"
+    return f"{ENV_NAMES[field_name]} ({field_name})"
 
 
 @dataclass(frozen=True)
@@ -98,27 +99,6 @@ class BreakerConfig:
                             f" least {_name('recovery_timeout_secs')} {self.recovery_timeout_secs:g}")
         if problems:
             raise BreakerConfigError("circuit breaker settings: " + "; ".join(problems))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "BreakerConfig":
-        """The settings from CB_* variables; unset or blank ones take their defaults. A value that
-        is not a number, or out of range, is an error naming the variable (never a silent default)."""
-        environ = os.environ if environ is None else environ
-        values, problems = {}, []
-        for name, (var, kind) in _ENV.items():
-            raw = environ.get(var)
-            if raw is None or not raw.strip():
-                continue
-            try:
-                value = kind(raw.strip())
-            except ValueError:
-                what = "a whole number" if kind is int else "a number"
-                problems.append(f"{var}={raw!r} is not {what}")
-                continue
-            values[name] = value
-        if problems:
-            raise BreakerConfigError("circuit breaker settings: " + "; ".join(problems))
-        return cls(**values)
 
     @property
     def max_probes(self) -> int:

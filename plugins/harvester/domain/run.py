@@ -191,23 +191,10 @@ DAG_RUN_TIMEOUT = timedelta(hours=12)  # a harvest DAG run's dagrun_timeout
 DEFAULT_EMBEDDING_POOL = "default_pool"  # Airflow's own pool: exists in every installation
 
 
-def _whole_number(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}")
-    return value
-
-
 @dataclass(frozen=True)
 class TaskSettings:
-    """What the harvest DAGs take from the environment, read when the DAG file is parsed (a bad
-    value is an import error naming the variable).
+    """What the harvest DAGs take from the environment (config/settings.py's task_settings() reads
+    it when the DAG file is parsed: a bad value is an import error naming the variable).
 
     ``retries``/``retry_delay``: HARVESTER_TASK_RETRIES, HARVESTER_TASK_RETRY_DELAY_SECS.
     ``busy_poll``: HARVESTER_BUSY_POLL_SECS, how often begin checks a portal another run holds
@@ -226,24 +213,6 @@ class TaskSettings:
     busy_wait: timedelta = DAG_RUN_TIMEOUT / 2
     backfill_cover: timedelta = timedelta(hours=12)
     embedding_pool: str = DEFAULT_EMBEDDING_POOL
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "TaskSettings":
-        limit = int(DAG_RUN_TIMEOUT.total_seconds()) - 1
-        poll = _whole_number(environ, "HARVESTER_BUSY_POLL_SECS", int(cls.busy_poll.total_seconds()), 1, 3600)
-        wait = _whole_number(environ, "HARVESTER_BUSY_WAIT_SECS", int(cls.busy_wait.total_seconds()), 1, limit)
-        if wait < poll:
-            raise ValueError(f"HARVESTER_BUSY_WAIT_SECS={wait} must be at least HARVESTER_BUSY_POLL_SECS={poll}: "
-                             "begin would give up before it checked the portal a second time")
-        pool = (environ.get("HARVESTER_EMBEDDING_POOL") or "").strip() or DEFAULT_EMBEDDING_POOL
-        return cls(retries=_whole_number(environ, "HARVESTER_TASK_RETRIES", cls.retries, 0, 100),
-                   retry_delay=timedelta(seconds=_whole_number(
-                       environ, "HARVESTER_TASK_RETRY_DELAY_SECS", int(cls.retry_delay.total_seconds()), 0, 86400)),
-                   busy_poll=timedelta(seconds=poll), busy_wait=timedelta(seconds=wait),
-                   backfill_cover=timedelta(seconds=_whole_number(
-                       environ, "HARVESTER_BACKFILL_COVER_SECS", int(cls.backfill_cover.total_seconds()), 0,
-                       30 * 86400)),
-                   embedding_pool=pool)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,20 @@
 """Embedding providers, chosen by HARVESTER_EMBEDDING_PROVIDER (default: local)."""
 from __future__ import annotations
 
-import os
-
+from harvester.config.settings import SettingError, env_value, setting
 from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
 
-PROVIDERS = ("local", "gemini", "ollama")
 ENV = "HARVESTER_EMBEDDING_PROVIDER"
+PROVIDERS = setting(ENV).choices  # local, gemini, ollama
 
 
 def get_provider(name: str | None = None) -> EmbeddingProvider:
-    name = (name or os.environ.get(ENV) or "local").strip().lower()
+    if not name:
+        try:
+            name = env_value(ENV)  # one of PROVIDERS, lowercased; "local" when unset
+        except SettingError as exc:
+            raise TerminalEmbeddingError(str(exc)) from None
+    name = name.strip().lower()
     if name == "local":
         from harvester.embeddings.local import LocalProvider
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from concurrent import futures
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
+from harvester.config.settings import breaker_config as breaker_config_from_env, env_values
 from harvester.domain import dataset as ds
 from harvester.domain.breaker import HALF_OPEN, BreakerConfig
 from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
@@ -32,7 +32,6 @@ from harvester.store.breaker import SharedBreaker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_CONCURRENCY = 64  # HARVESTER_EMBED_CONCURRENCY: worker threads (and HTTP connections) per task
 
 
 @dataclass(frozen=True)
@@ -50,32 +49,23 @@ class EmbedSettings:
 
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
-        env = os.environ if environ is None else environ
+        """The HARVESTER_EMBED_* variables (config/settings.py: their ranges and messages)."""
+        got = env_values(_ENV_FIELDS.values(), environ)
+        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
 
-        def number(name, default, kind=float, minimum=0, maximum=None):
-            raw = env.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
-            if value < minimum:
-                raise ValueError(f"{name}={raw!r} must be at least {minimum}")
-            if maximum is not None and value > maximum:
-                raise ValueError(f"{name}={raw!r} must be at most {maximum}")
-            return value
 
-        backlog = number("HARVESTER_EMBED_BACKLOG_PER_RUN", None, int)
-        return cls(attempts=number("HARVESTER_EMBED_ATTEMPTS", cls.attempts, int, 1),
-                   retry_delay=number("HARVESTER_EMBED_RETRY_DELAY_SECS", cls.retry_delay),
-                   max_delay=number("HARVESTER_EMBED_MAX_DELAY_SECS", cls.max_delay),
-                   backlog_per_run=backlog,
-                   shard_size=number("HARVESTER_EMBED_SHARD_SIZE", cls.shard_size, int, 1),
-                   max_shards=number("HARVESTER_EMBED_MAX_SHARDS", cls.max_shards, int, 1),
-                   concurrency=number("HARVESTER_EMBED_CONCURRENCY", cls.concurrency, int, 1, MAX_CONCURRENCY),
-                   claim_ttl=number("HARVESTER_EMBED_CLAIM_TTL_SECS", cls.claim_ttl, float, 1),
-                   claim_wait=number("HARVESTER_EMBED_CLAIM_WAIT_SECS", cls.claim_wait, float, 0))
+# EmbedSettings field -> the environment variable that sets it (claim_poll has none)
+_ENV_FIELDS = {
+    "attempts": "HARVESTER_EMBED_ATTEMPTS",
+    "retry_delay": "HARVESTER_EMBED_RETRY_DELAY_SECS",
+    "max_delay": "HARVESTER_EMBED_MAX_DELAY_SECS",
+    "backlog_per_run": "HARVESTER_EMBED_BACKLOG_PER_RUN",
+    "shard_size": "HARVESTER_EMBED_SHARD_SIZE",
+    "max_shards": "HARVESTER_EMBED_MAX_SHARDS",
+    "concurrency": "HARVESTER_EMBED_CONCURRENCY",
+    "claim_ttl": "HARVESTER_EMBED_CLAIM_TTL_SECS",
+    "claim_wait": "HARVESTER_EMBED_CLAIM_WAIT_SECS",
+}
 
 
 def plan_shards(pending: int, settings: EmbedSettings) -> int:
@@ -351,7 +341,7 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
     for, not paid for twice. No index is built here: the model's index is shared by every portal,
     and a missing one is built concurrently by an upsert (store/vectors.py ensure_index)."""
     settings = settings or EmbedSettings.from_env()
-    breaker = SharedBreaker(conn, provider.name, provider.model, breaker_config or BreakerConfig.from_env())
+    breaker = SharedBreaker(conn, provider.name, provider.model, breaker_config or breaker_config_from_env())
     counts = {"embedding_requests": 0, "embedded": 0}
     left_pending = 0
     stopped: str | None = None

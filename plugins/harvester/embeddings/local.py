@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from harvester.config.settings import env_value
 from harvester.embeddings.base import TerminalEmbeddingError
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -39,7 +40,7 @@ def bundled_path() -> str | None:
 
 
 def model_path() -> str:
-    configured = (os.environ.get(ENV) or "").strip()
+    configured = env_value(ENV) or ""  # text, stripped
     if configured:
         return configured
     bundled = bundled_path()
@@ -67,7 +68,8 @@ def model_identity(path: str) -> str:
 
 @lru_cache(maxsize=4)
 def _load(path: str):
-    # Offline: the model is on disk; never reach for a hub at run time.
+    # Offline: the model is on disk; never reach for a hub at run time. (Set, never read by us: not
+    # in the settings registry, config/settings.py.)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

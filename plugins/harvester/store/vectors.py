@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import re
 import shlex
 import time
@@ -19,6 +18,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 from psycopg import sql
+
+from harvester.config.settings import env_values
 
 INDEX_KIND = "halfvec"
 
@@ -48,29 +49,20 @@ class IndexSettings:
 
     @classmethod
     def from_env(cls, environ=None) -> "IndexSettings":
-        env = os.environ if environ is None else environ
+        """The HARVESTER_INDEX_* variables (config/settings.py: their ranges and messages)."""
+        got = env_values(_ENV_FIELDS.values(), environ)
+        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
 
-        def number(name, default, kind, low, high):
-            raw = env.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} must be a number from {low} to {high}") from None
-            if not low <= value <= high:
-                raise ValueError(f"{name}={raw!r} must be a number from {low} to {high}")
-            return value
 
-        memory = (env.get("HARVESTER_INDEX_BUILD_MEMORY") or cls.build_memory).strip()
-        if not re.fullmatch(r"\d+\s*(kB|MB|GB|TB)", memory):
-            raise ValueError(f"HARVESTER_INDEX_BUILD_MEMORY={memory!r} must be a size such as 512MB or 2GB")
-        return cls(bulk_min=number("HARVESTER_INDEX_BULK_MIN", cls.bulk_min, int, 0, 10**9),
-                   bulk_share=number("HARVESTER_INDEX_BULK_SHARE", cls.bulk_share, float, 0.0, 1.0),
-                   build_memory=memory,
-                   build_workers=number("HARVESTER_INDEX_BUILD_WORKERS", cls.build_workers, int, 0, 64),
-                   build_timeout=number("HARVESTER_INDEX_BUILD_TIMEOUT_SECS", cls.build_timeout, float, 1, 7 * 86400),
-                   build_wait=number("HARVESTER_INDEX_BUILD_WAIT_SECS", cls.build_wait, float, 0, 7 * 86400))
+# IndexSettings field -> the environment variable that sets it
+_ENV_FIELDS = {
+    "bulk_min": "HARVESTER_INDEX_BULK_MIN",
+    "bulk_share": "HARVESTER_INDEX_BULK_SHARE",
+    "build_memory": "HARVESTER_INDEX_BUILD_MEMORY",
+    "build_workers": "HARVESTER_INDEX_BUILD_WORKERS",
+    "build_timeout": "HARVESTER_INDEX_BUILD_TIMEOUT_SECS",
+    "build_wait": "HARVESTER_INDEX_BUILD_WAIT_SECS",
+}
 
 
 def bulk_load_wanted(held: int, incoming: int, settings: IndexSettings) -> bool:
@@ -532,7 +524,7 @@ def copies_checked(conn, portal_url: str, model: str) -> bool:
                         (portal_url, model)).fetchone()[0]
 
 
-# -- reading: coverage, search, cache administration ------------------------------------------------
+# -- reading: coverage, query plans, cache administration -------------------------------------------
 def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
     """Per model: (live datasets with a vector of their current text, live datasets)."""
     params = {"portal": portal_url}
@@ -545,35 +537,6 @@ def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
         GROUP BY e.model
         """, params).fetchall()
     return {model: (int(n), int(live)) for model, n in rows}
-
-
-def search(conn, model: str, dimension: int, query_vector, *, portal_url: str | None = None,
-           limit: int = 10, ef_search: int = 100) -> list[tuple]:
-    """Live datasets nearest to the query by cosine distance, through the model's HNSW index.
-    Returns (score, portal_url, title, url, source_id) rows, best first."""
-    expr = index_expression(dimension)
-    query = sql.SQL(
-        """
-        SELECT 1 - (n.distance), d.portal_url, d.title, d.url, d.source_id
-        FROM (
-            SELECT e.content_hash, {expr} <=> {q} AS distance
-            FROM embeddings e
-            WHERE e.model = %(model)s
-            ORDER BY {expr} <=> {q}
-            LIMIT %(candidates)s
-        ) n
-        JOIN datasets d ON d.content_hash = n.content_hash AND d.removed_at IS NULL
-        WHERE (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
-        ORDER BY n.distance, d.id
-        LIMIT %(limit)s
-        """).format(expr=expr, q=query_cast(dimension))
-    params = {"model": model, "query": np.asarray(query_vector, dtype=np.float32), "portal": portal_url,
-              "limit": limit, "candidates": max(limit * 4, 40) if portal_url is None else max(limit * 20, 200)}
-    with conn.transaction():
-        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, params["candidates"])),))
-        # Filtering by portal after the index scan: keep scanning until enough rows pass.
-        conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-        return conn.execute(query, params).fetchall()
 
 
 def explain_search(conn, model: str, dimension: int, query_vector) -> str:

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import requests
 
+from harvester.config.settings import SettingError, env_value
+
 ROOT = Path(__file__).resolve().parents[3]
-SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
+SAMPLES = env_value("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples"
 # A varied catalogue: Portuguese with HTML, German, bilingual, harvested records, DKAN timestamps.
 DEMO_FILES = (
     "dados-gov-br.jsonl", "data-humdata-org.jsonl", "data-birmingham-gov-uk.jsonl", "data-gov-uk.jsonl",
@@ -187,8 +189,11 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the previous demo database")
     args = parser.parse_args(argv)
 
-    home = Path(os.environ.get("HARVESTER_DEMO_HOME") or ROOT / ".harvester" / "demo")
-    port = int(os.environ.get("HARVESTER_DEMO_PORT", "8765"))
+    try:
+        home = env_value("HARVESTER_DEMO_HOME") or ROOT / ".harvester" / "demo"
+        port = env_value("HARVESTER_DEMO_PORT")
+    except SettingError as exc:
+        sys.exit(f"demo: {exc}")
     from harvester.store.embedded.server import EmbeddedServer
 
     server = EmbeddedServer(home / "db")

@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import os
 import pwd
-import re
 import shutil
 import socket
 import stat
@@ -21,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harvester.config.settings import SettingError, default, env_value
+
 log = logging.getLogger(__name__)
 
 DATABASE = "harvester"
@@ -28,16 +29,16 @@ SUPERUSER = "postgres"
 SYSTEM_USER = "harvester-pg"
 # PostgreSQL's own default (128MB) holds neither the HNSW index nor the search table of a 100k
 # catalogue; search reads both on every query. Memory is taken as it is used, not up front.
-SHARED_BUFFERS = "1GB"
-_MEMORY = re.compile(r"^\d+(kB|MB|GB)$")
+SHARED_BUFFERS = default("HARVESTER_EMBEDDED_SHARED_BUFFERS")  # 1GB
 
 
 def shared_buffers() -> str:
-    """HARVESTER_EMBEDDED_SHARED_BUFFERS (PostgreSQL's units: 256MB, 2GB), or the default."""
-    value = (os.environ.get("HARVESTER_EMBEDDED_SHARED_BUFFERS") or SHARED_BUFFERS).strip()
-    if not _MEMORY.match(value):
-        raise EmbeddedServerError(f"HARVESTER_EMBEDDED_SHARED_BUFFERS={value!r} must be a size such as 256MB or 2GB")
-    return value
+    """HARVESTER_EMBEDDED_SHARED_BUFFERS (PostgreSQL's units: 256MB, 2GB, 1TB), or the default,
+    written as PostgreSQL is given it (no space: it goes on the server's command line)."""
+    try:
+        return env_value("HARVESTER_EMBEDDED_SHARED_BUFFERS")  # parsed by domain/sizes.py, written 2GB
+    except SettingError as exc:
+        raise EmbeddedServerError(str(exc)) from None
 
 
 class EmbeddedServerError(RuntimeError):
@@ -46,9 +47,9 @@ class EmbeddedServerError(RuntimeError):
 
 def default_home() -> Path:
     """Where local state lives: $HARVESTER_HOME, else `.harvester/` in the project checkout."""
-    env = os.environ.get("HARVESTER_HOME")
-    if env:
-        return Path(env).resolve()
+    home = env_value("HARVESTER_HOME")
+    if home:
+        return home.resolve()
     root = Path(__file__).resolve().parents[4]
     if (root / "pyproject.toml").exists():
         return root / ".harvester"

@@ -1,0 +1,34 @@
+"""Memory sizes written in PostgreSQL's units (``256MB``, ``2GB``, ``1 TB``), as bytes.
+
+The one parser of every size setting (the embedded server's shared_buffers, an index build's
+maintenance_work_mem): each checks its value here, so all accept the same forms.
+"""
+from __future__ import annotations
+
+import re
+
+# PostgreSQL's memory units (case-sensitive, as PostgreSQL reads them), 1024 apart.
+UNITS = {"kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "TB": 1024 ** 4}
+_SIZE = re.compile(r"([0-9]+)\s*(kB|MB|GB|TB)")
+
+
+def parse_size(text: str) -> int:
+    """``text`` (a whole number and one of PostgreSQL's units kB, MB, GB or TB, spaces allowed
+    around and between: ``512MB``, ``2 GB``) as a number of bytes. ValueError naming the text
+    otherwise (no unit, another unit, a fraction, a negative number)."""
+    found = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{text!r} is not a size: write a whole number and one of the units "
+                         f"{', '.join(UNITS)} (case as shown), such as 512MB or 2GB")
+    return int(found.group(1)) * UNITS[found.group(2)]
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes (a whole number of kB) in the largest unit that writes it exactly, the form
+    PostgreSQL is given: ``1GB``, ``1536MB``."""
+    if size < 0 or size % 1024:
+        raise ValueError(f"{size!r} bytes is not a whole number of kB")
+    for unit in ("TB", "GB", "MB"):
+        if size and size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return f"{size // 1024}kB"
