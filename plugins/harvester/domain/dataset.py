@@ -14,6 +14,7 @@ import hashlib
 import html
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -24,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 TEXT_RECIPE = "harvester-text-v1"
 # Deterministic cap on the embedded text, so the hash always describes exactly what is sent.
 MAX_TEXT_CHARS = 8000
+SLUG_CHARS = 100  # CKAN's limit on a name
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
 # Top-level CKAN fields that are not metadata we track: identity and content (hashed apart),
 # server bookkeeping that changes without any edit, and counts derived from tracked lists.
@@ -123,19 +126,33 @@ def landing_page(portal_url: str, name_or_id: str) -> str:
 
 
 def parse_timestamp(value: Any) -> datetime | None:
-    """CKAN timestamps are UTC, usually without a zone; DKAN writes a space instead of T."""
-    if not value or not isinstance(value, str):
-        return None
-    text = value.strip().replace(" ", "T", 1)
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
+    """A record's timestamp as an aware UTC datetime; None when missing or unparseable. The one
+    parser of every source's dates: CKAN writes UTC without a zone (``2013-06-17T15:32:05.305546``),
+    DKAN a space for the T (``2019-09-30 22:00:00``), DCAT a date alone (``2020-01-01``) or a zoned
+    value (``...Z``, ``...+02:00``: converted to UTC). A datetime is taken as it is (naive: UTC)."""
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            parsed = datetime.fromisoformat(value.strip())  # (3.11: also a space for the T, and Z)
+        except ValueError:
+            return None
+    else:
         return None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.replace(tzinfo=timezone.utc)
     return parsed.astimezone(timezone.utc)
+
+
+def slug(text: str) -> str:
+    """The CKAN-style name of an organization, the same whichever source names it: lower-case
+    ASCII letters, digits and dashes (accents folded, every other run of characters one dash), at
+    most 100 characters. A text with nothing that folds to an ASCII letter or digit ("東京都", "—")
+    is named ``org-`` and 12 hex digits of its hash, its whitespace collapsed first, so that the
+    padding of a value does not make another organization."""
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    name = _NOT_SLUG.sub("-", folded.lower()).strip("-")[:SLUG_CHARS].strip("-")
+    return name or "org-" + sha256_hex(" ".join(text.split()))[:12]
 
 
 def _is_mapping(value: Any) -> bool:

@@ -30,10 +30,11 @@ def run_ids(triggering_asset_events, *, with_changes: bool = False) -> list[int]
 
 
 def log_changes_needing_review(conn, ids: list[int]) -> int:
-    rows = conn.execute(
-        "SELECT c.change_type, c.significance_score, d.title, d.url, d.portal_url FROM dataset_changes c"
-        " JOIN datasets d ON d.id = c.dataset_id WHERE c.run_id = ANY(%s) AND c.requires_review"
-        " ORDER BY c.significance_score DESC, c.id", (ids,)).fetchall()
+    """Log each change of the runs ``ids`` that requires review (most significant first), then
+    how many there are; returns that count."""
+    from harvester.store import review
+
+    rows = review.needing_review(conn, ids)
     for change_type, score, title, url, portal_url in rows:
         log.warning("REVIEW %s (%.0f%%): %s %s [%s]", change_type.upper(), float(score) * 100, title, url, portal_url)
     log.info("%d changes need review in runs %s", len(rows), ids)

@@ -32,7 +32,6 @@ import json
 import logging
 import re
 import time
-import unicodedata
 import zlib
 from collections import Counter
 from dataclasses import replace
@@ -41,7 +40,8 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import ijson
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
+from harvester.config.portals import DCAT_JSON
+from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
 from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable
 from harvester.http import scrub_url
 
@@ -56,7 +56,6 @@ _MAPPED = frozenset({"identifier", "title", "description", "keyword", "theme", "
 # A licence is a name or a URI; a longer text is a page pasted in (and too long a search key:
 # PostgreSQL refuses index entries over 2712 bytes, which would fail the whole batch).
 MAX_LICENSE_CHARS = 500
-_SLUG_CHARS = 100  # CKAN's limit on a name
 _HTML = re.compile(r"<[a-zA-Z/!][^>]*>")
 
 # Paths (ijson prefixes) of the datasets in a document: listed ones, and embedded copies.
@@ -195,13 +194,6 @@ def _labels(entry: Mapping, key: str) -> list[str]:
         if item.strip():
             out[item.strip()] = None
     return list(out)
-
-
-def slug(text: str) -> str:
-    """A CKAN-style name: lower-case ASCII letters, digits and dashes (accents folded)."""
-    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
-    name = re.sub(r"[^a-z0-9]+", "-", folded.lower()).strip("-")[:_SLUG_CHARS].strip("-")
-    return name or "org-" + sha256_hex(text)[:12]
 
 
 def _organization(entry: Mapping) -> dict | None:
@@ -529,7 +521,7 @@ class DcatJsonSource:
     After ``iter_pages``: ``not_modified`` (the portal answered 304), ``validators`` (the
     response's ETag / Last-Modified, to send next time) and ``listed`` (entries read)."""
 
-    kind = "dcat-json"
+    kind = DCAT_JSON
     capabilities = Capabilities(conditional=True)
 
     def __init__(self, url: str, *, fetcher, page_size: int = 1000):

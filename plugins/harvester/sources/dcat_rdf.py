@@ -26,7 +26,6 @@ import json
 import logging
 import re
 import threading
-import unicodedata
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urljoin, urlsplit
@@ -35,7 +34,8 @@ import rdflib
 from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
 
-from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex
+from harvester.config.portals import DCAT_RDF
+from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
 from harvester.sources.base import Capabilities, Listing, SourceError
 from harvester.http import scrub_url
 
@@ -78,6 +78,8 @@ _PREFIXES = {
 
 class RdfParseError(ValueError):
     """A page could not be read as RDF; the message names its URL and the parser's error."""
+
+    transient = False
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -317,11 +319,6 @@ def _properties(graph: Graph, node: Any, depth: int, skip: frozenset) -> dict[st
 
 
 # -- the mapping -------------------------------------------------------------------------------
-def _slug(text: str) -> str:
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    return re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:100]
-
-
 def _organization(graph: Graph, dataset: Any, language: str | None) -> dict | None:
     publishers = sorted(graph.objects(dataset, DCTERMS.publisher), key=lambda p: (isinstance(p, BNode), str(p)))
     if not publishers:
@@ -334,9 +331,10 @@ def _organization(graph: Graph, dataset: Any, language: str | None) -> dict | No
                  for lit in _literals(graph, publisher, p)]
         lit = pick_language(names, language)
         title = str(lit) if lit is not None else (str(publisher) if isinstance(publisher, URIRef) else None)
-    if not title:
+    shown = clean_text(title)
+    if not shown:
         return None
-    org = {"title": clean_text(title), "name": _slug(title) or sha256_hex(title)[:16]}
+    org = {"title": shown, "name": slug(title)}
     if isinstance(publisher, URIRef):
         org["id"] = str(publisher)
     return org
@@ -572,7 +570,7 @@ class DcatRdfSource:
     """A DCAT-AP RDF catalogue over HTTP (``fetcher``: an ``http.HttpFetcher``). Lists the whole
     catalogue every run: no incremental or conditional requests, no reconciliation."""
 
-    kind = "dcat-rdf"
+    kind = DCAT_RDF
     capabilities = Capabilities()
 
     def __init__(self, url: str, *, fetcher, language: str | None = None, max_pages: int = 1000):

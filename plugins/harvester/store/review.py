@@ -23,13 +23,6 @@ class AlreadyReviewed(RuntimeError):
                          f"{at.isoformat(timespec='seconds')}")
 
 
-def change_portal(conn, change_id: int) -> str | None:
-    """The portal URL of a change's dataset; None when there is no such change."""
-    row = conn.execute("SELECT d.portal_url FROM dataset_changes c JOIN datasets d ON d.id = c.dataset_id"
-                       " WHERE c.id = %s", (change_id,)).fetchone()
-    return row[0] if row else None
-
-
 def review(conn, change_id: int, *, outcome: str, by: str, note: str | None = None) -> None:
     """Record a review of change ``change_id``: ``outcome`` ('reviewed' or 'dismissed'), who, now,
     and an optional note. One statement: of two reviewers at once, one wins and the other gets
@@ -71,3 +64,18 @@ def queue_counts(conn, portal_urls: list[str]) -> dict[str, int]:
         " WHERE c.requires_review AND c.review_outcome IS NULL AND d.portal_url = ANY(%s)"
         " GROUP BY d.portal_url", (list(portal_urls),)).fetchall()
     return {url: int(n) for url, n in rows}
+
+
+def needing_review(conn, run_ids: list[int]) -> list[tuple]:
+    """The changes of the runs ``run_ids`` that require review, most significant first, as
+    (change type, significance score, dataset title, dataset url, portal url) rows."""
+    return conn.execute(
+        "SELECT c.change_type, c.significance_score, d.title, d.url, d.portal_url FROM dataset_changes c"
+        " JOIN datasets d ON d.id = c.dataset_id WHERE c.run_id = ANY(%s) AND c.requires_review"
+        " ORDER BY c.significance_score DESC, c.id", (list(run_ids),)).fetchall()
+
+
+def count_needing_review(conn, run_id: int) -> int:
+    """How many changes of run ``run_id`` require review."""
+    return int(conn.execute("SELECT count(*) FROM dataset_changes WHERE run_id = %s AND requires_review",
+                            (run_id,)).fetchone()[0])

@@ -17,9 +17,13 @@ from harvester.domain.run import DEFAULT_STALE_AFTER, BackfillRun, Writer, claim
 class RunInProgress(RuntimeError):
     """Another run holds the portal; the message names it (and its DAG run) and what to do."""
 
+    transient = True
+
 
 class NotResumable(RuntimeError):
     """A cleared task's run cannot continue (committed, superseded, abandoned); the message says why."""
+
+    transient = False
 
 
 class RunMismatch(NotResumable):
@@ -73,6 +77,12 @@ def status(conn, portal_url: str) -> PortalStatus:
     return PortalStatus(*row) if row else PortalStatus()
 
 
+def lock_portal(conn, portal_url: str) -> None:
+    """Take the portal's lock until the caller's transaction ends: opening or resuming a run and
+    an upsert's merge of the portal's datasets take it, so none of them runs under another."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal_url,))
+
+
 def _take_portal(conn, portal_url: str, portal: str, *, dag_run_id: str | None, takeover: bool,
                 stale_after: timedelta) -> None:
     """Inside the caller's transaction, under the portal's lock: make sure no other run holds the
@@ -111,7 +121,7 @@ def start(conn, *, portal_url: str, portal_name: str, dag_run_id: str | None, mo
     running run of the portal makes this RunInProgress, unless it is stale (abandoned) or
     ``takeover`` aborts it. Failed runs kept for resuming are superseded."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal_url,))
+        lock_portal(conn, portal_url)
         own = None
         if dag_run_id is not None:
             own = conn.execute(
@@ -144,7 +154,7 @@ def resume(conn, run_id: int, dag_run_id: str | None, *, takeover: bool = False,
         run = get(conn, run_id)
         if run.status in ("running", "committed"):
             return run
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (run.portal_url,))
+        lock_portal(conn, run.portal_url)
         run = get(conn, run_id)
         if not run.resumable or run.dag_run_id is None or run.dag_run_id != dag_run_id:
             why = (f"it belongs to {'DAG run ' + run.dag_run_id if run.dag_run_id else 'a CLI run'}"
@@ -339,12 +349,14 @@ RUN_COLUMNS = ("run_id", "portal_url", "portal_name", "dag_run_id", "mode", "sta
                "reconcile_reason", "error", "stats")
 
 
-def page_runs(conn, portal_url: str, *, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
-    """One page of the portal's runs, newest first, and how many it has in all."""
+def page_runs(conn, portal_url: str | None, *, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
+    """One page of the portal's runs (every portal's: None), newest first, and how many there are
+    in all: the runs of the Harvester page and of `harvester runs`."""
     params = {"portal": portal_url, "limit": limit, "offset": offset}
-    rows = conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM sync_runs WHERE portal_url = %(portal)s"
+    where = "" if portal_url is None else " WHERE portal_url = %(portal)s"
+    rows = conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM sync_runs{where}"
                         " ORDER BY started_at DESC, run_id DESC LIMIT %(limit)s OFFSET %(offset)s", params).fetchall()
-    total = conn.execute("SELECT count(*) FROM sync_runs WHERE portal_url = %(portal)s", params).fetchone()[0]
+    total = conn.execute(f"SELECT count(*) FROM sync_runs{where}", params).fetchone()[0]
     return [dict(zip(RUN_COLUMNS, row)) for row in rows], int(total)
 
 
@@ -377,6 +389,37 @@ def overview(conn, portal_urls: list[str]) -> dict[str, dict]:
                     "live_datasets": int(live), "pending_embeddings": int(pending),
                     "last_run": dict(zip(RUN_COLUMNS, run)) if run[0] is not None else None}
     return out
+
+
+def embedding_totals(conn, model: str) -> list[dict]:
+    """Per portal with committed runs, in one statement, by portal name: ``runs`` (committed), the
+    sums of their embedding counts (``embedding_requests``, ``embedded``, ``reused``,
+    ``calls_saved``, ``tokens_saved``), its live ``datasets`` and how many of them have a vector of
+    ``model`` for their current text (``with_vector``)."""
+    keys = ("portal", "portal_url", "runs", "embedding_requests", "embedded", "reused", "calls_saved",
+            "tokens_saved", "datasets", "with_vector")
+    rows = conn.execute(
+        """
+        WITH r AS (
+            SELECT portal_name, portal_url, count(*) AS runs,
+                   sum((stats->>'embedding_requests')::bigint) AS requests, sum((stats->>'embedded')::bigint) AS embedded,
+                   sum((stats->>'embeddings_reused')::bigint) AS reused,
+                   sum(coalesce((stats->>'embedding_calls_saved')::bigint, 0)) AS calls,
+                   sum(coalesce((stats->>'embedding_tokens_saved')::bigint, 0)) AS tokens
+            FROM sync_runs WHERE status = 'committed' GROUP BY portal_name, portal_url
+        ), live AS (
+            SELECT d.portal_url, count(*) AS datasets, count(e.content_hash) AS with_vector
+            FROM datasets d LEFT JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
+            WHERE d.removed_at IS NULL AND d.portal_url IN (SELECT portal_url FROM r)
+            GROUP BY d.portal_url
+        )
+        SELECT r.portal_name, r.portal_url, r.runs, r.requests, r.embedded, r.reused, r.calls, r.tokens,
+               live.datasets, live.with_vector
+        FROM r LEFT JOIN live ON live.portal_url = r.portal_url
+        ORDER BY r.portal_name, r.portal_url
+        """, {"model": model}).fetchall()
+    return [{key: (value if i < 2 else int(value or 0)) for i, (key, value) in enumerate(zip(keys, row))}
+            for row in rows]
 
 
 # -- bulk loads of a model's vectors (store/vectors.py IndexSettings) ------------------------------

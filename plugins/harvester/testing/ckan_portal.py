@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
+from harvester.domain.dataset import parse_timestamp
+
 log = logging.getLogger(__name__)
 
 CKAN_VERSION = "2.10.4"
@@ -98,15 +100,10 @@ def load_jsonl(path: str | os.PathLike) -> list[dict]:
 # -- timestamps ---------------------------------------------------------------------------------
 def record_ms(value: Any) -> int | None:
     """A record's timestamp (CKAN: UTC without zone; DKAN: '2019-09-30 22:00:00') as epoch
-    milliseconds, truncated like Solr's date fields. None when missing or unparseable."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    try:
-        dt = datetime.fromisoformat(value.strip())
-    except ValueError:
-        return None
-    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-    return (dt - _EPOCH) // _MS
+    milliseconds, truncated like Solr's date fields. None when missing or unparseable. (Parsed as
+    the harvester parses it: domain.dataset.parse_timestamp.)"""
+    dt = parse_timestamp(value)
+    return None if dt is None else (dt - _EPOCH) // _MS
 
 
 _SOLR_DATE_RE = re.compile(r"(\d{4,})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
