@@ -27,13 +27,6 @@ PORTAL = "hist"
 
 # -- helpers ------------------------------------------------------------------------------------
 @pytest.fixture
-def reader(database_url):
-    conn = psycopg.connect(database_url, autocommit=True)
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
 def portal(portal_server, tmp_path, monkeypatch):
     """The local portal, named in a portals.yaml so the CLI resolves it the same way."""
     path = tmp_path / "portals.yaml"

@@ -11,6 +11,10 @@ from harvester.cli.main import main
 from harvester.embeddings.local import MODEL_NAME
 from harvester.store import vectors
 
+# Each test first harvests 75 demo records through the CLI with the local model (about 25 s each on a
+# busy 2-core machine).
+pytestmark = pytest.mark.slow
+
 DEMO_SUBSET = ("data-humdata-org.jsonl", "data-birmingham-gov-uk.jsonl", "data-gov-uk.jsonl",
                "data-gov-au.jsonl", "data-stadt-zuerich-ch.jsonl", "envidat-ch.jsonl")
 

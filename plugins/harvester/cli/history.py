@@ -6,68 +6,26 @@ and exits 2).
 """
 from __future__ import annotations
 
-import argparse
 import csv
-import difflib
 import json
 import os
-import re
 import sys
-import textwrap
-from datetime import date, datetime, timezone
-from decimal import Decimal
 
-from harvester.config import portals as portal_config
+from harvester.cli import options, output
+from harvester.cli.output import jsonable, print_json, short, when
 
-_WIDTH = 78
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 EXPORT_FIELDS = ("id", "detected_at", "portal_url", "portal_name", "source_id", "dataset_id", "title", "url",
                  "run_id", "change_type", "significance", "requires_review", "old_version", "new_version",
                  "summary", "changed_fields")
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def parse_date(text: str) -> datetime:
-    """A date or a date and time (ISO 8601); no zone means UTC."""
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]")
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-def _jsonable(value):
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return float(value)
-    return str(value)
-
-
-def _print_json(data) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=_jsonable))
-
-
-def _console(min_width: int = 100):
-    from rich.console import Console
-
-    return Console(width=max(min_width, Console().width), highlight=False)
-
-
-def _when(value: datetime | None) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
-
-
-def _short(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
-
-
 def _version(number: int | None) -> str:
     return "-" if number is None else str(number)
 
 
 def _portal_url(name: str) -> str:
-    return portal_config.get_portal(name).url
+    return options.portal(name).url
 
 
 def _open():
@@ -96,12 +54,12 @@ def cmd_changes(args) -> int:
     with _open() as conn:
         rows = history.list_changes(conn, url, review_only=args.review, since=args.since, limit=args.limit)
     if args.json:
-        _print_json([{"n": n, **row} for n, row in enumerate(rows, 1)])
+        print_json([{"n": n, **row} for n, row in enumerate(rows, 1)])
         return 0
-    console = _console()
+    console = output.console()
     what = "changes needing review" if args.review else "changes"
     if not rows:
-        console.print(f"no {what} in {args.portal}" + (f" since {_when(args.since)}" if args.since else ""))
+        console.print(f"no {what} in {args.portal}" + (f" since {when(args.since)}" if args.since else ""))
         return 0
     console.print(Text(f"{len(rows)} {what} in {args.portal} ({url}), newest first", style="bold"))
     for n, row in enumerate(rows, 1):
@@ -110,7 +68,7 @@ def cmd_changes(args) -> int:
         if row["requires_review"]:
             header.append(" (REVIEW)", style="bold red")
         console.print(header, soft_wrap=True)
-        for label, value in (("title", row["title"]), ("url", row["url"]), ("detected", _when(row["detected_at"])),
+        for label, value in (("title", row["title"]), ("url", row["url"]), ("detected", when(row["detected_at"])),
                              ("significance", f"{round(row['significance'] * 100)}%"),
                              ("changed", row["summary"])):
             console.print(Text(f"    {label + ':':<14}{value}"), soft_wrap=True)
@@ -131,10 +89,10 @@ def cmd_versions(args) -> int:
         dataset = _dataset(conn, args.portal, url, args)
         versions = history.list_versions(conn, dataset["id"])
     if args.json:
-        _print_json({"dataset": dataset, "versions": [
+        print_json({"dataset": dataset, "versions": [
             {k: v for k, v in item.items() if k not in ("snapshot", "description")} for item in versions]})
         return 0
-    removed = f", removed {_when(dataset['removed_at'])}" if dataset["removed_at"] else ""
+    removed = f", removed {when(dataset['removed_at'])}" if dataset["removed_at"] else ""
     table = Table(title=f"{dataset['title']} ({dataset['url']}){removed}: {len(versions)} versions")
     for column in ("version", "first seen (UTC)", "last seen (UTC)", "change", "content hash"):
         table.add_column(column, no_wrap=True)
@@ -142,51 +100,24 @@ def cmd_versions(args) -> int:
     for item in versions:
         fields = ch.summarize(item["changed_fields"]) or ("first version" if item["version_number"] == 1 else "")
         table.add_row(f"{item['version_number']}{' (current)' if item['is_current'] else ''}",
-                      _short(item["first_seen_at"]), _short(item["last_seen_at"]), item["change_type"],
+                      short(item["first_seen_at"]), short(item["last_seen_at"]), item["change_type"],
                       item["content_hash"][:10], fields)
-    _console(120).print(table)
+    output.console(120).print(table)
     return 0
 
 
 # -- diff -------------------------------------------------------------------------------------
-def _wrapped(text: str) -> list[str]:
-    lines = []
-    for sentence in _SENTENCE_END.split(text or ""):
-        lines.extend(textwrap.wrap(sentence, _WIDTH - 2) or [""])
-    return lines
-
-
-def _line(key: str, value) -> str:
-    return f"{key}: {json.dumps(value, sort_keys=True, ensure_ascii=False)}"
-
-
-def snapshot_lines(snapshot: dict) -> list[str]:
-    """A snapshot as lines fit for a diff: the title, the description wrapped (a sentence or 76
-    columns a line), then every other field as JSON, one line per list item and per mapping key."""
-    lines = [f"title: {snapshot.get('title') or ''}", "description:"]
-    lines.extend("  " + line for line in _wrapped(snapshot.get("description") or ""))
-    for key in sorted(k for k in snapshot if k not in ("title", "description")):
-        value = snapshot[key]
-        if isinstance(value, dict) and value:
-            lines.extend(_line(f"{key}.{sub}", value[sub]) for sub in sorted(value, key=str))
-        elif isinstance(value, list) and value:
-            lines.extend(_line(f"{key}[]", item) for item in value)
-        else:
-            lines.append(_line(key, value))
-    return lines
-
-
 def cmd_diff(args) -> int:
     from rich.text import Text
 
+    from harvester.domain import diff
     from harvester.store import history
 
     url = _portal_url(args.portal)
     with _open() as conn:
         dataset = _dataset(conn, args.portal, url, args)
         current = history.current_version_number(conn, dataset["id"])
-        to_n = args.to if args.to is not None else current
-        from_n = args.from_ if args.from_ is not None else (to_n - 1 if to_n else None)
+        from_n, to_n = diff.versions_to_compare(current, args.from_, args.to)
         if to_n is None:
             raise LookupError(f"dataset {dataset['url']} has no versions")
         if from_n is None or from_n < 1:
@@ -197,14 +128,14 @@ def cmd_diff(args) -> int:
     if missing:
         raise LookupError(f"dataset {dataset['url']} has no version {' or '.join(missing)}"
                           f" (versions 1 to {current} exist)")
-    lines = list(difflib.unified_diff(
-        snapshot_lines(old["snapshot"]), snapshot_lines(new["snapshot"]),
-        fromfile=f"version {from_n} ({old['change_type']}, first seen {_when(old['first_seen_at'])})",
-        tofile=f"version {to_n} ({new['change_type']}, first seen {_when(new['first_seen_at'])})", lineterm=""))
+    lines = diff.unified_diff(
+        old["snapshot"], new["snapshot"],
+        f"version {from_n} ({old['change_type']}, first seen {when(old['first_seen_at'])})",
+        f"version {to_n} ({new['change_type']}, first seen {when(new['first_seen_at'])})")
     if args.json:
-        _print_json({"dataset": dataset, "from": from_n, "to": to_n, "diff": lines})
+        print_json({"dataset": dataset, "from": from_n, "to": to_n, "diff": lines})
         return 0
-    console = _console()
+    console = output.console()
     console.print(Text(f"{dataset['title']} ({dataset['url']})", style="bold"), soft_wrap=True)
     if not lines:
         console.print(f"versions {from_n} and {to_n} have the same snapshot")
@@ -242,7 +173,7 @@ def cmd_export_changes(args) -> int:
                     n += 1
             else:
                 for row in rows:
-                    out.write(json.dumps(_export_row(row), ensure_ascii=False, default=_jsonable) + "\n")
+                    out.write(json.dumps(_export_row(row), ensure_ascii=False, default=jsonable) + "\n")
                     n += 1
     finally:
         if args.output:
@@ -260,10 +191,10 @@ def cmd_purge(args) -> int:
     with _open() as conn:
         counts = history.purge(conn, url, args.removed_before, dry_run=args.dry_run)
     if args.json:
-        _print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before, **counts})
+        print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before, **counts})
         return 0
     verb = "would purge" if args.dry_run else "purged"
-    print(f"{verb} {counts['datasets']} datasets of {args.portal} removed before {_when(args.removed_before)}"
+    print(f"{verb} {counts['datasets']} datasets of {args.portal} removed before {when(args.removed_before)}"
           f" ({counts['versions']} versions, {counts['changes']} changes)")
     return 0
 
@@ -285,14 +216,10 @@ def cmd_review(args) -> int:
 
     if args.queue:
         if args.change_id is not None or args.dismiss or args.note or args.by:
-            print("harvester: error: --queue lists the queue; it takes no change id, --dismiss, --note or --by",
-                  file=sys.stderr)
-            return 2
+            return output.error("--queue lists the queue; it takes no change id, --dismiss, --note or --by")
         return _review_queue(args)
     if args.change_id is None:
-        print("harvester: error: give the id of the change to review (see harvester review --queue), or --queue",
-              file=sys.stderr)
-        return 2
+        return output.error("give the id of the change to review (see harvester review --queue), or --queue")
     outcome = "dismissed" if args.dismiss else "reviewed"
     try:
         by = _reviewer(args.by)
@@ -300,13 +227,12 @@ def cmd_review(args) -> int:
             review.review(conn, args.change_id, outcome=outcome, by=by, note=args.note)
             change = history.get_change(conn, args.change_id)
     except (review.AlreadyReviewed, ValueError) as exc:
-        print(f"harvester: error: {exc}", file=sys.stderr)
-        return 2
+        return output.error(str(exc))
     if args.json:
-        _print_json(change)
+        print_json(change)
         return 0
     print(f"change {change['id']} ({change['change_type']}: {change['title']}) {outcome} by {change['reviewed_by']}"
-          f" at {_when(change['reviewed_at'])}" + (f": {change['review_note']}" if change["review_note"] else ""))
+          f" at {when(change['reviewed_at'])}" + (f": {change['review_note']}" if change["review_note"] else ""))
     return 0
 
 
@@ -319,9 +245,9 @@ def _review_queue(args) -> int:
     with _open() as conn:
         rows, total = history.page_changes(conn, portal_urls=[url] if url else None, queue=True, limit=args.limit)
     if args.json:
-        _print_json({"items": rows, "total": total})
+        print_json({"items": rows, "total": total})
         return 0
-    console = _console()
+    console = output.console()
     where = f" in {args.portal}" if args.portal else ""
     if not rows:
         console.print(f"no changes waiting for review{where}")
@@ -333,7 +259,7 @@ def _review_queue(args) -> int:
         console.print(Text(f"[{row['id']}] {row['change_type'].upper()} {round(row['significance'] * 100)}%",
                            style="bold"), soft_wrap=True)
         for label, value in (("portal", row["portal_name"] or row["portal_url"]), ("title", row["title"]),
-                             ("url", row["url"]), ("detected", _when(row["detected_at"])), ("changed", row["summary"])):
+                             ("url", row["url"]), ("detected", when(row["detected_at"])), ("changed", row["summary"])):
             console.print(Text(f"    {label + ':':<14}{value}"), soft_wrap=True)
     console.print()
     console.print("harvester review <id> [--note TEXT] marks one reviewed; --dismiss dismisses it")
@@ -354,7 +280,7 @@ def register(subparsers) -> None:
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
     p.add_argument("--review", action="store_true", help="only changes that require review")
     p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--since", type=parse_date, help="only changes detected at or after DATE (UTC unless given)")
+    p.add_argument("--since", type=options.date_from, help="only changes detected at or after DATE (UTC unless given)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_changes)
 
@@ -375,7 +301,7 @@ def register(subparsers) -> None:
     e = what.add_parser("changes", help="detected changes, oldest first")
     e.add_argument("--format", choices=["csv", "jsonl"], required=True)
     e.add_argument("--portal", help="the portal's name in portals.yaml (default: every portal)")
-    e.add_argument("--since", type=parse_date)
+    e.add_argument("--since", type=options.date_from)
     e.add_argument("--output", "-o", help="write to FILE (default: standard output)")
     e.set_defaults(func=cmd_export_changes)
 
@@ -392,7 +318,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good")
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
-    p.add_argument("--removed-before", type=parse_date, required=True, metavar="DATE")
+    p.add_argument("--removed-before", type=options.date_from, required=True, metavar="DATE")
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_purge)

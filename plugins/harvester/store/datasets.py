@@ -168,6 +168,20 @@ def live_count(conn, portal_url: str) -> int:
                         (portal_url,)).fetchone()[0]
 
 
+def page_live(conn, portal_url: str | None, *, limit: int = 10) -> tuple[list[dict], int]:
+    """The portal's live datasets (every portal's: None), most recently modified first, at most
+    ``limit``, and how many it has in all. ``embedded``: its current text has its vector linked."""
+    keys = ("title", "organization", "url", "metadata_modified", "content_hash", "embedded", "tags")
+    params = {"portal": portal_url, "limit": limit}
+    where = "removed_at IS NULL" + ("" if portal_url is None else " AND portal_url = %(portal)s")
+    rows = conn.execute(
+        f"SELECT title, organization, url, metadata_modified, content_hash,"
+        f" coalesce(embedded_content_hash = content_hash, false) AS embedded, tags FROM datasets WHERE {where}"
+        f" ORDER BY metadata_modified DESC NULLS LAST, id LIMIT %(limit)s", params).fetchall()
+    total = conn.execute(f"SELECT count(*) FROM datasets WHERE {where}", params).fetchone()[0]
+    return [dict(zip(keys, row)) for row in rows], int(total)
+
+
 def new_in_run(conn, run_id: int, portal_url: str) -> int:
     """Distinct usable records this run staged that are not live datasets yet (new or restored):
     what this run adds to the portal's live count."""

@@ -25,12 +25,13 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import unicodedata
 from dataclasses import dataclass, field
-from datetime import date, datetime, time as dtime, timedelta, timezone
+from datetime import date, datetime
+
+from harvester.config.settings import env_values
 
 MODES = ("hybrid", "vector", "text")
 
@@ -46,19 +47,6 @@ def fold(text: str) -> str:
     return _COMBINING.sub("", unicodedata.normalize("NFKD", text))
 
 
-def _env_int(name: str, default: int, low: int, high: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}") from None
-    if not low <= value <= high:
-        raise ValueError(f"{name}={raw!r} must be a whole number from {low} to {high}")
-    return value
-
-
 @dataclass(frozen=True)
 class SearchSettings:
     """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
@@ -72,12 +60,20 @@ class SearchSettings:
     exact_limit: int = 5000
 
     @classmethod
-    def from_env(cls) -> "SearchSettings":
-        return cls(ef_search=_env_int("HARVESTER_SEARCH_EF_SEARCH", cls.ef_search, 1, 1000),
-                   candidates=_env_int("HARVESTER_SEARCH_CANDIDATES", cls.candidates, 1, 1000),
-                   rrf_k=_env_int("HARVESTER_SEARCH_RRF_K", cls.rrf_k, 0, 100000),
-                   max_scan_tuples=_env_int("HARVESTER_SEARCH_MAX_SCAN_TUPLES", cls.max_scan_tuples, 1, 10**9),
-                   exact_limit=_env_int("HARVESTER_SEARCH_EXACT_LIMIT", cls.exact_limit, 0, 10**7))
+    def from_env(cls, environ=None) -> "SearchSettings":
+        """The HARVESTER_SEARCH_* variables (config/settings.py: their ranges and messages)."""
+        got = env_values(_ENV_FIELDS.values(), environ)
+        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
+
+
+# SearchSettings field -> the environment variable that sets it
+_ENV_FIELDS = {
+    "ef_search": "HARVESTER_SEARCH_EF_SEARCH",
+    "candidates": "HARVESTER_SEARCH_CANDIDATES",
+    "rrf_k": "HARVESTER_SEARCH_RRF_K",
+    "max_scan_tuples": "HARVESTER_SEARCH_MAX_SCAN_TUPLES",
+    "exact_limit": "HARVESTER_SEARCH_EXACT_LIMIT",
+}
 
 
 @dataclass(frozen=True)
@@ -151,13 +147,12 @@ def choose_provider(conn, portal_url: str | None, provider):
 
 # -- filters -------------------------------------------------------------------------------------
 def _utc(value, end: bool) -> tuple[datetime, bool]:
-    """(instant, inclusive): a date is its whole day (``until`` a date: before the next day)."""
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)), True
-    if isinstance(value, date):
-        start = datetime.combine(value, dtime(0), tzinfo=timezone.utc)
-        return (start + timedelta(days=1), False) if end else (start, True)
-    raise TypeError(f"expected a date or datetime, got {value!r}")
+    """(instant, inclusive) of a ``since`` or (``end``) ``until`` filter, read by domain.dates: a
+    date is its whole day (``until`` a date: up to its last instant), naive times are UTC, text
+    is what a user typed (parse_user_date)."""
+    from harvester.domain.dates import as_instant, parse_user_date
+
+    return (parse_user_date(value, end=end) if isinstance(value, str) else as_instant(value, end=end)), True
 
 
 # (filter, dataset_search column, the value's key as the column holds it): GIN-indexed arrays

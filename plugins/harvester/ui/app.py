@@ -320,14 +320,17 @@ def _change_items(changes: list[dict], user, request: Request) -> list[dict]:
     } for c, name, dag_id in named]
 
 
-def _since(text: str | None) -> datetime | None:
+def _date(text: str | None, parameter: str, end: bool = False) -> datetime | None:
+    """A date parameter (domain.dates.parse_user_date; ``end``: a date is up to its last instant);
+    None when absent or blank, else a 422 naming the parameter."""
+    from harvester.domain.dates import parse_user_date
+
     if text is None or not text.strip():
         return None
     try:
-        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise _invalid("since", f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]") from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return parse_user_date(text, end=end)
+    except ValueError as exc:
+        raise _invalid(parameter, str(exc)) from None
 
 
 # -- pages --------------------------------------------------------------------------------------------
@@ -471,7 +474,7 @@ def api_changes(request: Request,
         raise _invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
     urls = [_portal_named(portal, "portal").url] if portal else None
     rows, total = history.page_changes(conn, portal_urls=urls, queue=queue, change_type=change_type,
-                                       since=_since(since), min_significance=min_significance, limit=limit,
+                                       since=_date(since, "since"), min_significance=min_significance, limit=limit,
                                        offset=offset)
     return _page(_change_items(rows, user, request), total, limit, offset)
 
@@ -518,36 +521,28 @@ def api_diff(portal: str, source_id: str,
     """`fields`: every field of either version's snapshot (title, description, then the tracked
     metadata), with its old and new value and whether it changed; `diff`: the unified diff the CLI
     prints (`harvester diff`)."""
-    import difflib
-
-    from harvester.cli.history import snapshot_lines
+    from harvester.domain import diff
     from harvester.store import history
 
     dataset = _dataset(conn, portal, source_id)
     current = history.current_version_number(conn, dataset["id"])
     if current is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {source_id} of {portal} has no versions")
-    to_n = to if to is not None else current
-    from_n = from_ if from_ is not None else (to_n - 1 or None)
+    from_n, to_n = diff.versions_to_compare(current, from_, to)
     new = history.get_version(conn, dataset["id"], to_n)
     old = history.get_version(conn, dataset["id"], from_n) if from_n is not None else None
     missing = [str(n) for n, v in ((from_n, old), (to_n, new)) if n is not None and v is None]
     if missing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {source_id} of {portal} has no version "
                                                        f"{' or '.join(missing)} (versions 1 to {current} exist)")
-    before, after = (old or {}).get("snapshot") or {}, new["snapshot"] or {}
-    keys = ["title", "description"] + sorted((set(before) | set(after)) - {"title", "description"})
-    fields = [{"field": key, "old": before.get(key) if old else None, "new": after.get(key),
-               "changed": old is not None and before.get(key) != after.get(key)} for key in keys]
+    before = None if old is None else old["snapshot"] or {}
 
     def meta(version):
         return None if version is None else {k: version[k] for k in ("version_number", "change_type", "title",
                                                                          "first_seen_at", "last_seen_at", "is_current")}
 
-    diff = [] if old is None else list(difflib.unified_diff(
-        snapshot_lines(before), snapshot_lines(after), fromfile=f"version {from_n}", tofile=f"version {to_n}",
-        lineterm=""))
-    return {"from": from_n, "to": to_n, "fields": fields, "diff": diff,
+    lines = [] if old is None else diff.unified_diff(before, new["snapshot"], f"version {from_n}", f"version {to_n}")
+    return {"from": from_n, "to": to_n, "fields": diff.field_changes(before, new["snapshot"]), "diff": lines,
             "versions": {"from": meta(old), "to": meta(new)}}
 
 
@@ -581,22 +576,6 @@ def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn
     }
 
 
-def _day_or_time(text: str | None, parameter: str):
-    """A date (its whole day, for search filters) or an ISO date and time (UTC unless given)."""
-    from datetime import date
-
-    if text is None or not text.strip():
-        return None
-    text = text.strip()
-    try:
-        if len(text) == 10:
-            return date.fromisoformat(text)
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise _invalid(parameter, f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]") from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
 @app.get("/api/search", tags=["search"], summary="Search the datasets: full text and vectors, fused")
 def api_search(q: str = Query(..., min_length=1, max_length=1000, description="what to look for"),
                mode: Literal["hybrid", "vector", "text"] = Query(
@@ -624,7 +603,7 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
     url = _portal_named(portal, "portal").url if portal else None
     filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
                                    format=format or None, license=license or None,
-                                   since=_day_or_time(since, "since"), until=_day_or_time(until, "until"),
+                                   since=_date(since, "since"), until=_date(until, "until", end=True),
                                    include_removed=include_removed)
     try:
         settings = search.SearchSettings.from_env()

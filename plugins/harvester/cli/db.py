@@ -1,0 +1,46 @@
+"""`harvester db start | stop | url | status | migrate`: the embedded server and the schema."""
+from __future__ import annotations
+
+
+def cmd_db(args) -> int:
+    from harvester.store import db
+    from harvester.store.embedded.server import embedded
+
+    server = embedded()
+    if args.action == "start":
+        from harvester.store.vector_check import ensure_vector_works
+
+        url = server.start()
+        print(url)
+        with db.connect_url(url) as conn:
+            conn.autocommit = True
+            # a pgvector this CPU cannot run: say so now (main prints it), not at the first harvest
+            ensure_vector_works(conn, server.logfile)
+    elif args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif args.action == "url":
+        url = db.cli_database_url() if args.resolve else server.url()
+        from harvester.config.secrets import redact_url
+
+        print(redact_url(url) if args.redact else url)
+    elif args.action == "status":
+        print(f"embedded server in {server.home}: {'running at ' + server.url() if server.is_running() else 'not running'}")
+    elif args.action == "migrate":
+        from harvester.store.migrations import migrate
+
+        conn = db.connect_url(db.cli_database_url())
+        conn.autocommit = True
+        with conn:
+            applied = migrate(conn)
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add db to the ``harvester`` subparsers."""
+    p = subparsers.add_parser("db", help="the database: embedded server and migrations")
+    p.add_argument("action", choices=["start", "stop", "url", "status", "migrate"])
+    p.add_argument("--resolve", action="store_true",
+                   help="with url: the database the CLI would use (configured or embedded)")
+    p.add_argument("--redact", action="store_true", help="with url: hide the password")
+    p.set_defaults(func=cmd_db)

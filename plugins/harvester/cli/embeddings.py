@@ -1,0 +1,74 @@
+"""`harvester stats | embeddings`: the embedding cache, re-embedding (invalidate), dropping unused vectors (prune)."""
+from __future__ import annotations
+
+from harvester.cli import options
+from harvester.cli.output import error, print_json, table
+
+
+def cmd_stats(args) -> int:
+    from harvester.embeddings import get_provider
+    from harvester.store import db, runs, vectors
+
+    model = get_provider().model
+    with db.open_cli() as conn:
+        cache = vectors.cache_stats(conn)
+        totals = runs.embedding_totals(conn, model)
+    portals = []
+    for t in totals:
+        looked_up = t["embedded"] + t["reused"]
+        portals.append({"portal": t["portal"], "runs": t["runs"], "embedding_requests": t["embedding_requests"],
+                        "embedded": t["embedded"], "reused": t["reused"],
+                        "hit_rate": round(t["reused"] / looked_up, 4) if looked_up else None,
+                        "calls_saved": t["calls_saved"], "tokens_saved": t["tokens_saved"],
+                        "datasets": t["datasets"], "with_vector": t["with_vector"]})
+    if args.json:
+        print_json({"active_model": model, "cache": cache, "portals": portals})
+        return 0
+    table(f"Embedding cache ({cache['bytes'] / 1e6:.1f} MB)", ["model", "dimension", "vectors"],
+          [(m["model"] + (" (active)" if m["model"] == model else ""), m["dimension"], m["vectors"])
+           for m in cache["models"]])
+    table("Per portal (committed runs)", ["portal", "runs", "requests", "embedded", "reused", "hit rate",
+                                          "calls saved", "tokens saved", "with vector"],
+          [(p["portal"], p["runs"], p["embedding_requests"], p["embedded"], p["reused"],
+            "-" if p["hit_rate"] is None else f"{p['hit_rate']:.0%}", p["calls_saved"], p["tokens_saved"],
+            f"{p['with_vector']}/{p['datasets']}") for p in portals])
+    return 0
+
+
+def cmd_embeddings(args) -> int:
+    from harvester.embeddings import EmbeddingError, get_provider
+    from harvester.store import db, vectors
+
+    with db.open_cli() as conn:
+        if args.action == "prune":
+            print(f"pruned {vectors.prune(conn)} vectors no dataset uses")
+            return 0
+        chosen = [x for x in (args.portal, args.dataset, args.model) if x]
+        if len(chosen) != 1:
+            return error("invalidate takes exactly one of --portal, --dataset, --model")
+        if args.model:
+            try:
+                active = get_provider().model
+            except EmbeddingError:  # no usable provider configured: every dataset that lost its vector is pending
+                active = None
+            n = vectors.invalidate(conn, args.model, all_of_model=True, active_model=active)
+            print(f"invalidated {n} vectors of model {args.model}")
+            return 0
+        model = get_provider().model
+        n = vectors.invalidate(conn, model, portal_url=options.portal_url(args.portal), source_id=args.dataset)
+        print(f"invalidated {n} vectors of {model}; their datasets are embedded again on the next run")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add stats and embeddings to the ``harvester`` subparsers."""
+    p = subparsers.add_parser("stats", help="the embedding cache: size, hit rate and savings per portal")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+
+    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate) or drop unused vectors (prune)")
+    p.add_argument("action", choices=["invalidate", "prune"])
+    p.add_argument("--portal", help="invalidate the active model's vectors of this portal's datasets")
+    p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
+    p.add_argument("--model", help="invalidate every vector of this model")
+    p.set_defaults(func=cmd_embeddings)
