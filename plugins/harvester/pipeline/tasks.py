@@ -1,12 +1,14 @@
 """Airflow glue: what each task of a harvest_<portal> DAG does, given the running task's context.
 
-The DAG file only wires these together; the work itself is in pipeline.py. XCom carries the run id
+The DAG file only wires these together; the work itself is in steps.py. XCom carries the run id
 and counts, never dataset content. Heavy imports (psycopg, requests, models) happen inside the
-tasks, so parsing the DAG file stays cheap.
+tasks, so parsing the DAG file stays cheap. Every task body runs through ``_task``: a terminal
+error fails the task on its first try, a transient one is retried (domain/errors.py).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 from harvester.config.portals import Portal
@@ -21,31 +23,80 @@ def _context():
     return get_current_context()
 
 
+def _task(body):
+    """What every task body runs through: the error decides whether the task is tried again
+    (domain/errors.py). A terminal error (retrying meets the same one: bad configuration, missing
+    credentials, a rejected key, a catalogue that is not one, a run that cannot resume) fails the
+    task on its first try, with one message naming the cause and the portal, secrets scrubbed; the
+    failure callbacks run as for any failure (Airflow calls on_failure_callback for an
+    AirflowFailException: the run is marked failed, the DAG's callback notifies). A transient error
+    is raised as it is, and Airflow retries the task (HARVESTER_TASK_RETRIES). Airflow's own
+    exceptions (skip, reschedule, fail) pass through."""
+
+    @functools.wraps(body)
+    def run(portal: Portal, *args, **kwargs):
+        try:
+            return body(portal, *args, **kwargs)
+        except Exception as exc:
+            from airflow.sdk.exceptions import AirflowException
+
+            from harvester.domain.errors import is_transient
+
+            if isinstance(exc, AirflowException) or is_transient(exc):
+                raise
+            _fail(f"{_scrubbed(str(exc), portal)} (portal {portal.name}, {type(exc).__name__}: not retried, "
+                  "trying again would fail the same way)")
+
+    return run
+
+
+def _fail(message: str):
+    """Fail the task now, without retries, with this message (its callbacks still run)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    raise AirflowFailException(message) from None
+
+
+def _scrubbed(text: str, portal: Portal) -> str:
+    """The text without secrets: URLs redacted (config/secrets.py), the portal's URL password, and
+    what Airflow's secrets masker holds (connection passwords, the API tokens registered with it)."""
+    from harvester.config.secrets import redact_text
+
+    text = redact_text(text)
+    password = portal.credentials[1] if portal.credentials else ""
+    if len(password) >= 5:  # (shorter ones would hide ordinary words; Airflow's masker skips them too)
+        text = text.replace(password, "***")
+    try:
+        from airflow.sdk._shared.secrets_masker import redact
+
+        text = str(redact(text))
+    except Exception:  # noqa: BLE001  a second line of defence; the errors' own messages show no secret
+        log.debug("could not pass the failure message through Airflow's secrets masker")
+    return text
+
+
 @contextlib.contextmanager
 def _connection(migrate: bool = True, role: str = ""):
     """A connection to harvester_db, named in pg_stat_activity after the task and its process
     (``harvester <dag_id>.<task_id> pid=<pid>``, plus `` <role>``: the upsert's index build). Every
     task applies pending migrations (a deploy while runs are in flight: whichever task comes first;
     migrations.py). A configuration error (harvester_db malformed, or undefined while
-    HARVESTER_EMBEDDED_DB=off or on a distributed executor) and a pgvector that cannot run fail the
-    task without retries; a secrets backend or database that did not answer fails it with retries
-    (store/db.py), and so does a statement that waited longer than HARVESTER_LOCK_TIMEOUT_SECS for
-    a lock (db.LockWaitTimeout, saying so)."""
+    HARVESTER_EMBEDDED_DB=off or on a distributed executor) and a pgvector that cannot run are
+    terminal: the task fails without retries (``_task``); a secrets backend or database that did
+    not answer is transient: retried (store/db.py), and so is a statement that waited longer than
+    HARVESTER_LOCK_TIMEOUT_SECS for a lock (db.LockWaitTimeout, saying so)."""
     import os
 
     import psycopg
 
     from harvester.pipeline import memory
     from harvester.store import db
-    from harvester.store.vector_check import VectorExtensionError
 
     if not _open_connections:  # a step begins: before it starts any thread (memory.py)
         memory.cap_arenas()
     name = f"harvester {_task_name()} pid={os.getpid()}{' ' + role if role else ''}"
     try:
         conn = db.open_task(migrate=migrate, application_name=name)
-    except (VectorExtensionError, db.DatabaseConfigError) as exc:  # retries would meet the same
-        _fail_fast(exc)
     except psycopg.errors.LockNotAvailable as exc:
         raise db.lock_wait_error(exc, "applying migrations") from None
     _open_connections.append(conn)
@@ -87,6 +138,7 @@ def _is_backfill(dag_run) -> bool:
     return str(getattr(run_type, "value", run_type)) == "backfill"
 
 
+@_task
 def begin(portal: Portal, settings: TaskSettings | None = None):
     """The poke of the begin sensor (reschedule mode): opens the run and is done, returning what the
     other tasks work on (``{"run_id", "mode"}``). While another run holds the portal it logs that run
@@ -119,7 +171,7 @@ def begin(portal: Portal, settings: TaskSettings | None = None):
     except runs.RunInProgress as exc:
         waited = _waited(ctx)
         if waited >= settings.busy_wait:
-            _fail_fast(f"{exc} Gave up after waiting {format_duration(waited)} for it (HARVESTER_BUSY_WAIT_SECS "
+            _fail(f"{exc} Gave up after waiting {format_duration(waited)} for it (HARVESTER_BUSY_WAIT_SECS "
                        f"{int(settings.busy_wait.total_seconds())}).")
         log.info("%s Waiting for it: checked again in %s, without holding a worker slot (waited %s of at most %s, "
                  "HARVESTER_BUSY_WAIT_SECS).", exc, format_duration(settings.busy_poll), format_duration(waited),
@@ -170,19 +222,17 @@ def _skip_if_covered(run: dict) -> None:
 def _resume(conn, portal: Portal, run: dict) -> None:
     """Before each step: the run must be this portal's and this DAG run's (else this worker reaches
     another database than begin's); a run that failed is reopened when the user cleared its failed
-    task (or the whole DAG run); a run that cannot continue fails the task at once, saying why."""
+    task (or the whole DAG run); a run that cannot continue (runs.NotResumable, terminal) fails the
+    task at once, saying why."""
     from harvester.pipeline import steps as pipeline
     from harvester.store import runs
-    from harvester.store.runs import NotResumable
 
     ctx = _context()
-    try:
-        runs.require_own(conn, run["run_id"], portal.url, ctx["dag_run"].run_id)
-        pipeline.resume(conn, portal, run["run_id"], ctx["dag_run"].run_id, takeover=bool(ctx["params"].get("takeover")))
-    except NotResumable as exc:
-        _fail_fast(exc)
+    runs.require_own(conn, run["run_id"], portal.url, ctx["dag_run"].run_id)
+    pipeline.resume(conn, portal, run["run_id"], ctx["dag_run"].run_id, takeover=bool(ctx["params"].get("takeover")))
 
 
+@_task
 def fetch_modified(portal: Portal, run: dict) -> dict:
     from harvester.pipeline import steps as pipeline
 
@@ -192,6 +242,7 @@ def fetch_modified(portal: Portal, run: dict) -> dict:
         return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.source_for(portal))
 
 
+@_task
 def reconcile(portal: Portal, run: dict) -> dict:
     """Checks the portal's count (one request) and, when due, asked or the counts disagree,
     reconciles: every identifier listed and compared, what we lack or hold stale fetched."""
@@ -204,22 +255,13 @@ def reconcile(portal: Portal, run: dict) -> dict:
 
 
 def _provider():
-    """The configured provider; a configuration problem fails the task without retries."""
-    from harvester.embeddings import TerminalEmbeddingError, get_provider
+    """The configured provider (a configuration problem is a TerminalEmbeddingError: no retries)."""
+    from harvester.embeddings import get_provider
 
-    try:
-        return get_provider()
-    except TerminalEmbeddingError as exc:
-        _fail_fast(exc)
+    return get_provider()
 
 
-def _fail_fast(exc: Exception):
-    """Retrying cannot help (bad key, bad configuration): fail now, with a readable message."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    raise AirflowFailException(str(exc)) from None
-
-
+@_task
 def hash_compare(portal: Portal, run: dict) -> list[dict]:
     """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
     from harvester.pipeline import steps as pipeline
@@ -232,24 +274,21 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
     return [{**counts, **work} for work in out["embed_shards"]]
 
 
+@_task
 def embed_changed(portal: Portal, work: dict) -> dict:
     """One shard of the run's pending texts (the DAG maps this task over hash_compare's shards)."""
     from harvester.pipeline import steps as pipeline
-    from harvester.embeddings import TerminalEmbeddingError
 
     _skip_if_covered(work)
     provider = _provider()
     with _connection() as conn, _connection() as reader:
         _resume(conn, portal, work)
-        try:
-            return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
-                                          shard=work["shard"], shards=work["shards"],
-                                          bulk_index=bool(work.get("bulk_index")),
-                                          # what hash_compare counted (a provider changed in between
-                                          # leaves its texts pending for the next run, as a breaker would)
-                                          planned=work.get("pending_texts"))
-        except TerminalEmbeddingError as exc:
-            _fail_fast(exc)
+        return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
+                                      shard=work["shard"], shards=work["shards"],
+                                      bulk_index=bool(work.get("bulk_index")),
+                                      # what hash_compare counted (a provider changed in between
+                                      # leaves its texts pending for the next run, as a breaker would)
+                                      planned=work.get("pending_texts"))
 
 
 def asset_uri(portal: Portal) -> str:
@@ -261,6 +300,7 @@ def asset_uri(portal: Portal) -> str:
 ASSET_EXTRA_KEYS = ("created", "updated", "removed", "review", "skipped", "removals_withheld")
 
 
+@_task
 def upsert(portal: Portal, run: dict) -> dict:
     """Commits the run, then tells downstream DAGs what changed through an Asset event, and the
     portal's notify targets when the run is degraded or needs review."""

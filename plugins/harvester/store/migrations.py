@@ -28,7 +28,17 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
 
 
 class MigrationError(RuntimeError):
-    """A migration failed: it was rolled back, the ones before it stay applied."""
+    """A migration failed: it was rolled back, the ones before it stay applied. Transient when the
+    database got in its way (a lock waited on too long, a deadlock, a connection lost, the server
+    shutting down or out of resources: a later try may pass); terminal when its SQL fails."""
+
+    @property
+    def transient(self) -> bool:
+        import psycopg
+
+        cause = self.__cause__
+        return isinstance(cause, psycopg.OperationalError) and (  # class 08, 40, 53, 55, 57; None: no answer
+            cause.sqlstate is None or cause.sqlstate[:2] in ("08", "40", "53", "55", "57"))
 
 
 # A migration's statements may each wait this long for a lock (an ALTER TABLE waits for every
