@@ -4,9 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Where `make test` builds the docs site (git-ignored, like the rest of .harvester/).
+DOCS_SITE := .harvester/site
+# (mkdocs-material prints a banner about its successor on every build unless told not to)
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install demo test airflow db-start db-stop clean
+.PHONY: install demo test docs docs-build airflow db-start db-stop clean
 
 install: $(STAMP)
 
@@ -23,8 +27,20 @@ $(STAMP): requirements.txt requirements-local.txt requirements-dev.txt pyproject
 demo: $(STAMP)
 	$(BIN)/python -m harvester.testing.demo
 
+# The docs site first (mkdocs.yml, docs/): --strict fails on a broken link or anchor, a page missing
+# from the nav, or a reference page docs/hooks.py cannot generate from the code. Not --quiet: it
+# silences the warnings strict mode counts, so a broken link would pass; the INFO lines are dropped.
 test: $(STAMP)
+	set -o pipefail; $(MKDOCS) build --strict --site-dir $(DOCS_SITE) 2>&1 | { grep -v '^INFO ' || true; }
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The docs site on http://127.0.0.1:8000, rebuilt on every edit (DOCS_ADDR=0.0.0.0:8000 to share it).
+docs: $(STAMP)
+	$(MKDOCS) serve --strict --dev-addr $(or $(DOCS_ADDR),127.0.0.1:8000)
+
+# The docs site as static files in site/.
+docs-build: $(STAMP)
+	$(MKDOCS) build --strict --site-dir site
 
 # The Airflow UI on http://localhost:8080 with this project's DAGs (airflow standalone).
 airflow: $(STAMP)
