@@ -10,7 +10,7 @@ DOCS_SITE := .harvester/site
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install demo test docs docs-build airflow db-start db-stop clean
+.PHONY: install demo test test-fast docs docs-build airflow db-start db-stop clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	set -o pipefail; $(MKDOCS) build --strict --site-dir $(DOCS_SITE) 2>&1 | { grep -v '^INFO ' || true; }
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast part of the suite (no dag.test(), no real scheduler, no browser): under two minutes.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The docs site on http://127.0.0.1:8000, rebuilt on every edit (DOCS_ADDR=0.0.0.0:8000 to share it).
 docs: $(STAMP)

@@ -1,11 +1,16 @@
 """Shared fixtures: a real embedded PostgreSQL with pgvector, one fresh database per test, the real
-Airflow metadata DB for dag.test(), and the local CKAN portal over real HTTP on 127.0.0.1."""
+Airflow metadata DB for dag.test(), and the local CKAN portal over real HTTP on 127.0.0.1.
+
+Tests that run through Airflow are marked ``slow`` here (SLOW_FIXTURES), a few others in their file:
+``pytest -m "not slow"`` is the quick part (under two minutes), ``make test`` everything."""
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -33,6 +38,19 @@ import airflow  # noqa: E402,F401  initialized here, once, with the settings abo
 from harvester.testing.dagtest import Harvest  # noqa: E402
 from harvester.testing.gemini import TEST_KEY as GEMINI_KEY  # noqa: E402
 from harvester.testing.samples import load_samples  # noqa: E402
+
+
+# -- the quick part and the slow part -------------------------------------------------------------
+# A test is slow when it needs one of these fixtures, directly or through another: Airflow's
+# metadata DB, so a DAG parsed in a DagBag or run by dag.test() (nearly all of tests/dags/), or a
+# real api-server (tests/ui/). The few others say so with ``pytestmark = pytest.mark.slow``.
+SLOW_FIXTURES = {"harvest", "airflow_db"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -67,20 +85,93 @@ def template_db(pg_server):
     return "harvester_template"
 
 
+class DatabaseSupply:
+    """Copies of the migrated template made ahead by a thread while tests run: creating a database
+    takes about 0.3 s, mostly waiting inside PostgreSQL, so a test seldom waits for its own."""
+
+    def __init__(self, server, template: str, ahead: int = 2):
+        self.server, self.template = server, template
+        self.ready: queue.Queue[str] = queue.Queue(maxsize=ahead)
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._fill, name="database-supply", daemon=True)
+        self.thread.start()
+
+    def take(self) -> str:
+        """The name of a fresh copy of the template, now the caller's to drop."""
+        while True:
+            try:
+                return self.ready.get(timeout=1)
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError(f"no test database: making them stopped ({self.failure!r})") from None
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=60)
+
+    def _fill(self) -> None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.server.url("postgres"), autocommit=True) as conn:
+                while not self.stopping.is_set():
+                    name = f"t_{uuid.uuid4().hex[:12]}"
+                    conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+                    while not self.stopping.is_set():
+                        try:
+                            self.ready.put(name, timeout=0.5)
+                            break
+                        except queue.Full:
+                            pass
+        except BaseException as exc:  # noqa: BLE001 - take() reports it
+            self.failure = exc
+
+
+@pytest.fixture(scope="session")
+def database_supply(pg_server, template_db):
+    supply = DatabaseSupply(pg_server, template_db)
+    yield supply
+    supply.close()
+
+
 @pytest.fixture
-def database_url(pg_server, template_db, monkeypatch):
-    """A fresh, migrated database for this test, configured for the CLI and for Airflow."""
+def new_database(pg_server, database_supply):
+    """Makes databases for this test and drops them after it; returns the URL: ``new_database()`` a
+    migrated one (a copy of the template), ``new_database(empty=True)`` one with nothing in it."""
     import psycopg
 
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    made = []
+
+    def new(empty: bool = False) -> str:
+        if empty:
+            name = f"e_{uuid.uuid4().hex[:12]}"
+            with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        else:
+            name = database_supply.take()
+        made.append(name)
+        return pg_server.url(name)
+
+    yield new
     with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    url = pg_server.url(name)
+        for name in made:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(new_database, monkeypatch):
+    """A fresh, migrated database for this test, configured for the CLI and for Airflow."""
+    url = new_database()
     monkeypatch.setenv("HARVESTER_DATABASE_URL", url)
     monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", url)
-    yield url
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return url
+
+
+@pytest.fixture
+def empty_database_url(new_database):
+    """A database with nothing in it (not even schema_migrations); not configured anywhere."""
+    return new_database(empty=True)
 
 
 @pytest.fixture
@@ -112,6 +203,34 @@ def portal_server():
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def gc_records():
+    """data.gc.ca's records at 2013-06-17 11:50 (the module may share them: do not change them)."""
+    from harvester.testing.ckan_portal import load_jsonl
+    from harvester.testing.samples import sample_path
+
+    return load_jsonl(sample_path("data-gc-ca-snapshot-2013-06-17T11-50.jsonl"))
+
+
+@pytest.fixture
+def gc_portal(gc_records):
+    """A local CKAN portal serving ``gc_records``."""
+    from harvester.testing.ckan_portal import DemoPortal
+
+    with DemoPortal(records=gc_records) as server:
+        yield server
+
+
+# -- where notifications go ------------------------------------------------------------------------
+@pytest.fixture
+def receiver():
+    """A local HTTP server a portal's notify: targets post to (harvester.testing.receiver)."""
+    from harvester.testing.receiver import Receiver
+
+    with Receiver() as server:
+        yield server
 
 
 # -- the Gemini API ---------------------------------------------------------------------------------

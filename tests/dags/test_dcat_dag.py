@@ -11,19 +11,11 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from harvester.testing.samples import ROOT
-from harvester.testing.dcat_portal import DcatServer
 
 DCAT = Path(ROOT.parent / "shared" / "dcat-samples")
 AR = DCAT / "datos-gob-ar"
 SNAPSHOTS = ["2018-04-16", "2018-06-26", "2018-07-04", "2018-07-05", "2018-07-10"]
-
-
-@pytest.fixture
-def catalogue():
-    with DcatServer() as server:
-        yield server
 
 
 def snapshot(day: str) -> tuple[bytes, list[dict]]:

@@ -4,7 +4,6 @@ google-genai SDK talks HTTP to a local server that speaks Gemini's REST API."""
 import json
 import logging
 import threading
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from harvester.domain import dataset as ds
 from harvester.pipeline import steps as pipeline
 from harvester.config.portals import Portal
 from harvester.store import db as store_db
+from harvester.testing.clock import pass_breaker_time
 from harvester.testing.samples import distinct_records
 
 
@@ -166,7 +166,7 @@ def test_a_429_storm_opens_the_breaker_for_every_task_and_the_next_run_embeds(
     # The API recovers; the breaker's recovery timeout (1s, doubled for a 429) passes.
     gemini._fail.clear()
     gemini.requests.clear()
-    time.sleep(2.2)
+    pass_breaker_time(db, 2)
     harvest.configure(portal_server.base_url)
     assert harvest.run().state == "success"
     _, mode, status, stats, _ = last_run(db)
@@ -239,7 +239,7 @@ def test_an_ollama_outage_opens_the_breaker_at_the_dimension_probe_and_the_run_c
     # Ollama recovers; once the breaker lets probes through, the next run embeds what was left.
     ollama._fail.clear()
     ollama.requests.clear()
-    time.sleep(1.2)
+    pass_breaker_time(db, 1)
     assert harvest.run().state == "success"
     _, _, status, stats, _ = last_run(db)
     assert (status, stats["fetched"], stats["embedded"], stats["skipped"]) == ("committed", 0, len(records), 0)

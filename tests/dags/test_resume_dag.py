@@ -7,7 +7,6 @@ Clearing goes through Airflow's own `airflow tasks clear` command.
 """
 import copy
 import logging
-import uuid
 
 import psycopg
 import pytest
@@ -23,22 +22,15 @@ OUTCOME_STATS = ("fetched", "created", "updated", "unchanged", "failed", "skippe
 
 
 @pytest.fixture
-def other_database(pg_server, template_db, monkeypatch):
-    """Switches the harvester (CLI and Airflow connection) to a second fresh database; yields a
-    function that switches to it and returns its URL."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    url = pg_server.url(name)
-
+def other_database(new_database, monkeypatch):
+    """A second fresh database: its URL, and a function that switches the harvester (CLI and
+    Airflow connection) to a database and returns its URL."""
     def use(target):
         monkeypatch.setenv("HARVESTER_DATABASE_URL", target)
         monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", target)
         return target
 
-    yield url, use
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return new_database(), use
 
 
 def outcome(conn) -> dict:

@@ -27,6 +27,8 @@ from harvester.testing.airflow_cluster import AirflowCluster, ClusterError, Lock
 from harvester.testing.gemini import TEST_KEY as GEMINI_KEY
 from harvester.testing.samples import ROOT, load_samples
 
+pytestmark = pytest.mark.slow  # a real Airflow cluster: scheduler, dag-processor, api-server
+
 MODEL = "gemini-embedding-001@768"
 LOCK_BOUND = 10.0  # HARVESTER_LOCK_TIMEOUT_SECS in the cluster
 SEARCH_SLACK = 5.0  # a search may take the lock bound plus this (embedding the query, the SQL itself)

@@ -3,7 +3,6 @@ the upgrade of an existing database, a retried step, a failed run's staging, a p
 between the listing and the fetch."""
 import copy
 import shutil
-import uuid
 from datetime import datetime, timedelta
 
 import psycopg
@@ -26,15 +25,6 @@ def first_sync(db, reader, portal, provider):
     return pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
 
 
-@pytest.fixture
-def reader(database_url):
-    from harvester.store import db as store_db
-
-    conn = store_db.prepare(store_db.connect_url(database_url))
-    yield conn
-    conn.close()
-
-
 @pytest.fixture(scope="module")
 def provider():
     from harvester.embeddings.local import LocalProvider
@@ -42,28 +32,21 @@ def provider():
     return LocalProvider()
 
 
-def test_the_migration_records_when_existing_portals_were_last_listed_whole(pg_server, tmp_path):
-    name = f"u_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with psycopg.connect(pg_server.url(name), autocommit=True) as conn:
-            for version, path in migrations.migration_files():
-                if version < 4:
-                    shutil.copy(path, tmp_path / path.name)
-            migrations.migrate(conn, tmp_path)          # a database from before reconciliation
-            started = conn.execute(
-                "INSERT INTO sync_runs (portal_url, portal_name, mode, status) VALUES ('https://p.org', 'p', 'full',"
-                " 'committed'), ('https://p.org', 'p', 'incremental', 'committed') RETURNING started_at").fetchone()[0]
-            conn.execute("INSERT INTO portal_sync_status (portal_url, portal_name, last_successful_sync, sync_status)"
-                         " VALUES ('https://p.org', 'p', now(), 'completed')")
-            assert migrations.migrate(conn)[0] == "004_reconciliation.sql"
-            status = runs.status(conn, "https://p.org")
-            assert status.last_full_sync == status.last_reconciliation == started
-            assert status.listing_unusable == 0
-    finally:
-        with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+def test_the_migration_records_when_existing_portals_were_last_listed_whole(empty_database_url, tmp_path):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for version, path in migrations.migration_files():
+            if version < 4:
+                shutil.copy(path, tmp_path / path.name)
+        migrations.migrate(conn, tmp_path)          # a database from before reconciliation
+        started = conn.execute(
+            "INSERT INTO sync_runs (portal_url, portal_name, mode, status) VALUES ('https://p.org', 'p', 'full',"
+            " 'committed'), ('https://p.org', 'p', 'incremental', 'committed') RETURNING started_at").fetchone()[0]
+        conn.execute("INSERT INTO portal_sync_status (portal_url, portal_name, last_successful_sync, sync_status)"
+                     " VALUES ('https://p.org', 'p', now(), 'completed')")
+        assert migrations.migrate(conn)[0] == "004_reconciliation.sql"
+        status = runs.status(conn, "https://p.org")
+        assert status.last_full_sync == status.last_reconciliation == started
+        assert status.listing_unusable == 0
 
 
 def test_a_retried_reconciliation_starts_over_and_counts_once(db, reader, portal, portal_server, samples, provider):

@@ -20,22 +20,10 @@ from harvester.testing.samples import sample_path, samples_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = samples_dir()
-GC_1150 = sample_path("data-gc-ca-snapshot-2013-06-17T11-50.jsonl")
 GC_1230 = sample_path("data-gc-ca-snapshot-2013-06-17T12-30.jsonl")
 
 
 FQ_RE = re.compile(r"metadata_modified:\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z TO \*\]")
-
-
-@pytest.fixture(scope="module")
-def gc_records():
-    return load_jsonl(GC_1150)
-
-
-@pytest.fixture
-def portal(gc_records):
-    with DemoPortal(records=gc_records) as p:
-        yield p
 
 
 def make_client(base_url, **kw):
@@ -60,44 +48,44 @@ def copies(rec, n, metadata_modified, tag):
 
 # -- keyset listing ------------------------------------------------------------------------------
 @pytest.mark.parametrize("page_size", [1, 7, 50, 1000])
-def test_full_listing_yields_every_id_once(portal, gc_records, page_size):
-    client = make_client(portal.base_url)
+def test_full_listing_yields_every_id_once(gc_portal, gc_records, page_size):
+    client = make_client(gc_portal.base_url)
     got = listing(client, page_size=page_size)
     ids = [r["id"] for r in got]
     assert len(ids) == len(set(ids)) == 489
     assert set(ids) == {r["id"] for r in gc_records}
     assert [key(r) for r in got] == sorted(key(r) for r in got)  # oldest first, id order within a millisecond
-    assert client.requests_made == len(portal.requests)
+    assert client.requests_made == len(gc_portal.requests)
     assert client.total == 489
-    first, *rest = [params for _, params in portal.requests]
+    first, *rest = [params for _, params in gc_portal.requests]
     assert first == {"q": "*:*", "sort": "metadata_modified asc, id asc", "rows": str(page_size), "start": "0"}
     # keyset, not offsets: later requests filter on the last timestamp and start at 0 (no ties here)
     assert all(FQ_RE.fullmatch(p["fq"]) and p["start"] == "0" and p["sort"] == first["sort"] for p in rest)
     assert len(rest) == -(-489 // page_size) - 1
 
 
-def test_since_filter_gives_only_newer_records(portal, gc_records):
+def test_since_filter_gives_only_newer_records(gc_portal, gc_records):
     since = datetime(2013, 6, 14, 12, 0)  # naive: UTC
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     got = listing(client, since=since, page_size=10)
     utc_since = since.replace(tzinfo=timezone.utc)
     expected = {r["id"] for r in gc_records if parse_ckan_timestamp(r["metadata_modified"]) >= utc_since}
     assert 10 < len(expected) < 489
     assert [r["id"] for r in got] == [r["id"] for r in sorted(gc_records, key=key) if r["id"] in expected]
-    assert portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
+    assert gc_portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
     # the same instant in another zone asks the same question
-    portal.requests.clear()
+    gc_portal.requests.clear()
     edt = datetime(2013, 6, 14, 8, 0, tzinfo=timezone(timedelta(hours=-4)))
-    assert {r["id"] for r in listing(make_client(portal.base_url), since=edt)} == expected
-    assert portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
+    assert {r["id"] for r in listing(make_client(gc_portal.base_url), since=edt)} == expected
+    assert gc_portal.requests[0][1]["fq"] == "metadata_modified:[2013-06-14T12:00:00.000Z TO *]"
 
 
-def test_since_is_millisecond_precision_rounded_down(portal):
+def test_since_is_millisecond_precision_rounded_down(gc_portal):
     # the newest record is 2013-06-17T15:32:05.305546: Solr knows it as .305
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     got = listing(client, since=datetime(2013, 6, 17, 15, 32, 5, 305999, tzinfo=timezone.utc))
     assert [r["metadata_modified"] for r in got] == ["2013-06-17T15:32:05.305546"]
-    assert portal.requests[-1][1]["fq"] == "metadata_modified:[2013-06-17T15:32:05.305Z TO *]"
+    assert gc_portal.requests[-1][1]["fq"] == "metadata_modified:[2013-06-17T15:32:05.305Z TO *]"
     assert listing(client, since=datetime(2013, 6, 17, 15, 32, 5, 306000)) == []
     assert solr_date(datetime(2013, 6, 17, 11, 50, 0, 999)) == "2013-06-17T11:50:00.000Z"
 
@@ -146,16 +134,16 @@ def test_tie_group_shrinking_mid_listing_skips_nothing(gc_records):
         assert starts[:3] == [0, 4, 0]  # found the shift at start=4 and stepped back
 
 
-def test_record_modified_mid_listing_is_still_fetched(portal, gc_records):
+def test_record_modified_mid_listing_is_still_fetched(gc_portal, gc_records):
     ordered = sorted(gc_records, key=key)
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     pages = client.iter_pages(None, page_size=50)
     got = list(next(pages))
     assert len(got) == 50
     ahead, behind, gone = ordered[300], ordered[10], ordered[20]
-    portal.upsert_record(dict(ahead, metadata_modified="2013-06-18T09:00:00.123456", title="edited"))
-    portal.upsert_record(dict(behind, metadata_modified="2013-06-18T09:00:01"))
-    portal.remove_record(gone["id"])
+    gc_portal.upsert_record(dict(ahead, metadata_modified="2013-06-18T09:00:00.123456", title="edited"))
+    gc_portal.upsert_record(dict(behind, metadata_modified="2013-06-18T09:00:01"))
+    gc_portal.remove_record(gone["id"])
     for page in pages:
         got.extend(page)
     ids = [r["id"] for r in got]
@@ -195,58 +183,58 @@ def test_incremental_between_two_real_snapshots(gc_records):
         assert changed <= with_lookback
 
 
-def test_full_listing_without_fq_when_the_portal_rejects_it(portal, gc_records):
-    portal.reject_fq = True
+def test_full_listing_without_fq_when_the_portal_rejects_it(gc_portal, gc_records):
+    gc_portal.reject_fq = True
     # a fresh client finds out on its second page, and lists on with plain offsets
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     ids = [r["id"] for r in listing(client, page_size=50)]
     assert len(ids) == len(set(ids)) == 489
-    assert [("fq" in params, params["start"]) for _, params in portal.requests[:4]] == [
+    assert [("fq" in params, params["start"]) for _, params in gc_portal.requests[:4]] == [
         (False, "0"), (True, "0"), (False, "0"), (False, "49")]
     # an incremental listing is refused (the caller falls back to a full one) ...
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     with pytest.raises(FilterRejected):
         listing(client, since=datetime(2013, 6, 1), page_size=50)
     # ... which then does not try fq again
-    portal.requests.clear()
+    gc_portal.requests.clear()
     ids = [r["id"] for r in listing(client, page_size=50)]
     assert len(ids) == len(set(ids)) == 489
-    assert not any("fq" in params for _, params in portal.requests)
-    assert [int(params["start"]) for _, params in portal.requests] == [0] + [50 * i - 1 for i in range(1, 10)]
+    assert not any("fq" in params for _, params in gc_portal.requests)
+    assert [int(params["start"]) for _, params in gc_portal.requests] == [0] + [50 * i - 1 for i in range(1, 10)]
 
 
 # -- errors --------------------------------------------------------------------------------------
-def test_reject_fq_raises_filter_rejected(portal):
-    portal.reject_fq = True
-    client = make_client(portal.base_url)
+def test_reject_fq_raises_filter_rejected(gc_portal):
+    gc_portal.reject_fq = True
+    client = make_client(gc_portal.base_url)
     with pytest.raises(FilterRejected) as info:
         listing(client, since=datetime(2013, 6, 14))
     exc = info.value
     assert isinstance(exc, CkanError) and not exc.transient
     assert (exc.status, exc.error_type, exc.action) == (409, "Search Error", "package_search")
     text = str(exc)
-    assert text.startswith(f"{portal.base_url} package_search: HTTP 409 Search Error: Search error: "
+    assert text.startswith(f"{gc_portal.base_url} package_search: HTTP 409 Search Error: Search error: "
                            "'SOLR returned an error running query: {")
     assert "[Reason: undefined field metadata_modified]" in text
     assert text.endswith("(fq 'metadata_modified:[2013-06-14T00:00:00.000Z TO *]')")
     assert client.requests_made == 1  # terminal: not retried
 
 
-def test_400_search_query_error_with_and_without_fq(portal):
-    client = make_client(portal.base_url)
+def test_400_search_query_error_with_and_without_fq(gc_portal):
+    client = make_client(gc_portal.base_url)
     with pytest.raises(FilterRejected) as info:
         client.package_search(fq="type:dataset", sort="metadata_modified sideways")
-    assert str(info.value) == (f"{portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
+    assert str(info.value) == (f"{gc_portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
                                "invalid: 'Invalid \"sort\" parameter' (fq 'type:dataset')")
     with pytest.raises(CkanError) as info:
         client.package_search(sort="metadata_modified sideways")
     assert type(info.value) is CkanError
-    assert str(info.value) == (f"{portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
+    assert str(info.value) == (f"{gc_portal.base_url} package_search: HTTP 400 Search Query Error: Search Query is "
                                "invalid: 'Invalid \"sort\" parameter'")
 
 
-def test_package_show(portal, gc_records):
-    client = make_client(portal.base_url)
+def test_package_show(gc_portal, gc_records):
+    client = make_client(gc_portal.base_url)
     rec = gc_records[5]
     assert client.package_show(rec["id"]) == rec
     assert client.package_show(rec["name"]) == rec
@@ -254,87 +242,88 @@ def test_package_show(portal, gc_records):
         client.package_show("no-such-dataset")
     exc = info.value
     assert type(exc) is CkanError and not exc.transient
-    assert str(exc) == f"{portal.base_url} package_show: HTTP 404 Not Found Error: Not found"
+    assert str(exc) == f"{gc_portal.base_url} package_show: HTTP 404 Not Found Error: Not found"
     assert (exc.status, exc.error_type) == (404, "Not Found Error")
     assert client.requests_made == 3
 
 
-def test_status(portal):
-    assert make_client(portal.base_url + "/api/3/").status()["ckan_version"] == "2.10.4"
+def test_status(gc_portal):
+    assert make_client(gc_portal.base_url + "/api/3/").status()["ckan_version"] == "2.10.4"
 
 
-def test_non_json_answer_names_the_action(portal):
-    client = make_client(portal.base_url + "/not-ckan")
+def test_non_json_answer_names_the_action(gc_portal):
+    client = make_client(gc_portal.base_url + "/not-ckan")
     with pytest.raises(CkanError) as info:
         client.status()
-    assert str(info.value) == (f"{portal.base_url}/not-ckan status_show: HTTP 404, not a JSON answer "
+    assert str(info.value) == (f"{gc_portal.base_url}/not-ckan status_show: HTTP 404, not a JSON answer "
                                "(text/html;charset=utf-8): <html><body><h1>404 Not Found</h1></body></html>")
 
 
 # -- retries -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("status", [500, 503])
-def test_retry_on_5xx_then_success(portal, status):
-    portal.fail_next(2, status)
-    client = make_client(portal.base_url)
+def test_retry_on_5xx_then_success(gc_portal, status):
+    gc_portal.fail_next(2, status)
+    client = make_client(gc_portal.base_url)
     assert client.status()["ckan_version"] == "2.10.4"
-    assert client.requests_made == 3 == len(portal.requests)
+    assert client.requests_made == 3 == len(gc_portal.requests)
 
 
-def test_retry_mid_listing(portal):
-    client = make_client(portal.base_url)
+def test_retry_mid_listing(gc_portal):
+    client = make_client(gc_portal.base_url)
     pages = client.iter_pages(None, page_size=100)
     got = list(next(pages))
-    portal.fail_next(2, 503, action="package_search")
+    gc_portal.fail_next(2, 503, action="package_search")
     for page in pages:
         got.extend(page)
     assert len({r["id"] for r in got}) == len(got) == 489
-    assert client.requests_made == 5 + 2 == len(portal.requests)
+    assert client.requests_made == 5 + 2 == len(gc_portal.requests)
 
 
-def test_429_retry_after_is_honoured(portal):
-    portal.fail_next(1, 429, retry_after=1)
-    client = make_client(portal.base_url, max_backoff=5)
+def test_429_retry_after_is_honoured(gc_portal):
+    gc_portal.fail_next(1, 429, retry_after=1)
+    client = make_client(gc_portal.base_url, max_backoff=5)
     started = time.monotonic()
     client.status()
     assert 0.95 <= time.monotonic() - started < 3
     assert client.requests_made == 2
     # an HTTP-date works too (whole seconds: this one is 1 to 2 s ahead)
-    portal.fail_next(1, 429, retry_after=email.utils.formatdate(time.time() + 2, usegmt=True))
-    client = make_client(portal.base_url, max_backoff=5)
+    gc_portal.fail_next(1, 429, retry_after=email.utils.formatdate(time.time() + 2, usegmt=True))
+    client = make_client(gc_portal.base_url, max_backoff=5)
     started = time.monotonic()
     client.status()
     assert 0.9 <= time.monotonic() - started < 3
     # max_backoff caps what the portal asks for
-    portal.fail_next(1, 429, retry_after=3600)
-    client = make_client(portal.base_url, max_backoff=0.2)
+    gc_portal.fail_next(1, 429, retry_after=3600)
+    client = make_client(gc_portal.base_url, max_backoff=0.2)
     started = time.monotonic()
     client.status()
     assert 0.2 <= time.monotonic() - started < 1.5
     assert client.requests_made == 2
 
 
-def test_retries_exhausted(portal):
-    portal.fail_next(3, 503)
-    client = make_client(portal.base_url, max_retries=2)
+def test_retries_exhausted(gc_portal):
+    gc_portal.fail_next(3, 503)
+    client = make_client(gc_portal.base_url, max_retries=2)
     with pytest.raises(PortalUnavailable) as info:
         client.status()
     exc = info.value
     assert exc.transient and isinstance(exc, CkanError)
-    assert str(exc) == f"{portal.base_url} status_show: portal unavailable after 3 attempts (last: HTTP 503)"
+    assert str(exc) == f"{gc_portal.base_url} status_show: portal unavailable after 3 attempts (last: HTTP 503)"
     assert (exc.status, exc.action) == (503, "status_show")
-    assert client.requests_made == 3 == len(portal.requests)
-    portal.fail_next(3, 429, retry_after=0)
+    assert client.requests_made == 3 == len(gc_portal.requests)
+    gc_portal.fail_next(3, 429, retry_after=0)
     with pytest.raises(PortalUnavailable, match=r"after 3 attempts \(last: HTTP 429\)"):
         client.status()
     assert client.status()["ckan_version"]  # the queue of failures is used up
 
 
-def test_total_outage_during_listing(portal):
-    client = make_client(portal.base_url, max_retries=1)
-    portal.fail_actions = {"package_search"}
+def test_total_outage_during_listing(gc_portal):
+    client = make_client(gc_portal.base_url, max_retries=1)
+    gc_portal.fail_actions = {"package_search"}
     with pytest.raises(PortalUnavailable) as info:
         listing(client, since=datetime(2013, 6, 1))
-    assert str(info.value) == f"{portal.base_url} package_search: portal unavailable after 2 attempts (last: HTTP 500)"
+    assert str(info.value) == (f"{gc_portal.base_url} package_search: portal unavailable after 2 attempts"
+                               " (last: HTTP 500)")
 
 
 def test_connection_refused():
@@ -349,12 +338,12 @@ def test_connection_refused():
     assert client.requests_made == 2
 
 
-def test_timeout(portal):
-    portal.response_delay = 0.5
-    client = make_client(portal.base_url, timeout=0.1, max_retries=1)
+def test_timeout(gc_portal):
+    gc_portal.response_delay = 0.5
+    client = make_client(gc_portal.base_url, timeout=0.1, max_retries=1)
     with pytest.raises(PortalUnavailable) as info:
         client.status()
-    assert str(info.value) == (f"{portal.base_url} status_show: portal unavailable after 2 attempts "
+    assert str(info.value) == (f"{gc_portal.base_url} status_show: portal unavailable after 2 attempts "
                                "(last: timeout after 0.1s (ReadTimeout))")
 
 
@@ -373,51 +362,51 @@ NOT_CKAN = {
 
 
 @pytest.mark.parametrize("body, last", NOT_CKAN.values(), ids=list(NOT_CKAN))
-def test_answers_not_from_ckan_are_retried_like_5xx(portal, body, last):
-    portal.fail_next(2, 200, body=body)
-    client = make_client(portal.base_url)
+def test_answers_not_from_ckan_are_retried_like_5xx(gc_portal, body, last):
+    gc_portal.fail_next(2, 200, body=body)
+    client = make_client(gc_portal.base_url)
     assert client.status()["ckan_version"] == "2.10.4"
-    assert client.requests_made == 3 == len(portal.requests)
+    assert client.requests_made == 3 == len(gc_portal.requests)
     # when the retries are spent: PortalUnavailable (transient), never a FilterRejected
-    portal.fail_next(3, 200, body=body, action="package_search")
-    client = make_client(portal.base_url, max_retries=2)
+    gc_portal.fail_next(3, 200, body=body, action="package_search")
+    client = make_client(gc_portal.base_url, max_retries=2)
     with pytest.raises(PortalUnavailable) as info:
         listing(client, since=datetime(2013, 6, 1))
-    assert str(info.value) == f"{portal.base_url} package_search: portal unavailable after 3 attempts (last: {last})"
+    assert str(info.value) == f"{gc_portal.base_url} package_search: portal unavailable after 3 attempts (last: {last})"
     assert client.requests_made == 3
 
 
-def test_ckan_errors_other_than_a_refused_filter_are_not_filter_rejected(portal):
-    portal.fail_next(1, 403, action="package_search", body={
+def test_ckan_errors_other_than_a_refused_filter_are_not_filter_rejected(gc_portal):
+    gc_portal.fail_next(1, 403, action="package_search", body={
         "help": "x", "success": False, "error": {"__type": "Authorization Error", "message": "Access denied"}})
-    client = make_client(portal.base_url)
+    client = make_client(gc_portal.base_url)
     with pytest.raises(CkanError) as info:
         listing(client, since=datetime(2013, 6, 1))
     assert type(info.value) is CkanError and not info.value.transient
-    assert str(info.value) == f"{portal.base_url} package_search: HTTP 403 Authorization Error: Access denied"
+    assert str(info.value) == f"{gc_portal.base_url} package_search: HTTP 403 Authorization Error: Access denied"
     assert client.requests_made == 1
 
 
 # -- politeness and secrets ----------------------------------------------------------------------
-def test_politeness_delay(portal):
-    client = make_client(portal.base_url, politeness_delay=0.2)
+def test_politeness_delay(gc_portal):
+    client = make_client(gc_portal.base_url, politeness_delay=0.2)
     started = time.monotonic()
     for _ in range(3):
         client.status()
     assert time.monotonic() - started >= 0.4
 
 
-def test_credentials_are_sent_but_never_logged(portal, caplog):
+def test_credentials_are_sent_but_never_logged(gc_portal, caplog):
     caplog.set_level(logging.DEBUG, logger="harvester")
-    host = portal.base_url.removeprefix("http://")
+    host = gc_portal.base_url.removeprefix("http://")
     client = make_client(f"http://harvest:s3cret@{host}", api_key="KEY-0123456789")
     assert client.portal == f"http://***@{host}" == scrub_url(f"http://harvest:s3cret@{host}")
-    portal.fail_next(1, 500)
+    gc_portal.fail_next(1, 500)
     client.status()
     listing(client, since=datetime(2013, 6, 17), page_size=5)
     with pytest.raises(CkanError) as info:
         client.package_show("missing")
-    headers = portal.request_headers[-1]
+    headers = gc_portal.request_headers[-1]
     assert headers["Authorization"] == "KEY-0123456789"
     assert headers["User-Agent"] == "harvester/0.1"
     assert "retry 1 of 3" in caplog.text  # something was logged
@@ -427,21 +416,21 @@ def test_credentials_are_sent_but_never_logged(portal, caplog):
     assert str(info.value) == f"http://***@{host} package_show: HTTP 404 Not Found Error: Not found"
 
 
-def test_basic_auth_from_the_url_or_given(portal):
-    host = portal.base_url.removeprefix("http://")
+def test_basic_auth_from_the_url_or_given(gc_portal):
+    host = gc_portal.base_url.removeprefix("http://")
     client = make_client(f"http://harvest:p%40ss%2Fw@{host}/api/3")
-    assert client.base_url == portal.base_url and client.portal == f"http://***@{host}"
+    assert client.base_url == gc_portal.base_url and client.portal == f"http://***@{host}"
     client.status()
-    assert portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"harvest:p@ss/w").decode()
-    client = make_client(portal.base_url, basic_auth=("robot", "Pw-9f8e7d"))
+    assert gc_portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"harvest:p@ss/w").decode()
+    client = make_client(gc_portal.base_url, basic_auth=("robot", "Pw-9f8e7d"))
     client.status()
-    assert portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"robot:Pw-9f8e7d").decode()
-    assert client.portal == portal.base_url and "Pw-9f8e7d" not in repr(client) + repr(vars(client))
-    assert "include_private" not in portal.requests[-1][1]
+    assert gc_portal.request_headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"robot:Pw-9f8e7d").decode()
+    assert client.portal == gc_portal.base_url and "Pw-9f8e7d" not in repr(client) + repr(vars(client))
+    assert "include_private" not in gc_portal.requests[-1][1]
     # an API token is what CKAN reads: it wins over basic auth
-    client = make_client(portal.base_url, basic_auth=("robot", "Pw-9f8e7d"), api_key="KEY-55aa")
+    client = make_client(gc_portal.base_url, basic_auth=("robot", "Pw-9f8e7d"), api_key="KEY-55aa")
     client.status()
-    assert portal.request_headers[-1]["Authorization"] == "KEY-55aa"
+    assert gc_portal.request_headers[-1]["Authorization"] == "KEY-55aa"
 
 
 def test_api_key_lists_private_datasets(gc_records):
@@ -468,10 +457,10 @@ def test_api_key_lists_private_datasets(gc_records):
 
 
 # -- reconciliation's calls ------------------------------------------------------------------------
-def test_count_is_one_request_of_no_rows(portal, gc_records):
-    client = make_client(portal.base_url)
+def test_count_is_one_request_of_no_rows(gc_portal, gc_records):
+    client = make_client(gc_portal.base_url)
     assert client.count() == len(gc_records)
-    (action, params), = portal.requests
+    (action, params), = gc_portal.requests
     assert action == "package_search" and params["rows"] == "0" and "fq" not in params
     assert client.requests_made == 1 and client.bytes_received > 0
 
@@ -496,26 +485,26 @@ def test_identifier_listing_keyset_pages_with_ties_and_few_bytes(gc_records):
         next(make_client("http://127.0.0.1:9").iter_pages(None, fields=("id",)))
 
 
-def test_fetch_by_ids_in_batches(portal, gc_records):
-    client = make_client(portal.base_url)
+def test_fetch_by_ids_in_batches(gc_portal, gc_records):
+    client = make_client(gc_portal.base_url)
     wanted = [r["id"] for r in gc_records[:25]] + ["no-such-dataset"]
     pages = list(client.fetch_by_ids(wanted, per_request=10))
     got = [r["id"] for page in pages for r in page]
     assert sorted(got) == sorted(wanted[:25]) and [len(p) for p in pages] == [10, 10, 5]
-    fqs = [params["fq"] for _, params in portal.requests]
+    fqs = [params["fq"] for _, params in gc_portal.requests]
     assert len(fqs) == 3 and all(fq.startswith('id:("') for fq in fqs)
     assert [gc_records[0] == r for page in pages for r in page if r["id"] == gc_records[0]["id"]] == [True]
 
 
 @pytest.mark.parametrize("fault", ["reject_fq", "ignore_fq"])
-def test_fetch_by_ids_falls_back_to_package_show(portal, gc_records, fault, caplog):
-    setattr(portal, fault, True)
-    client = make_client(portal.base_url)
+def test_fetch_by_ids_falls_back_to_package_show(gc_portal, gc_records, fault, caplog):
+    setattr(gc_portal, fault, True)
+    client = make_client(gc_portal.base_url)
     wanted = [r["id"] for r in gc_records[100:104]] + ["no-such-dataset"]   # not the catalogue's first
     with caplog.at_level(logging.WARNING, logger="harvester.ckan"):
         got = [r["id"] for page in client.fetch_by_ids(wanted, per_request=3) for r in page]
     assert got == wanted[:4]
-    actions = [action for action, _ in portal.requests]
+    actions = [action for action, _ in gc_portal.requests]
     assert actions == ["package_search"] + ["package_show"] * 5   # asked once, then one by one
     assert len([r for r in caplog.records if "package_show, one request each" in r.getMessage()]) == 1
 

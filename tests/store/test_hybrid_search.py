@@ -18,6 +18,9 @@ from harvester.embeddings.local import MODEL_NAME, LocalProvider
 from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, fold, search
 from harvester.testing.runs import COPY_DRIFT  # copies that differ from their vector
 
+# The module's corpus is ~900 records harvested with the local model: minutes on a CPU.
+pytestmark = pytest.mark.slow
+
 PORTALS = {
     "br": ("portuguese", ("dados-gov-br.jsonl",)),
     "de": ("de", ("govdata-de.jsonl", "data-stadt-zuerich-ch.jsonl", "envidat-ch.jsonl")),

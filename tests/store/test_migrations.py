@@ -4,24 +4,12 @@ flight), waiting a bounded time for their locks."""
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime, timezone
 
 import psycopg
 import pytest
 
 from harvester.store import migrations
-
-
-@pytest.fixture
-def empty_url(pg_server):
-    """A database with nothing in it (not even schema_migrations)."""
-    name = f"m_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.url(name)
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def tables(conn) -> set[str]:
@@ -32,11 +20,11 @@ def applied(conn) -> list[str]:
     return [r[0] for r in conn.execute("SELECT name FROM schema_migrations ORDER BY version")]
 
 
-def test_each_migration_in_its_own_transaction(empty_url, tmp_path):
+def test_each_migration_in_its_own_transaction(empty_database_url, tmp_path):
     (tmp_path / "001_first.sql").write_text("CREATE TABLE first_table (x int);")
     (tmp_path / "002_second.sql").write_text("CREATE TABLE second_table (x int);")
     (tmp_path / "003_third.sql").write_text("CREATE TABLE third_table (x int);\nSELECT 1 / 0;")
-    with psycopg.connect(empty_url, autocommit=True) as conn:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
         with pytest.raises(migrations.MigrationError) as failed:
             migrations.migrate(conn, tmp_path)
         assert str(failed.value).startswith(
@@ -51,9 +39,9 @@ def test_each_migration_in_its_own_transaction(empty_url, tmp_path):
         assert migrations.pending(conn, tmp_path) == []
 
 
-def test_pending_names_what_an_empty_or_old_database_lacks(empty_url, tmp_path):
+def test_pending_names_what_an_empty_or_old_database_lacks(empty_database_url, tmp_path):
     (tmp_path / "001_first.sql").write_text("CREATE TABLE first_table (x int);")
-    with psycopg.connect(empty_url, autocommit=True) as conn:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
         assert migrations.pending(conn, tmp_path) == ["001_first.sql"]
         migrations.migrate(conn, tmp_path)
         (tmp_path / "002_second.sql").write_text("CREATE TABLE second_table (x int);")
@@ -62,7 +50,8 @@ def test_pending_names_what_an_empty_or_old_database_lacks(empty_url, tmp_path):
 
 # -- through Airflow ----------------------------------------------------------------------------
 
-def test_a_migration_waits_a_bounded_time_for_its_locks_and_tries_again(empty_url, tmp_path, monkeypatch, caplog):
+def test_a_migration_waits_a_bounded_time_for_its_locks_and_tries_again(empty_database_url, tmp_path, monkeypatch,
+                                                                        caplog):
     """An ALTER TABLE behind a long transaction: it gives up after LOCK_TIMEOUT (so the sessions
     queued behind it are not held up), and tries again; meanwhile nobody waits for it for long."""
     import threading
@@ -70,10 +59,10 @@ def test_a_migration_waits_a_bounded_time_for_its_locks_and_tries_again(empty_ur
 
     monkeypatch.setattr(migrations, "LOCK_TIMEOUT", "200ms")
     (tmp_path / "001_first.sql").write_text("CREATE TABLE first_table (x int);")
-    with psycopg.connect(empty_url, autocommit=True) as conn:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
         migrations.migrate(conn, tmp_path)
         (tmp_path / "002_second.sql").write_text("ALTER TABLE first_table ADD COLUMN y int;")
-        holder = psycopg.connect(empty_url)
+        holder = psycopg.connect(empty_database_url)
         holder.execute("SELECT count(*) FROM first_table").fetchone()  # holds ACCESS SHARE until it ends
         release = threading.Timer(1.0, holder.rollback)
         release.start()
@@ -86,16 +75,16 @@ def test_a_migration_waits_a_bounded_time_for_its_locks_and_tries_again(empty_ur
         assert "migration 002_second.sql waited more than 200ms for a lock (attempt 1 of" in caplog.text
 
 
-def test_the_first_task_of_a_run_migrates_an_empty_database_once(harvest, portal_server, samples, empty_url,
+def test_the_first_task_of_a_run_migrates_an_empty_database_once(harvest, portal_server, samples, empty_database_url,
                                                                   monkeypatch, caplog):
     portal_server.set_records(samples("data-birmingham-gov-uk.jsonl")[:5])
     harvest.configure(portal_server.base_url)
-    monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", empty_url)
+    monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", empty_database_url)
     caplog.set_level(logging.INFO, logger="harvester.store.migrations")
 
     assert harvest.run(full_sync=True).state == "success"
     names = [path.name for _, path in migrations.migration_files()]
-    with psycopg.connect(empty_url) as conn:
+    with psycopg.connect(empty_database_url) as conn:
         assert applied(conn) == names
         assert conn.execute("SELECT count(*) FROM datasets").fetchone()[0] == 5
     said = [r.getMessage() for r in caplog.records if r.name == "harvester.store.migrations"]
@@ -110,14 +99,15 @@ def test_the_first_task_of_a_run_migrates_an_empty_database_once(harvest, portal
     assert said == {f"schema migrations: up to date ({len(names)} applied)"}
 
 
-def test_a_task_after_begin_applies_what_a_deploy_added(harvest, portal_server, empty_url, monkeypatch, caplog):
+def test_a_task_after_begin_applies_what_a_deploy_added(harvest, portal_server, empty_database_url, monkeypatch,
+                                                       caplog):
     """begin marked successful without running (as if it ran before the deploy): fetch_modified is
     the first task to open a connection, and it migrates rather than failing the run."""
     harvest.configure(portal_server.base_url)
-    monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", empty_url)
+    monkeypatch.setenv("AIRFLOW_CONN_HARVESTER_DB", empty_database_url)
     caplog.set_level(logging.INFO, logger="harvester.store.migrations")
     harvest.dag().test(logical_date=datetime.now(timezone.utc), mark_success_pattern="^begin$")
     names = [path.name for _, path in migrations.migration_files()]
-    with psycopg.connect(empty_url) as conn:
+    with psycopg.connect(empty_database_url) as conn:
         assert applied(conn) == names
     assert "lacks migrations" not in caplog.text

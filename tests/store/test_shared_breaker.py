@@ -7,23 +7,15 @@ import pytest
 
 from harvester.domain.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig
 from harvester.store.breaker import ERROR_CHARS, SharedBreaker
+from harvester.testing.clock import Clock, pass_breaker_time
 
 PROVIDER, MODEL = "gemini", "gemini-embedding-001@768"
 LOGGER = "harvester.store.breaker"
 
 
-class Clock:
-    """A clock the test moves; shared by every thread and connection."""
-
-    def __init__(self, now: float = 1_700_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock():
+    """A clock the test moves; shared by every thread and connection."""
     return Clock()
 
 
@@ -200,6 +192,22 @@ def test_the_database_clock_is_the_default(db, connect):
     db_now, opened_at, updated_at = db.execute(
         "SELECT clock_timestamp(), opened_at, updated_at FROM circuit_breakers").fetchone()
     assert 0 <= (db_now - opened_at).total_seconds() < 5 and updated_at == opened_at
+
+
+def test_time_passed_on_the_database_clock_ends_the_opening_and_the_probe_leases(db):
+    """(What tests of whole runs use instead of sleeping: harvester.testing.clock.pass_breaker_time.)"""
+    config = BreakerConfig(failure_threshold=1, recovery_timeout_secs=30, half_open_max_probes=1, probe_lease_secs=60)
+    breaker = SharedBreaker(db, PROVIDER, MODEL, config)
+    breaker.record_failure()
+    assert pass_breaker_time(db, 25) == 1
+    decision = breaker.admit()
+    assert decision.rejected and 0 < decision.retry_in <= 5
+    pass_breaker_time(db, 5)
+    assert breaker.admit().probe  # ... and this probe never reports back
+    assert breaker.admit().rejected
+    pass_breaker_time(db, 60)
+    assert breaker.admit().probe
+    assert row(db, "state", "probes_in_flight") == ("half_open", 1)
 
 
 def test_error_text_is_truncated_and_kept(db, clock):

@@ -1,5 +1,4 @@
 """The store on a real PostgreSQL: migrations, run lifecycle, per-model vector indexes."""
-import uuid
 from types import SimpleNamespace
 
 import psycopg
@@ -10,15 +9,9 @@ from harvester.store import migrations, runs, vectors
 
 
 @pytest.fixture
-def empty_db(pg_server):
-    name = f"e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    conn = psycopg.connect(pg_server.url(name), autocommit=True)
-    yield conn
-    conn.close()
-    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+def empty_db(empty_database_url):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        yield conn
 
 
 def test_migrations_apply_once_in_order(empty_db):

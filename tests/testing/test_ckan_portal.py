@@ -18,21 +18,9 @@ from harvester.testing.samples import sample_path, samples_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = samples_dir()
-GC = sample_path("data-gc-ca-snapshot-2013-06-17T11-50.jsonl")
 DATA_GOV = sample_path("catalog-data-gov.jsonl")
 DKAN = sample_path("dkan-hauts-de-france.jsonl")
 
-
-
-@pytest.fixture(scope="module")
-def gc_records():
-    return load_jsonl(GC)
-
-
-@pytest.fixture
-def portal(gc_records):
-    with DemoPortal(records=gc_records) as p:
-        yield p
 
 
 def get(portal, action, **params):
@@ -58,15 +46,15 @@ def utc_ms(*args):
 
 
 # -- CKAN's wire format --------------------------------------------------------------------------
-def test_package_search_envelope_is_ckans(portal, gc_records):
+def test_package_search_envelope_is_ckans(gc_portal, gc_records):
     real = json.loads((SAMPLES / "package_search-response-birmingham.json").read_text())
-    r = get(portal, "package_search")
+    r = get(gc_portal, "package_search")
     assert r.status_code == 200
     assert r.headers["Content-Type"] == "application/json;charset=utf-8"
     body = r.json()
     assert list(body) == list(real) == ["help", "success", "result"]
     assert list(body["result"]) == list(real["result"]) == ["count", "sort", "facets", "results", "search_facets"]
-    assert body["help"] == f"{portal.base_url}/api/3/action/help_show?name=package_search"
+    assert body["help"] == f"{gc_portal.base_url}/api/3/action/help_show?name=package_search"
     assert body["success"] is True
     res = body["result"]
     assert res["count"] == len(gc_records) == 489
@@ -78,14 +66,14 @@ def test_package_search_envelope_is_ckans(portal, gc_records):
     assert all(rec == by_id[rec["id"]] for rec in res["results"])
 
 
-def test_sort_on_several_keys(portal, gc_records):
-    asc = search(portal, sort="metadata_modified asc, id asc", rows=1000)
+def test_sort_on_several_keys(gc_portal, gc_records):
+    asc = search(gc_portal, sort="metadata_modified asc, id asc", rows=1000)
     expected = sorted(gc_records, key=lambda r: (ms(r["metadata_modified"]), r["id"]))
     assert [r["id"] for r in asc["results"]] == [r["id"] for r in expected]
     assert asc["sort"] == "metadata_modified asc, id asc"
-    desc = search(portal, sort="metadata_modified desc, id desc", rows=1000)
+    desc = search(gc_portal, sort="metadata_modified desc, id desc", rows=1000)
     assert [r["id"] for r in desc["results"]] == [r["id"] for r in reversed(expected)]
-    by_name = search(portal, sort="name asc", rows=5)
+    by_name = search(gc_portal, sort="name asc", rows=5)
     assert [r["name"] for r in by_name["results"]] == sorted(r["name"] for r in gc_records)[:5]
 
 
@@ -98,11 +86,11 @@ def test_rows_default_cap_and_start():
         assert search(p, start=5000)["results"] == []
 
 
-def test_q_all_empty_and_free_text(portal, gc_records):
-    assert search(portal, q="*:*")["count"] == 489
-    assert search(portal, q="")["count"] == 489
+def test_q_all_empty_and_free_text(gc_portal, gc_records):
+    assert search(gc_portal, q="*:*")["count"] == 489
+    assert search(gc_portal, q="")["count"] == 489
     word = "Canada"
-    hits = search(portal, q=word, rows=1000)
+    hits = search(gc_portal, q=word, rows=1000)
     assert 0 < hits["count"] < 489
     assert all(word.lower() in json.dumps(r, ensure_ascii=False).lower() for r in hits["results"])
 
@@ -125,9 +113,9 @@ def test_q_all_empty_and_free_text(portal, gc_records):
     ("metadata_modified:[2013-06-14T00:00:00Z TO *] AND metadata_modified:[* TO 2013-06-14T00:00:00Z+1DAY]",
      lambda m: utc_ms(2013, 6, 14) <= m <= utc_ms(2013, 6, 15)),
 ])
-def test_fq_date_ranges(portal, gc_records, fq, keep):
+def test_fq_date_ranges(gc_portal, gc_records, fq, keep):
     expected = {r["id"] for r in gc_records if keep(ms(r["metadata_modified"]))}
-    got = search(portal, fq=fq, rows=1000)
+    got = search(gc_portal, fq=fq, rows=1000)
     assert got["count"] == len(expected)
     assert ids_of(got) == expected
 
@@ -169,11 +157,11 @@ SEARCH_ERROR_NO_Z = (
 )
 
 
-def test_unparseable_fq_gets_ckans_search_error(portal):
-    r = get(portal, "package_search", fq="metadata_modified:[2013-06-17T11:50:00 TO *]")
+def test_unparseable_fq_gets_ckans_search_error(gc_portal):
+    r = get(gc_portal, "package_search", fq="metadata_modified:[2013-06-17T11:50:00 TO *]")
     assert r.status_code == 409
     assert r.json() == {
-        "help": f"{portal.base_url}/api/3/action/help_show?name=package_search",
+        "help": f"{gc_portal.base_url}/api/3/action/help_show?name=package_search",
         "success": False,
         "error": {"__type": "Search Error", "message": SEARCH_ERROR_NO_Z},
     }
@@ -188,8 +176,8 @@ def test_unparseable_fq_gets_ckans_search_error(portal):
     ("(type:dataset", "Cannot parse '(type:dataset'"),
     ('title:"unterminated', "Cannot parse 'title:\"unterminated'"),
 ])
-def test_fq_errors(portal, fq, reason):
-    r = get(portal, "package_search", fq=fq)
+def test_fq_errors(gc_portal, fq, reason):
+    r = get(gc_portal, "package_search", fq=fq)
     assert r.status_code == 409
     err = r.json()["error"]
     assert err["__type"] == "Search Error"
@@ -197,54 +185,55 @@ def test_fq_errors(portal, fq, reason):
     assert reason in err["message"].replace("\\", "")  # the message is a repr() of a repr()
 
 
-def test_invalid_sort_and_parameters_are_search_query_errors(portal):
-    r = get(portal, "package_search", sort="metadata_modified upwards")
+def test_invalid_sort_and_parameters_are_search_query_errors(gc_portal):
+    r = get(gc_portal, "package_search", sort="metadata_modified upwards")
     assert r.status_code == 400
     assert r.json()["error"] == {"__type": "Search Query Error",
                                  "message": "Search Query is invalid: 'Invalid \"sort\" parameter'"}
-    r = get(portal, "package_search", foo="bar")
+    r = get(gc_portal, "package_search", foo="bar")
     assert r.status_code == 400
     assert r.json()["error"] == {"__type": "Search Query Error",
                                  "message": "Search Query is invalid: \"Invalid search parameters: ['foo']\""}
 
 
-def test_validation_errors(portal):
-    r = get(portal, "package_search", rows="ten")
+def test_validation_errors(gc_portal):
+    r = get(gc_portal, "package_search", rows="ten")
     assert (r.status_code, r.json()["error"]) == (409, {"rows": ["Invalid integer"], "__type": "Validation Error"})
-    r = get(portal, "package_search", start="-1")
+    r = get(gc_portal, "package_search", start="-1")
     assert (r.status_code, r.json()["error"]) == (409, {"start": ["Must be a natural number"],
                                                         "__type": "Validation Error"})
-    r = get(portal, "package_show")
+    r = get(gc_portal, "package_show")
     assert (r.status_code, r.json()["error"]) == (409, {"name_or_id": ["Missing value"],
                                                         "__type": "Validation Error"})
 
 
 # -- the other actions ---------------------------------------------------------------------------
-def test_package_show_by_id_and_name_and_not_found(portal, gc_records):
+def test_package_show_by_id_and_name_and_not_found(gc_portal, gc_records):
     rec = gc_records[42]
     for key in (rec["id"], rec["name"]):
-        r = get(portal, "package_show", id=key)
+        r = get(gc_portal, "package_show", id=key)
         assert r.status_code == 200
         assert r.json()["result"] == rec
-    r = get(portal, "package_show", id="no-such-dataset")
+    r = get(gc_portal, "package_show", id="no-such-dataset")
     assert r.status_code == 404
     real = json.loads((SAMPLES / "errors" / "http-404-json-not-found-error.json").read_text())
     body = r.json()
     assert body.keys() == real.keys() and body["error"].keys() == real["error"].keys()
-    assert body == {"help": f"{portal.base_url}/api/3/action/help_show?name=package_show", "success": False,
+    assert body == {"help": f"{gc_portal.base_url}/api/3/action/help_show?name=package_show", "success": False,
                     "error": {"__type": "Not Found Error", "message": "Not found"}}
 
 
-def test_package_list_and_status_show(portal, gc_records):
-    assert get(portal, "package_list").json()["result"] == sorted(r["name"] for r in gc_records)
-    assert get(portal, "package_list", limit=3, offset=1).json()["result"] == sorted(r["name"] for r in gc_records)[1:4]
-    status = get(portal, "status_show").json()["result"]
+def test_package_list_and_status_show(gc_portal, gc_records):
+    names = sorted(r["name"] for r in gc_records)
+    assert get(gc_portal, "package_list").json()["result"] == names
+    assert get(gc_portal, "package_list", limit=3, offset=1).json()["result"] == names[1:4]
+    status = get(gc_portal, "status_show").json()["result"]
     assert status["ckan_version"] == "2.10.4"
-    assert status["site_url"] == portal.base_url
+    assert status["site_url"] == gc_portal.base_url
 
 
-def test_post_json_bad_json_and_unknown_action(portal, gc_records):
-    url = f"{portal.base_url}/api/3/action/package_search"
+def test_post_json_bad_json_and_unknown_action(gc_portal, gc_records):
+    url = f"{gc_portal.base_url}/api/3/action/package_search"
     r = requests.post(url, json={"fq": f"id:{gc_records[0]['id']}", "rows": 1}, timeout=10)
     assert r.status_code == 200 and r.json()["result"]["results"] == [gc_records[0]]
     r = requests.post(url, data=b"{not json", headers={"Content-Type": "application/json"}, timeout=10)
@@ -254,83 +243,84 @@ def test_post_json_bad_json_and_unknown_action(portal, gc_records):
     r = requests.post(url, data=b"[1, 2]", timeout=10)
     assert (r.status_code, r.json()) == (400, "Bad request - JSON Error: Request data JSON decoded to [1, 2] "
                                               "but it needs to be a dictionary.")
-    r = get(portal, "package_purge")
+    r = get(gc_portal, "package_purge")
     assert (r.status_code, r.json()) == (400, "Bad request - Action name not known: package_purge")
-    assert requests.get(f"{portal.base_url}/api/action/status_show", timeout=10).json()["success"] is True
+    assert requests.get(f"{gc_portal.base_url}/api/action/status_show", timeout=10).json()["success"] is True
 
 
 # -- faults --------------------------------------------------------------------------------------
-def test_fail_next_serves_real_error_pages_then_recovers(portal):
+def test_fail_next_serves_real_error_pages_then_recovers(gc_portal):
     page = (SAMPLES / "errors" / "http-500-html.html").read_text(encoding="utf-8")
-    portal.fail_next(1, 500)
-    portal.fail_next(1, 503)
-    r = get(portal, "status_show")
+    gc_portal.fail_next(1, 500)
+    gc_portal.fail_next(1, 503)
+    r = get(gc_portal, "status_show")
     assert (r.status_code, r.text, r.headers["Content-Type"]) == (500, page, "text/html;charset=utf-8")
     assert "Retry-After" not in r.headers
-    r = get(portal, "status_show")
+    r = get(gc_portal, "status_show")
     assert (r.status_code, r.text) == (503, page)
-    portal.fail_next(1, 429)
-    portal.fail_next(1, 429, retry_after=7)
-    r = get(portal, "status_show")
+    gc_portal.fail_next(1, 429)
+    gc_portal.fail_next(1, 429, retry_after=7)
+    r = get(gc_portal, "status_show")
     assert (r.status_code, r.headers["Retry-After"]) == (429, "1")
     assert "429 Too Many Requests" in r.text
-    assert get(portal, "status_show").headers["Retry-After"] == "7"
-    assert get(portal, "status_show").status_code == 200
-    assert [a for a, _ in portal.requests] == ["status_show"] * 5
+    assert get(gc_portal, "status_show").headers["Retry-After"] == "7"
+    assert get(gc_portal, "status_show").status_code == 200
+    assert [a for a, _ in gc_portal.requests] == ["status_show"] * 5
 
 
-def test_fail_next_for_one_action(portal):
-    portal.fail_next(2, 503, action="package_search")
-    assert get(portal, "status_show").status_code == 200
-    assert get(portal, "package_search").status_code == 503
-    assert get(portal, "package_search").status_code == 503
-    assert get(portal, "package_search").status_code == 200
+def test_fail_next_for_one_action(gc_portal):
+    gc_portal.fail_next(2, 503, action="package_search")
+    assert get(gc_portal, "status_show").status_code == 200
+    assert get(gc_portal, "package_search").status_code == 503
+    assert get(gc_portal, "package_search").status_code == 503
+    assert get(gc_portal, "package_search").status_code == 200
 
 
-def test_reject_fq_and_outages(portal):
-    portal.reject_fq = True
-    r = get(portal, "package_search", fq="type:dataset")
+def test_reject_fq_and_outages(gc_portal):
+    gc_portal.reject_fq = True
+    r = get(gc_portal, "package_search", fq="type:dataset")
     assert r.status_code == 409 and r.json()["error"]["__type"] == "Search Error"
     assert "undefined field metadata_modified" in r.json()["error"]["message"]
-    assert get(portal, "package_search").status_code == 200
-    portal.reject_fq = False
-    portal.fail_actions = {"package_search"}
-    assert [get(portal, "package_search").status_code for _ in range(3)] == [500, 500, 500]
-    assert get(portal, "status_show").status_code == 200
-    portal.fail_actions = {"*": 503}
-    assert get(portal, "status_show").status_code == 503
-    portal.fail_next(3, 502)
-    portal.reject_fq = True
-    portal.clear_faults()
-    assert get(portal, "status_show").status_code == 200
-    assert get(portal, "package_search", fq="type:dataset").status_code == 200
+    assert get(gc_portal, "package_search").status_code == 200
+    gc_portal.reject_fq = False
+    gc_portal.fail_actions = {"package_search"}
+    assert [get(gc_portal, "package_search").status_code for _ in range(3)] == [500, 500, 500]
+    assert get(gc_portal, "status_show").status_code == 200
+    gc_portal.fail_actions = {"*": 503}
+    assert get(gc_portal, "status_show").status_code == 503
+    gc_portal.fail_next(3, 502)
+    gc_portal.reject_fq = True
+    gc_portal.clear_faults()
+    assert get(gc_portal, "status_show").status_code == 200
+    assert get(gc_portal, "package_search", fq="type:dataset").status_code == 200
 
 
-def test_requests_are_recorded_and_hook_runs(portal):
+def test_requests_are_recorded_and_hook_runs(gc_portal):
     seen = []
-    portal.on_request = lambda action, params: seen.append(action)
-    get(portal, "package_search", fq="type:dataset", rows=3)
-    requests.post(f"{portal.base_url}/api/3/action/package_show", json={"id": "x"}, timeout=10)
-    assert portal.requests == [("package_search", {"fq": "type:dataset", "rows": "3"}), ("package_show", {"id": "x"})]
+    gc_portal.on_request = lambda action, params: seen.append(action)
+    get(gc_portal, "package_search", fq="type:dataset", rows=3)
+    requests.post(f"{gc_portal.base_url}/api/3/action/package_show", json={"id": "x"}, timeout=10)
+    assert gc_portal.requests == [("package_search", {"fq": "type:dataset", "rows": "3"}),
+                                  ("package_show", {"id": "x"})]
     assert seen == ["package_search", "package_show"]
-    assert portal.request_headers[-1]["Content-Type"] == "application/json"
+    assert gc_portal.request_headers[-1]["Content-Type"] == "application/json"
 
 
 # -- a live catalogue ----------------------------------------------------------------------------
-def test_live_mutation(portal, gc_records):
+def test_live_mutation(gc_portal, gc_records):
     rec = dict(gc_records[0], metadata_modified="2030-01-01T00:00:00.000001", title="changed")
-    portal.upsert_record(rec)
-    last = search(portal, sort="metadata_modified desc", rows=1)["results"][0]
+    gc_portal.upsert_record(rec)
+    last = search(gc_portal, sort="metadata_modified desc", rows=1)["results"][0]
     assert last == rec
-    assert search(portal)["count"] == 489
+    assert search(gc_portal)["count"] == 489
     new = dict(gc_records[1], id="11111111-2222-3333-4444-555555555555", name="a-new-one")
-    portal.upsert_record(new)
-    assert search(portal)["count"] == 490
-    assert portal.remove_record(new["id"]) is True
-    assert portal.remove_record(new["id"]) is False
-    assert get(portal, "package_show", id=new["id"]).status_code == 404
-    portal.set_records(gc_records[:3])
-    assert search(portal)["count"] == 3
+    gc_portal.upsert_record(new)
+    assert search(gc_portal)["count"] == 490
+    assert gc_portal.remove_record(new["id"]) is True
+    assert gc_portal.remove_record(new["id"]) is False
+    assert get(gc_portal, "package_show", id=new["id"]).status_code == 404
+    gc_portal.set_records(gc_records[:3])
+    assert search(gc_portal)["count"] == 3
 
 
 def test_a_record_without_id_is_served_as_is(gc_records):
@@ -340,14 +330,14 @@ def test_a_record_without_id_is_served_as_is(gc_records):
         assert res["count"] == 2 and broken in res["results"]
 
 
-def test_concurrent_mutation_and_search(portal, gc_records):
+def test_concurrent_mutation_and_search(gc_portal, gc_records):
     stop = threading.Event()
     errors = []
 
     def mutate():
         i = 0
         while not stop.is_set():
-            portal.upsert_record(dict(gc_records[i % 50], metadata_modified=f"2031-01-01T00:00:{i % 60:02d}"))
+            gc_portal.upsert_record(dict(gc_records[i % 50], metadata_modified=f"2031-01-01T00:00:{i % 60:02d}"))
             i += 1
             time.sleep(0.002)
 
@@ -355,7 +345,7 @@ def test_concurrent_mutation_and_search(portal, gc_records):
     t.start()
     try:
         for _ in range(10):
-            res = search(portal, fq="metadata_modified:[2013-01-01T00:00:00Z TO *]", rows=1000,
+            res = search(gc_portal, fq="metadata_modified:[2013-01-01T00:00:00Z TO *]", rows=1000,
                          sort="metadata_modified asc, id asc")
             if res["count"] != 489 or len(res["results"]) != 489:
                 errors.append(res["count"])
@@ -411,17 +401,17 @@ def test_cli_prints_base_url_and_serves():
 
 
 # -- fl ----------------------------------------------------------------------------------------------
-def test_fl_returns_only_those_fields_with_solr_dates(portal, gc_records):
-    result = search(portal, fl="id,metadata_modified", sort="metadata_modified asc, id asc", rows=1000)
+def test_fl_returns_only_those_fields_with_solr_dates(gc_portal, gc_records):
+    result = search(gc_portal, fl="id,metadata_modified", sort="metadata_modified asc, id asc", rows=1000)
     assert result["count"] == len(gc_records) and all(set(r) == {"id", "metadata_modified"} for r in result["results"])
     by_id = {r["id"]: r for r in gc_records}
     for doc in result["results"]:
         assert ms(doc["metadata_modified"]) == ms(by_id[doc["id"]]["metadata_modified"])
         assert doc["metadata_modified"].endswith("Z")
-    assert search(portal, fl="id metadata_modified", rows=3)["results"] == search(portal, fl="id,metadata_modified",
-                                                                                    rows=3)["results"]
+    assert search(gc_portal, fl="id metadata_modified", rows=3)["results"] == search(
+        gc_portal, fl="id,metadata_modified", rows=3)["results"]
     # like CKAN: fl=id alone gives bare ids
-    assert all(isinstance(x, str) for x in search(portal, fl="id", rows=5)["results"])
+    assert all(isinstance(x, str) for x in search(gc_portal, fl="id", rows=5)["results"])
 
 
 def test_solr_date_text_drops_a_zero_fraction():
@@ -431,13 +421,13 @@ def test_solr_date_text_drops_a_zero_fraction():
     assert _solr_date_text(utc_ms(2013, 6, 17, 11, 32, 5, 300000)) == "2013-06-17T11:32:05.300Z"
 
 
-def test_ignore_fl_and_ignore_fq(portal, gc_records):
-    portal.ignore_fl = True
-    assert search(portal, fl="id,metadata_modified", rows=2)["results"][0]["title"]
-    portal.ignore_fq = True
-    assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == len(gc_records)
-    portal.clear_faults()
-    assert search(portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == 1
+def test_ignore_fl_and_ignore_fq(gc_portal, gc_records):
+    gc_portal.ignore_fl = True
+    assert search(gc_portal, fl="id,metadata_modified", rows=2)["results"][0]["title"]
+    gc_portal.ignore_fq = True
+    assert search(gc_portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == len(gc_records)
+    gc_portal.clear_faults()
+    assert search(gc_portal, fq=f'id:"{gc_records[0]["id"]}"', rows=0)["count"] == 1
 
 
 def test_private_records_only_for_the_right_token(gc_records):
@@ -461,15 +451,15 @@ def test_private_records_only_for_the_right_token(gc_records):
         assert len(get(p, "package_list").json()["result"]) == 488
 
 
-def test_fail_next_with_a_body(portal):
-    portal.fail_next(1, 200)
-    r = get(portal, "status_show")
+def test_fail_next_with_a_body(gc_portal):
+    gc_portal.fail_next(1, 200)
+    r = get(gc_portal, "status_show")
     assert (r.status_code, r.headers["Content-Type"], r.text) == (
         200, "text/html;charset=utf-8", "<html><body><h1>HTTP 200</h1></body></html>")
-    portal.fail_next(1, 200, body='{"success": tr')
-    r = get(portal, "status_show")
+    gc_portal.fail_next(1, 200, body='{"success": tr')
+    r = get(gc_portal, "status_show")
     assert (r.headers["Content-Type"], r.text) == ("application/json;charset=utf-8", '{"success": tr')
-    portal.fail_next(1, 403, body={"success": False})
-    r = get(portal, "status_show")
+    gc_portal.fail_next(1, 403, body={"success": False})
+    r = get(gc_portal, "status_show")
     assert (r.status_code, r.json()) == (403, {"success": False})
-    assert get(portal, "status_show").json()["success"] is True
+    assert get(gc_portal, "status_show").json()["success"] is True
