@@ -325,3 +325,23 @@ def test_the_table_needs_neither_airflow_nor_a_database():
     done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT / "plugins"), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("cls_path, prefix", [
+    ("harvester.embeddings.batching:EmbedSettings", "HARVESTER_EMBED_"),
+    ("harvester.store.search:SearchSettings", "HARVESTER_SEARCH_"),
+    ("harvester.store.vectors:IndexSettings", "HARVESTER_INDEX_"),
+])
+def test_every_variable_of_a_settings_family_reaches_its_field(cls_path, prefix):
+    """fields_from_env finds each field's variable by name: a registered variable of the family that
+    no field takes (a renamed field, a typo) would be silently ignored."""
+    import importlib
+
+    module, name = cls_path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    family = sorted(n for n, s in SETTINGS.items() if n.startswith(prefix) and not s.pattern)
+    assert family
+    for variable in family:
+        bad = {variable: "not-a-value"}
+        with pytest.raises(ValueError, match=variable):
+            cls.from_env(bad)

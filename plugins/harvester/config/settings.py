@@ -370,6 +370,21 @@ def env_values(names: Iterable[str], environ: Mapping[str, str] | None = None) -
     return values
 
 
+def fields_from_env(cls, prefix: str, environ: Mapping[str, str] | None = None):
+    """The settings dataclass ``cls`` with each field ``f`` read from the variable ``prefix`` +
+    ``F`` (or ``F_SECS`` for a duration) when one is registered; fields without a variable keep their
+    default. All at once: one SettingError naming every bad variable."""
+    import dataclasses
+
+    fields = {}
+    for field in dataclasses.fields(cls):
+        for name in (prefix + field.name.upper(), prefix + field.name.upper() + "_SECS"):
+            if name in SETTINGS:
+                fields[field.name] = name
+    got = env_values(fields.values(), environ)
+    return cls(**{field: got[name] for field, name in fields.items()})
+
+
 def default(name: str):
     """The registered default of ``name`` (None: computed where it is used, see its docs)."""
     return setting(name).default

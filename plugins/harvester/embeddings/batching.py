@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from harvester.config.settings import breaker_config as breaker_config_from_env, env_values
+from harvester.config.settings import breaker_config as breaker_config_from_env, fields_from_env
 from harvester.domain import dataset as ds
 from harvester.domain.breaker import HALF_OPEN, BreakerConfig
 from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
@@ -50,22 +50,8 @@ class EmbedSettings:
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
         """The HARVESTER_EMBED_* variables (config/settings.py: their ranges and messages)."""
-        got = env_values(_ENV_FIELDS.values(), environ)
-        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
+        return fields_from_env(cls, "HARVESTER_EMBED_", environ)
 
-
-# EmbedSettings field -> the environment variable that sets it (claim_poll has none)
-_ENV_FIELDS = {
-    "attempts": "HARVESTER_EMBED_ATTEMPTS",
-    "retry_delay": "HARVESTER_EMBED_RETRY_DELAY_SECS",
-    "max_delay": "HARVESTER_EMBED_MAX_DELAY_SECS",
-    "backlog_per_run": "HARVESTER_EMBED_BACKLOG_PER_RUN",
-    "shard_size": "HARVESTER_EMBED_SHARD_SIZE",
-    "max_shards": "HARVESTER_EMBED_MAX_SHARDS",
-    "concurrency": "HARVESTER_EMBED_CONCURRENCY",
-    "claim_ttl": "HARVESTER_EMBED_CLAIM_TTL_SECS",
-    "claim_wait": "HARVESTER_EMBED_CLAIM_WAIT_SECS",
-}
 
 
 def plan_shards(pending: int, settings: EmbedSettings) -> int:

@@ -31,7 +31,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
-from harvester.config.settings import env_values
+from harvester.config.settings import fields_from_env
 
 MODES = ("hybrid", "vector", "text")
 
@@ -62,18 +62,8 @@ class SearchSettings:
     @classmethod
     def from_env(cls, environ=None) -> "SearchSettings":
         """The HARVESTER_SEARCH_* variables (config/settings.py: their ranges and messages)."""
-        got = env_values(_ENV_FIELDS.values(), environ)
-        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
+        return fields_from_env(cls, "HARVESTER_SEARCH_", environ)
 
-
-# SearchSettings field -> the environment variable that sets it
-_ENV_FIELDS = {
-    "ef_search": "HARVESTER_SEARCH_EF_SEARCH",
-    "candidates": "HARVESTER_SEARCH_CANDIDATES",
-    "rrf_k": "HARVESTER_SEARCH_RRF_K",
-    "max_scan_tuples": "HARVESTER_SEARCH_MAX_SCAN_TUPLES",
-    "exact_limit": "HARVESTER_SEARCH_EXACT_LIMIT",
-}
 
 
 @dataclass(frozen=True)

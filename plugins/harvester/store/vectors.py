@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from psycopg import sql
 
-from harvester.config.settings import env_values
+from harvester.config.settings import fields_from_env
 
 INDEX_KIND = "halfvec"
 
@@ -50,19 +50,8 @@ class IndexSettings:
     @classmethod
     def from_env(cls, environ=None) -> "IndexSettings":
         """The HARVESTER_INDEX_* variables (config/settings.py: their ranges and messages)."""
-        got = env_values(_ENV_FIELDS.values(), environ)
-        return cls(**{field: got[name] for field, name in _ENV_FIELDS.items()})
+        return fields_from_env(cls, "HARVESTER_INDEX_", environ)
 
-
-# IndexSettings field -> the environment variable that sets it
-_ENV_FIELDS = {
-    "bulk_min": "HARVESTER_INDEX_BULK_MIN",
-    "bulk_share": "HARVESTER_INDEX_BULK_SHARE",
-    "build_memory": "HARVESTER_INDEX_BUILD_MEMORY",
-    "build_workers": "HARVESTER_INDEX_BUILD_WORKERS",
-    "build_timeout": "HARVESTER_INDEX_BUILD_TIMEOUT_SECS",
-    "build_wait": "HARVESTER_INDEX_BUILD_WAIT_SECS",
-}
 
 
 def bulk_load_wanted(held: int, incoming: int, settings: IndexSettings) -> bool:
