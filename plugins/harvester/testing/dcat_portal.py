@@ -6,22 +6,20 @@ from __future__ import annotations
 import hashlib
 import threading
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from harvester.testing.local_http import LocalServer
 
 
-class DcatServer:
+class DcatServer(LocalServer):
+    name = "dcat-server"
+
     def __init__(self):
         self.documents: dict[str, tuple[bytes, str, str, str]] = {}
         self.requests: list[tuple[str, dict]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
         self._version = 0
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        super().__init__()
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -33,20 +31,6 @@ class DcatServer:
             etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
             modified = formatdate(1_600_000_000 + self._version * 86400, usegmt=True)
             self.documents[path] = (body, content_type, etag, modified)
-
-    def start(self) -> "DcatServer":
-        threading.Thread(target=self._server.serve_forever, name="dcat-server", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def _handler(self):
         server = self

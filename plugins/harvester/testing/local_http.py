@@ -7,20 +7,18 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class LocalAPIServer:
-    """Subclasses answer ``_answer(path, headers, raw) -> (status, extra headers, body)`` for POSTs
-    and may answer GETs with ``_get(path)``; a str body is sent as text, bytes as JSON already
-    encoded, anything else as JSON."""
+class LocalServer:
+    """A threaded HTTP server on 127.0.0.1 (a free port) serving the handler class ``_handler()``
+    builds, in a daemon thread between ``start()`` and ``stop()`` (or as a context manager)."""
 
-    name = "local-api"
-    content_type = "application/json; charset=UTF-8"
+    name = "local-server"
 
     def __init__(self):
-        self.requests: list[tuple[str, dict, object]] = []
-        self._fail: list[list] = []
-        self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
 
     @property
     def base_url(self) -> str:
@@ -28,7 +26,8 @@ class LocalAPIServer:
         return f"http://{host}:{port}"
 
     def start(self):
-        threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=self.name,
+                         daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -40,6 +39,21 @@ class LocalAPIServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class LocalAPIServer(LocalServer):
+    """Subclasses answer ``_answer(path, headers, raw) -> (status, extra headers, body)`` for POSTs
+    and may answer GETs with ``_get(path)``; a str body is sent as text, bytes as JSON already
+    encoded, anything else as JSON."""
+
+    name = "local-api"
+    content_type = "application/json; charset=UTF-8"
+
+    def __init__(self):
+        self.requests: list[tuple[str, dict, object]] = []
+        self._fail: list[list] = []
+        self._lock = threading.Lock()
+        super().__init__()
 
     def _record(self, path: str, headers: dict, raw: bytes):
         """Parse a request's JSON body (None if it is not JSON) and remember the request."""
