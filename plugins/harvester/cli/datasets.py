@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_datasets)
 
-    p = subparsers.add_parser("search", help="search the datasets: full text and vectors, fused (README: Search)")
+    p = subparsers.add_parser("search", help="search the datasets: full text and vectors, fused (docs/search.md)")
     p.add_argument("query")
     p.add_argument("--mode", choices=["hybrid", "vector", "text"], default="hybrid",
                    help="hybrid (default): full text and vectors fused by reciprocal rank; or one side alone")

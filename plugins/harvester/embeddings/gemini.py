@@ -156,7 +156,7 @@ class GeminiProvider:
             # read here rather than by embed_content, whose pydantic objects cost about 50 ms of CPU
             # for 100 vectors of 768 dimensions, twice the JSON parsing, holding the GIL the other
             # requests in flight wait for (py-spy over bench/first_sync_bench.py (f)). Pinned
-            # google-genai (requirements.txt); tests/test_embedding_providers.py checks the wire.
+            # google-genai (requirements.txt); tests/embeddings/test_providers.py checks the wire.
             response = client._api_client.request("post", f"{model}:batchEmbedContents", body)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one of ours, scrubbed
             error = self._map_error(exc)

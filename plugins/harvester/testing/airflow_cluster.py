@@ -23,11 +23,10 @@ caller's environment is inherited otherwise, so the conftest's AIRFLOW_HOME for 
 developer's GEMINI_API_KEY never leak in. ``env`` may also override any Airflow setting
 (``AIRFLOW__SECTION__KEY``).
 
-From a bench script (bench/ puts tests/ on sys.path)::
+From a bench script::
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from harvester.testing.airflow_cluster import AirflowCluster, harvester_env, write_portals
-    from harvester.store.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer
 
     server = EmbeddedServer(home / "pg")
     server.start()
