@@ -1,11 +1,11 @@
 """Dataset history through real Airflow runs: change types and significance (with per-portal
 weights), removals after a clean full sync, the mass-removal guard, restores, the Asset event
 and the review consumer, and the CLI over what the DAG wrote."""
-import copy
 import json
 import logging
 
 from harvester.cli.main import main
+from harvester.testing.samples import edited
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 
@@ -20,12 +20,6 @@ def changes(db, run_offset=0):
 def last_stats(db):
     return db.execute("SELECT stats FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()[0]
 
-
-def edited(record, **fields):
-    out = copy.deepcopy(record)
-    out.update(fields)
-    out["metadata_modified"] = "2030-01-01T00:00:00"
-    return out
 
 
 def test_change_types_and_significance(harvest, portal_server, db, samples):

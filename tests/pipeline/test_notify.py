@@ -3,7 +3,6 @@ run skipped or withheld, a portal's notify: list sends failed, degraded and need
 through Airflow notifiers (the shipped webhook one, or any class by import path) to a local HTTP
 receiver, a receiver that is down never fails a run, and the example consumer does nothing on
 events of runs that changed nothing."""
-import copy
 import logging
 import socket
 from datetime import datetime, timezone
@@ -13,16 +12,12 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from harvester.testing.samples import edited
+
 ROOT = Path(__file__).resolve().parents[2]
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "hook-token-s3cr3t-4242"
 
-
-def edited(record, **fields):
-    out = copy.deepcopy(record)
-    out.update(fields)
-    out["metadata_modified"] = "2030-01-01T00:00:00"
-    return out
 
 
 def last_run(db):

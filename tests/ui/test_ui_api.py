@@ -7,7 +7,6 @@ review tests each review different changes.
 """
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from urllib.parse import quote
@@ -16,18 +15,13 @@ import pytest
 
 from harvester.testing.dagtest import Harvest
 from harvester.domain.run import STAT_KEYS
+from harvester.testing.samples import edited
 
 HDX = "data-humdata-org.jsonl"
 PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3"}
 RETITLED = 4  # datasets retitled in the second run: changes that require review
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
-
-def edited(record, **fields):
-    out = copy.deepcopy(record)
-    out.update(fields)
-    out["metadata_modified"] = "2030-01-01T00:00:00"
-    return out
 
 
 # -- set-up: a database, a harvested portal, the Airflow api-server ------------------------------------

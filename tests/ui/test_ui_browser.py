@@ -9,7 +9,6 @@ button and gets 403 on the review POST. Every page visited is saved as a screens
 test-artifacts/ui/ (git ignored)."""
 from __future__ import annotations
 
-import copy
 import html
 import json
 import os
@@ -25,6 +24,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from harvester.testing.samples import edited
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
@@ -136,12 +137,6 @@ class ApiServer:
 
 
 # -- the harvested portal ---------------------------------------------------------------------------
-def edited(record: dict, **fields) -> dict:
-    out = copy.deepcopy(record)
-    out.update(fields)
-    out["metadata_modified"] = "2030-01-01T00:00:00"
-    return out
-
 
 class Site:
     def __init__(self, server: ApiServer, database_url: str, records: list[dict], planted: dict):

@@ -48,3 +48,14 @@ def distinct_records(samples, n: int) -> list[dict]:
         if len(out) == n:
             return out
     raise AssertionError(f"the samples hold fewer than {n} records with distinct texts")
+
+
+def edited(record: dict, **fields) -> dict:
+    """A copy of ``record`` with ``fields`` changed and a metadata_modified later than any harvest:
+    what a portal serves after an edit."""
+    import copy
+
+    out = copy.deepcopy(record)
+    out.update(fields)
+    out["metadata_modified"] = "2030-01-01T00:00:00"
+    return out
