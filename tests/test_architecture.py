@@ -1,7 +1,8 @@
 """The package's shape, read from the source (nothing is imported): no import cycle among the
 modules of plugins/harvester/ (an import inside a function counts: that is where cycles hide), the
-domain imports no IO library, the runtime rooms never import harvester.testing, the package root
-holds rooms and no loose modules, and tests and benches get their helpers from harvester.testing,
+domain imports no IO library, the runtime rooms never import harvester.testing, the pipeline
+imports no concrete source (only harvester.sources and its protocol, harvester.sources.base), the
+package root holds rooms and no loose modules, and tests and benches get their helpers from harvester.testing,
 never from conftest or another test module. Each rule is also run on a small package built in
 tmp_path, so each can be seen to fail."""
 from __future__ import annotations
@@ -177,6 +178,21 @@ def runtime_testing_problems(package_dir: Path) -> list[str]:
             for imp in imports if imp.target == testing or imp.target.startswith(testing + ".")]
 
 
+def pipeline_source_problems(package_dir: Path) -> list[str]:
+    """The pipeline works through the source protocol alone (sources/base.py): it may import the
+    package harvester.sources (source_for, as_source, CAPABILITIES) and harvester.sources.base, never
+    a kind's module (sources/ckan.py, dcat_json.py, ... or any added later)."""
+    pipeline, sources = f"{package_dir.name}.pipeline", f"{package_dir.name}.sources"
+    allowed = (sources, f"{sources}.base")
+    return [f"{imp.importer} imports {imp.target} ({imp.where()}): the pipeline imports no concrete source;"
+            f" reach it through {sources} (source_for) and the protocol of {sources}.base"
+            for name, imports in sorted(package_imports(package_dir).items())
+            if name == pipeline or name.startswith(pipeline + ".")
+            for imp in imports
+            if imp.target.startswith(sources + ".") and not any(
+                imp.target == ok or imp.target.startswith(ok + ".") for ok in allowed[1:])]
+
+
 def root_problems(package_dir: Path) -> list[str]:
     return [f"{package_dir.name}/{path.name} is a module at the package root: put it in its room"
             f" ({', '.join(RUNTIME_ROOMS)}, cli, testing); the root holds only {', '.join(ROOT_MODULES)}"
@@ -260,6 +276,10 @@ def test_runtime_rooms_never_import_the_testing_room():
     _fail_on(runtime_testing_problems(PACKAGE))
 
 
+def test_the_pipeline_imports_no_concrete_source():
+    _fail_on(pipeline_source_problems(PACKAGE))
+
+
 def test_the_package_root_holds_only_its_init_and_http():
     _fail_on(root_problems(PACKAGE))
 
@@ -339,6 +359,32 @@ def test_the_domain_rule_and_the_testing_rule_name_the_import(tmp_path):
         "pkg.store.db imports pkg.testing.samples (store/db.py:2): runtime code never imports pkg.testing; move what it"
         " needs out of testing/"]  # cli may (the demo portal command)
     assert [p.split(" is ")[0] for p in root_problems(pkg)] == ["pkg/helpers.py"]
+
+
+def test_the_pipeline_rule_names_each_concrete_source_import(tmp_path):
+    pkg = write(tmp_path / "pkg", {
+        "__init__.py": "",
+        "sources/__init__.py": "from pkg.sources.base import Source\n\n\ndef source_for(p):\n"
+                               "    from pkg.sources.ckan import CkanSource\n",
+        "sources/base.py": "",
+        "sources/ckan.py": "",
+        "sources/socrata.py": "",
+        "store/db.py": "from pkg.sources.ckan import CkanClient\n",
+        "pipeline/__init__.py": "",
+        "pipeline/steps.py": "from pkg.sources import Source, source_for\nfrom pkg.sources.base import to_ms\n"
+                             "from ..sources import base\n\n\ndef reconcile():\n"
+                             "    from pkg.sources.ckan import CkanClient\n",
+        "pipeline/tasks.py": "from ..sources import socrata, base\nimport pkg.sources.dcat_json\n",
+    })
+    problems = pipeline_source_problems(pkg)
+    assert [p.split(":")[0] + ":" + p.split(":")[1].split(")")[0] for p in problems] == [
+        "pkg.pipeline.steps imports pkg.sources.ckan (pipeline/steps.py:7",
+        "pkg.pipeline.tasks imports pkg.sources.socrata (pipeline/tasks.py:1",
+        "pkg.pipeline.tasks imports pkg.sources.dcat_json (pipeline/tasks.py:2"]  # not yet a module: still named
+    assert "the pipeline imports no concrete source" in problems[0]
+    (pkg / "pipeline/steps.py").write_text("from pkg.sources import source_for\nfrom pkg.sources.base import IdPage\n")
+    (pkg / "pipeline/tasks.py").write_text("from .. import sources\nfrom ..sources.base import Source\n")
+    assert pipeline_source_problems(pkg) == []  # store/ and sources/ may import a kind: the rule is the pipeline's
 
 
 def test_the_helper_rule_finds_conftest_and_test_module_imports_and_tests_on_sys_path(tmp_path):

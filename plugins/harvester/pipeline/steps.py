@@ -15,16 +15,13 @@ import time
 
 from harvester.domain import dataset as ds
 from harvester.sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
-from harvester.sources.base import FilterRejected, to_ms
+from harvester.sources.base import FilterRejected
 from harvester.pipeline.readahead import read_ahead
 from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_shards
 from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
 from harvester.store import claims, datasets, history, listing, review, runs, staging, vectors
-
-# What a reconciliation lists of every dataset.
-LISTING_FIELDS = ("id", "metadata_modified")
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +152,12 @@ def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_requ
     """Make sure the run ends with an exact copy of the portal, cheaply.
 
     A full sync listed everything already: nothing to do. An incremental run that is not due to
-    reconcile asks the portal for its count (one ``rows=0`` request); when that is what we hold
-    live plus what this run brings, it is done. Otherwise (or when due, or asked) it lists every
-    identifier with its metadata_modified only, fetches in full what we lack or hold stale, and
-    leaves the datasets the portal no longer lists to upsert, which removes them under the guard."""
+    reconcile asks the portal for its count (``source.count()``; CKAN: one ``rows=0`` request);
+    when that is what we hold live plus what this run brings, it is done. Otherwise (or when due,
+    or asked) it lists every identifier with its modification time only (``source.list_ids``),
+    fetches in full what we lack or hold stale (``source.fetch_by_ids``), and leaves the datasets
+    the portal no longer lists to upsert, which removes them under the guard. Any kind whose
+    Capabilities say ``reconcile`` gets this (sources/base.py)."""
     source = as_source(source, portal)
     run = runs.require_running(conn, run_id)
     if run.mode == FULL:
@@ -168,12 +167,14 @@ def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_requ
         log.info("%s is a %s catalogue: it cannot list identifiers apart, and a run that read it whole removes "
                  "what it no longer lists; nothing to reconcile", portal.name, portal.type)
         return {"run_id": run_id, "reconciled": 0}
-    client = source.client
     started = time.monotonic()
     with _portal_traffic(conn, run_id, source):
         reason = run.reconcile_reason
         if reason is None:
-            total = client.count()
+            total = source.count()
+            if total is None:
+                log.info("reconcile: %s gives no count of its datasets; no reconciliation due", portal.name)
+                return {"run_id": run_id, "reconciled": 0}
             live = datasets.live_count(conn, portal.url)
             new = datasets.new_in_run(conn, run_id, portal.url)
             reason = count_drift(total, live, new, runs.status(conn, portal.url).listing_unusable)
@@ -190,7 +191,7 @@ def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_requ
     runs.add_stats(conn, run_id, counts)
     log.info("reconcile done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("reconcile_listed", "reconcile_missing", "reconcile_stale", "reconcile_fetched")),
-             client.requests_made, client.bytes_received)
+             source.requests_made, source.bytes_received)
     return {"run_id": run_id, "reconciled": 1, **counts}
 
 
@@ -198,31 +199,22 @@ _reconcile_step = reconcile  # harvest()'s `reconcile` flag shadows the step's n
 
 
 def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_request: int) -> dict:
-    client = source.client
     listing.clear(conn, run_id)
     seq = listing.next_seq(conn, run_id)
     unusable = whole_records = 0
     progress = Progress(f"reconcile {portal.name}: listing identifiers", None, log)
-    for page in client.iter_pages(None, page_size=portal.page_size, fields=LISTING_FIELDS):
-        progress.total = client.total or progress.total
-        rows = []
-        for rec in page:
-            source_id = rec.get("id") if isinstance(rec, dict) else None
-            if isinstance(source_id, str) and source_id.strip():
-                modified = ds.parse_timestamp(rec.get("metadata_modified"))
-                rows.append((source_id.strip(), to_ms(modified) if modified else None))
-            else:
-                unusable += 1
-        listing.write(conn, run_id, rows)
-        full = [rec for rec in page if isinstance(rec, dict) and set(rec) - set(LISTING_FIELDS)]
-        if full:
-            # The portal ignored fl: it sent whole records, so use them (a full listing, only heavier).
+    for page in source.list_ids(portal.page_size):
+        progress.total = source.total or progress.total
+        unusable += page.unusable
+        listing.write(conn, run_id, page.ids)
+        if page.records:
+            # The portal ignored the narrowing: it sent whole records, so use them (a full listing, only heavier).
             if not whole_records:
-                log.warning("reconcile: %s ignored fl=%s and sends whole records; reconciling from them as from "
-                            "a full listing (same outcome, more bytes)", portal.name, ",".join(LISTING_FIELDS))
-            staged, _ = _stage(conn, run_id, seq, source.records(full))
+                log.warning("reconcile: %s ignored %s and sends whole records; reconciling from them as from "
+                            "a full listing (same outcome, more bytes)", portal.name, page.ignored or "the narrowing")
+            staged, _ = _stage(conn, run_id, seq, page.records)
             seq, whole_records = seq + staged, whole_records + staged
-        progress.advance(len(page))
+        progress.advance(len(page.ids) + page.unusable)
     if unusable:
         log.warning("reconcile: %d listed records have no id and cannot be harvested", unusable)
     found = listing.compare(conn, run_id, portal.url)
@@ -233,8 +225,8 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
                  found["missing"], found["stale"])
     progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
     for ids in listing.iter_to_fetch(conn, run_id):
-        for page in client.fetch_by_ids(ids, per_request=ids_per_request):
-            staged, _ = _stage(conn, run_id, seq, source.records(page))
+        for page in source.fetch_by_ids(ids, per_request=ids_per_request):
+            staged, _ = _stage(conn, run_id, seq, page)
             seq, fetched = seq + staged, fetched + staged
             progress.advance(staged)
     if not whole_records and fetched < to_fetch:

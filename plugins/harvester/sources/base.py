@@ -9,7 +9,8 @@ dataset. What a kind of portal can do differs, and the source says so in its ``C
 - ``conditional``: an unchanged catalogue answers ``304 Not Modified`` to the validators
   (ETag / Last-Modified) of the last committed run: one request, nothing to process;
 - ``reconcile``: the portal lists identifiers cheaply and fetches chosen records (a cheap
-  comparison of the whole portal between full listings).
+  comparison of the whole portal between full listings): the source then implements ``list_ids``,
+  ``fetch_by_ids`` and ``count``, and the pipeline reconciles through them alone, whatever the kind.
 
 Failures are ``SourceError`` (terminal: a bad answer, a refused request) or ``SourceUnavailable``
 (transient: what outlived the retries of http.py). One more is the pipeline's to handle:
@@ -68,6 +69,24 @@ class Listing:
     validators: dict = field(default_factory=dict)
 
 
+@dataclass
+class IdPage:
+    """One page of an identifier listing (``Source.list_ids``).
+
+    ``ids``: (source_id, modified) of every usable entry of the page, ``modified`` truncated with
+    ``to_ms`` (None when the portal gives none); the same id and time the source's DatasetRecords
+    carry (``source_id``, ``metadata_modified``), since they are compared with what we hold.
+    ``unusable``: entries listed without a usable identifier (they cannot be harvested).
+    ``records``: whole records the portal sent instead of the narrow answer (it ignored the
+    narrowing named in ``ignored``, e.g. ``fl=id,metadata_modified``); their ids are in ``ids``
+    too, and the pipeline stages them as fetched rather than fetch them again."""
+
+    ids: list[tuple[str, datetime | None]]
+    unusable: int = 0
+    records: list[DatasetRecord] = field(default_factory=list)
+    ignored: str = ""
+
+
 class Source(Protocol):
     kind: str
     capabilities: Capabilities
@@ -79,4 +98,22 @@ class Source(Protocol):
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
         """Pages of records modified since ``since`` (all of them when None, or when the portal
         cannot filter), filling ``listing`` as it goes."""
+        ...
+
+    # Reconciliation: required only of a source whose capabilities say ``reconcile`` (the pipeline
+    # calls these only then). A kind that lists its whole catalogue every run needs none of them.
+    def list_ids(self, page_size: int) -> Iterator[IdPage]:
+        """Every identifier the portal lists with its modification time, ``page_size`` a request
+        (the whole portal; ``total`` may be set from the first answer, for progress)."""
+        ...
+
+    def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
+        """The records of ``ids`` in full, normalized, a page per request of at most
+        ``per_request`` ids. Ids the portal no longer shows (deleted or hidden since they were
+        listed) are left out, not an error."""
+        ...
+
+    def count(self) -> int | None:
+        """How many datasets the portal lists, asked cheaply (CKAN: one ``rows=0`` search); None
+        when the portal cannot say (then only a reconciliation that is due or asked for runs)."""
         ...

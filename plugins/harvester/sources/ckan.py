@@ -55,12 +55,13 @@ import requests
 from harvester.config.portals import CKAN
 from harvester.domain.dataset import DatasetRecord, normalize, parse_timestamp
 from harvester.http import HttpFetcher, RetriesExhausted, Retryable, scrub_url, split_userinfo
-from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable, to_ms
+from harvester.sources.base import Capabilities, IdPage, Listing, SourceError, SourceUnavailable, to_ms
 from harvester.sources.base import FilterRejected as SourceFilterRejected
 
 log = logging.getLogger(__name__)
 
 LISTING_SORT = "metadata_modified asc, id asc"
+LISTING_FIELDS = ("id", "metadata_modified")  # what a reconciliation lists of every dataset (fl)
 ROWS_MAX = 1000  # CKAN's default ckan.search.rows_max: larger `rows` are silently cut to it
 _MAX_KEY = datetime.max.replace(tzinfo=timezone.utc)  # records without a timestamp: Solr sorts them last
 _MAX_STEPBACKS = 100
@@ -425,7 +426,8 @@ class CkanClient:
 # -- the source ------------------------------------------------------------------------------------
 class CkanSource:
     """A CKAN portal as a source (sources/base.py): modified-since listings filtered by the portal,
-    records normalized into DatasetRecords, and the Action API (``client``) for reconciliation."""
+    records normalized into DatasetRecords, and reconciliation (``list_ids``, ``fetch_by_ids``,
+    ``count``) over the Action API (``client``)."""
 
     kind = CKAN
     capabilities = Capabilities(incremental=True, reconcile=True)
@@ -456,3 +458,26 @@ class CkanSource:
         for page in self.client.iter_pages(since, page_size=page_size):
             yield self.records(page)
         listing.complete = since is None
+
+    # reconciliation (sources/base.py) ----------------------------------------------------------
+    def list_ids(self, page_size: int) -> Iterator[IdPage]:
+        """Every dataset's id and metadata_modified (``fl``, keyset-paged like any listing). A
+        portal that ignores ``fl`` sends whole records: they come normalized in ``records``."""
+        for page in self.client.iter_pages(None, page_size=page_size, fields=LISTING_FIELDS):
+            ids, unusable = [], 0
+            for rec in page:
+                source_id = rec.get("id") if isinstance(rec, dict) else None
+                if isinstance(source_id, str) and source_id.strip():
+                    modified = parse_timestamp(rec.get("metadata_modified"))
+                    ids.append((source_id.strip(), to_ms(modified) if modified else None))
+                else:
+                    unusable += 1
+            full = [rec for rec in page if isinstance(rec, dict) and set(rec) - set(LISTING_FIELDS)]
+            yield IdPage(ids, unusable, self.records(full), f"fl={','.join(LISTING_FIELDS)}" if full else "")
+
+    def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
+        for page in self.client.fetch_by_ids(ids, per_request=per_request):
+            yield self.records(page)
+
+    def count(self) -> int:
+        return self.client.count()
