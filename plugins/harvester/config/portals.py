@@ -28,7 +28,8 @@ DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.y
 # The kinds of portal (``type:``), each read by its module in sources/: ckan: the CKAN Action API;
 # dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF.
 CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
-PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF)
+SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)
+PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, SOCRATA)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",

@@ -1,0 +1,171 @@
+"""A local Socrata Discovery API (test-only): ``GET /api/catalog/v1`` over records given by the test
+(real results from tests/data/socrata/, and synthetic ones derived from them), with the real
+semantics the harvester relies on:
+
+- ``domains`` (comma-separated or repeated) filters by ``metadata.domain``; the server's own host
+  (127.0.0.1) stands for every domain it holds; ``only`` filters by ``resource.type``; ``ids``
+  picks records by id;
+- ``order``: ``updatedAt`` / ``createdAt`` / ``name`` with ``ASC`` or ``DESC`` (default: relevance,
+  here the order records were added in); ties broken by id, as a stable sort;
+- ``limit`` (default 100) and ``offset``; ``offset + limit`` beyond 10,000 is refused with 400,
+  as the API does;
+- the answer: ``{"results": [...], "resultSetSize": N, "timings": {...}}``.
+
+Faults: ``fail_next(n, status, retry_after=..., truncated=...)`` answers the next n catalogue
+requests with that status (or a body cut short); ``ignore_order`` answers in relevance order
+whatever ``order`` says; ``ignore_offset`` answers the first page whatever the offset (a loop).
+Every request is recorded (path and query) in ``requests``."""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlsplit
+
+from harvester.testing.local_http import LocalServer
+
+CATALOG_PATH = "/api/catalog/v1"
+MAX_WINDOW = 10_000
+
+
+def _values(query: dict, key: str) -> list[str]:
+    out = []
+    for value in query.get(key, []):
+        out += [v.strip() for v in value.split(",") if v.strip()]
+    return out
+
+
+class SocrataServer(LocalServer):
+    name = "socrata-server"
+
+    def __init__(self, results: list[dict] | None = None):
+        self.records: dict[str, dict] = {}
+        self.requests: list[tuple[str, dict]] = []
+        self.ignore_order = False
+        self.ignore_offset = False
+        self._fail: list[list] = []
+        self._lock = threading.Lock()
+        super().__init__()
+        for result in results or []:
+            self.put(result)
+
+    @property
+    def catalog_url(self) -> str:
+        return self.base_url + CATALOG_PATH
+
+    # -- the records -----------------------------------------------------------------------------
+    def put(self, result: dict) -> None:
+        """Add (or replace, keeping its place) a Discovery API result."""
+        with self._lock:
+            self.records[result["resource"]["id"]] = copy.deepcopy(result)
+
+    def remove(self, ident: str) -> None:
+        with self._lock:
+            del self.records[ident]
+
+    def edit(self, ident: str, updated_at: str, **resource_fields) -> None:
+        """Change a record's resource fields (name, description...) and its ``updatedAt``, as an
+        edit on the portal does."""
+        with self._lock:
+            resource = self.records[ident]["resource"]
+            resource.update(resource_fields)
+            resource["updatedAt"] = resource["metadata_updated_at"] = updated_at
+
+    def fail_next(self, n: int = 1, status: int = 503, *, retry_after: str | None = None,
+                  truncated: bool = False) -> None:
+        """The next ``n`` catalogue requests answer ``status`` (with ``Retry-After``), or, with
+        ``truncated``, a 200 whose body stops halfway (the connection closed early)."""
+        with self._lock:
+            self._fail.append([n, status, retry_after, truncated])
+
+    def catalog_requests(self) -> list[dict]:
+        with self._lock:
+            return [q for path, q in self.requests if path == CATALOG_PATH]
+
+    # -- answering -------------------------------------------------------------------------------
+    def _next_failure(self):
+        with self._lock:
+            if not self._fail:
+                return None
+            entry = self._fail[0]
+            entry[0] -= 1
+            if entry[0] <= 0:
+                self._fail.pop(0)
+            return entry[1:]
+
+    def _answer(self, query: dict) -> tuple[int, dict]:
+        with self._lock:
+            records = list(self.records.values())
+        host = urlsplit(self.base_url).hostname
+        domains = set(_values(query, "domains"))
+        if domains and host not in domains:
+            records = [r for r in records if r.get("metadata", {}).get("domain") in domains]
+        only = set(_values(query, "only"))
+        if only:
+            records = [r for r in records if r["resource"].get("type") in only]
+        ids = _values(query, "ids")
+        if ids:
+            records = [r for r in records if r["resource"]["id"] in set(ids)]
+        order = (query.get("order") or ["relevance"])[0].split()
+        if order and order[0] != "relevance" and not self.ignore_order:
+            key = order[0]
+            if key not in ("updatedAt", "createdAt", "name"):
+                return 400, {"error": f"Invalid 'order' parameter: {key}"}
+            descending = len(order) > 1 and order[1].upper() == "DESC"
+            records.sort(key=lambda r: r["resource"]["id"])
+            records.sort(key=lambda r: r["resource"].get(key) or "", reverse=descending)
+        try:
+            limit = int((query.get("limit") or ["100"])[0])
+            offset = int((query.get("offset") or ["0"])[0])
+        except ValueError:
+            return 400, {"error": "limit and offset must be integers"}
+        if offset + limit > MAX_WINDOW:
+            return 400, {"error": f"offset + limit must be at most {MAX_WINDOW}; use scroll_id to page deeper"}
+        if self.ignore_offset:
+            offset = 0
+        page = records[offset:offset + limit]
+        return 200, {"results": page, "resultSetSize": len(records), "timings": {"serviceMillis": 1,
+                                                                                 "searchMillis": [0, 1]}}
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict | None = None, length: int | None = None):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json;charset=utf-8")
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                parts = urlsplit(self.path)
+                query = parse_qs(parts.query)
+                with server._lock:
+                    server.requests.append((parts.path, query))
+                if parts.path.rstrip("/") != CATALOG_PATH:
+                    self._send(404, json.dumps({"error": f"{parts.path} not found"}).encode())
+                    return
+                failure = server._next_failure()
+                if failure is not None:
+                    status, retry_after, truncated = failure
+                    if truncated:
+                        body = json.dumps(server._answer(query)[1]).encode()
+                        self._send(200, body[:len(body) // 2], length=len(body))
+                        self.close_connection = True
+                        return
+                    self._send(status, json.dumps({"error": "failure asked by the test"}).encode(),
+                               {"Retry-After": retry_after} if retry_after else None)
+                    return
+                status, body = server._answer(query)
+                self._send(status, json.dumps(body).encode())
+
+        return Handler

@@ -1,0 +1,150 @@
+"""Socrata portals (type: socrata) through real Airflow (dag.test()), real HTTP to the local
+Discovery API (harvester.testing.socrata_portal) and a real PostgreSQL. The portal holds the 21
+datasets of the real recorded Discovery API answers in tests/data/socrata/ (see its README); the
+ids and update times expected are read here from the files themselves."""
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from harvester.testing.socrata_portal import SocrataServer
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "socrata"
+FILES = ["chicago_transportation.json", "chicago_cta.json", "chicago_ids.json"]
+PAGE = 5
+
+
+def fixture_results() -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for name in FILES:
+        for result in json.loads((DATA / name).read_text())["results"]:
+            out.setdefault(result["resource"]["id"], result)
+    return out
+
+
+def updated_at(result: dict) -> datetime:
+    return datetime.strptime(result["resource"]["updatedAt"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+def task_retries(monkeypatch):
+    monkeypatch.setenv("HARVESTER_TASK_RETRIES", "2")
+    monkeypatch.setenv("HARVESTER_TASK_RETRY_DELAY_SECS", "0")
+
+
+@pytest.fixture
+def portal():
+    with SocrataServer(list(fixture_results().values())) as server:
+        yield server
+
+
+def last_run(db):
+    return db.execute("SELECT run_id, mode, status, stats, error, since FROM sync_runs ORDER BY run_id DESC LIMIT 1"
+                      ).fetchone()
+
+
+def live_ids(db) -> set[str]:
+    return {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE removed_at IS NULL").fetchall()}
+
+
+def first_sync(harvest, portal, db, **extra):
+    harvest.configure(portal.base_url, type="socrata", page_size=PAGE, **extra)
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status) == ("full", "committed")
+    return stats
+
+
+def test_first_sync_lands_exactly_the_fixtures_datasets(harvest, portal, db, gemini):
+    ids = set(fixture_results())
+    assert len(ids) == 21
+    stats = first_sync(harvest, portal, db)
+    assert live_ids(db) == ids
+    assert (stats["created"], stats["failed"]) == (21, 0)
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == math.ceil(21 / PAGE)
+    title, url, org = db.execute("SELECT title, url, organization FROM datasets WHERE source_id = %s",
+                                 ("6iiy-9s97",)).fetchone()
+    assert (title, org) == ("CTA - Ridership - Daily Boarding Totals", "Chicago Transit Authority")
+    assert url == "https://data.cityofchicago.org/d/6iiy-9s97"
+
+
+def test_an_incremental_run_fetches_only_what_changed_then_a_full_one_removes_a_deletion(harvest, portal, db, gemini):
+    first_sync(harvest, portal, db)
+    now = datetime.now(timezone.utc)
+    stamp = (now + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    portal.edit("zidz-sdfj", stamp, name="Current Employee Names (edited)")
+    portal.edit("i6bp-fvbx", stamp, description="A new description.")
+    portal.requests.clear()
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, since = last_run(db)
+    assert (mode, status) == ("incremental", "committed")
+    # what the portal holds updated after the run's since, counted from the files and the edits
+    changed = {i for i, r in fixture_results().items() if updated_at(r) > since} | {"zidz-sdfj", "i6bp-fvbx"}
+    assert stats["fetched"] == len(changed)
+    assert (stats["updated"], stats["created"], stats["removed"]) == (2, 0, 0)
+    # newest first, cut at since: only the pages down to the first dataset not updated since, and
+    # the reconciliation's count (one result): the portal lists 21, as we hold
+    pages = len(changed) // PAGE + 1
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == pages + 1
+    assert portal.catalog_requests()[-1]["limit"] == ["1"] and stats["portal_count"] == 21
+    assert db.execute("SELECT title FROM datasets WHERE source_id = 'zidz-sdfj'").fetchone()[0] == \
+        "Current Employee Names (edited)"
+
+
+def test_a_deletion_is_found_by_the_next_runs_count_and_removed_by_its_complete_listing(harvest, portal, db, gemini):
+    first_sync(harvest, portal, db)
+    portal.remove("m6dm-c72p")
+    portal.requests.clear()
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"], stats["portal_count"]) == ("incremental", "committed", 1, 20)
+    assert (stats["reconcile_listed"], stats["reconcile_missing"]) == (20, 0)
+    assert live_ids(db) == set(fixture_results()) - {"m6dm-c72p"}
+    # the incremental listing (one page: nothing changed), the count, the whole listing
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == 1 + 1 + math.ceil(20 / PAGE)
+
+
+def test_a_full_sync_removes_what_the_portal_no_longer_lists(harvest, portal, db, gemini):
+    first_sync(harvest, portal, db)
+    portal.remove("m6dm-c72p")
+    portal.requests.clear()
+    assert harvest.run(full_sync=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"], stats["fetched"]) == ("full", "committed", 1, 20)
+    assert live_ids(db) == set(fixture_results()) - {"m6dm-c72p"}
+    assert len(portal.catalog_requests()) == math.ceil(20 / PAGE)
+
+
+def test_transient_faults_are_retried_and_the_run_succeeds(harvest, portal, db, gemini):
+    portal.fail_next(1, 503, retry_after="0")
+    portal.fail_next(1, 429, retry_after="0")
+    portal.fail_next(1, truncated=True)
+    stats = first_sync(harvest, portal, db, max_retries=3)
+    assert live_ids(db) == set(fixture_results())
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == math.ceil(21 / PAGE) + 3
+
+
+def test_a_404_fails_at_once_naming_the_portal_and_the_url(harvest, portal, db, gemini):
+    harvest.configure(portal.base_url + "/no-such-portal", type="socrata", page_size=PAGE, max_retries=3)
+    dag_run = harvest.run()
+    assert dag_run.state == "failed"
+    states = {ti.task_id: (str(ti.state), ti.try_number) for ti in dag_run.get_task_instances()}
+    assert states["fetch_modified"] == ("failed", 1), states
+    _, _, status, _, error, _ = last_run(db)
+    assert status == "failed"
+    assert "404" in error and "portal test" in error and f"{portal.base_url}/no-such-portal/api/catalog/v1" in error
+    assert len(portal.requests) == 1
+
+
+def test_a_portal_that_ignores_the_order_falls_back_to_a_full_listing(harvest, portal, db, gemini):
+    first_sync(harvest, portal, db)
+    portal.ignore_order = True
+    portal.remove("m6dm-c72p")
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"]) == ("full", "committed", 1)
+    assert live_ids(db) == set(fixture_results()) - {"m6dm-c72p"}
