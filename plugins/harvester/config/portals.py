@@ -29,7 +29,8 @@ DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.y
 # dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF.
 CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
 SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)
-PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, SOCRATA)
+CSW = "csw"  # an OGC CSW 2.0.2 catalogue (GetRecords, ISO 19139 / Dublin Core)
+PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, SOCRATA, CSW)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
