@@ -7,7 +7,7 @@ entry below.
 """
 from __future__ import annotations
 
-from harvester.config.portals import (CKAN, CSW, DCAT_JSON, DCAT_RDF, PORTAL_TYPES, SOCRATA)
+from harvester.config.portals import (CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES, SOCRATA)
 from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
@@ -20,6 +20,7 @@ CAPABILITIES = {
     DCAT_RDF: Capabilities(),
     CSW: Capabilities(incremental=True, reconcile=True),  # an OGC Filter on apiso:Modified / dct:modified (sources/csw.py)
     SOCRATA: Capabilities(reconcile=True),  # no modified-since filter; ordered by updatedAt (sources/socrata.py)
+    OPENDATASOFT: Capabilities(incremental=True, reconcile=True),  # ODSQL where on default.modified
 }
 assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
 
@@ -56,6 +57,10 @@ def source_for(portal, **overrides) -> Source:
         from harvester.sources.csw import CswSource
 
         return CswSource(portal.url, fetcher=fetcher, language=portal.language_code, portal=portal.name)
+    if portal.type == OPENDATASOFT:
+        from harvester.sources.opendatasoft import OpenDataSoftSource
+
+        return OpenDataSoftSource(portal.url, fetcher=fetcher)
     raise ValueError(f"portal {portal.name}: type {portal.type!r} has no source; valid types are: "
                      f"{', '.join(PORTAL_TYPES)}")
 

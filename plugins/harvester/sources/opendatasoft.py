@@ -1,0 +1,401 @@
+"""OpenDataSoft portals (the Explore API v2.1 catalogue) as a source: ``type: opendatasoft``.
+
+The catalogue is ``GET <portal>/api/explore/v2.1/catalog/datasets`` answering
+``{"total_count": N, "results": [dataset, ...]}``; a dataset is ``dataset_id``, ``dataset_uid``,
+``has_records``, ``features``, ``fields``, ``attachments`` and ``metas`` (``default``: title,
+description, keyword, theme, publisher, license, modified, data_processed, metadata_processed,
+language...; other templates such as ``dcat``, ``inspire``, ``custom``). The v2.0 shape
+(``datasets[*].dataset`` with ``links``) and v1.0's (``datasetid``, flat ``metas``) are read too.
+
+Each dataset becomes a CKAN-shaped package (``to_package``): ``metas.default``'s title, description
+(HTML cleaned), keywords as tags, themes as groups, publisher as organisation, licence, modified
+(``metadata_modified``) and created dates; resources: the CSV and JSON exports and the records
+endpoint; the landing page ``<portal>/explore/dataset/<id>/``. Everything else (the default
+template's other keys, every other template key by key, fields, features, attachments) goes to
+``extras``, so that the metadata hash sees an edit anywhere.
+
+Paging: ``limit`` (at most 100, the API's maximum) and ``offset``, ordered by ``dataset_id``. The API
+refuses ``offset + limit`` over 10,000; a larger catalogue is paged on from there by keyset,
+``where dataset_id > "<last id>"`` with offset 0 (the order makes it exact). A page that brings no
+dataset not already listed, or a keyset that does not move forward, ends a modified-since listing
+with a warning, incomplete (``listing.complete`` False); a full listing so cut fails
+(``ListingCut``), since the pipeline would remove what it did not reach (see ``_cut``).
+
+Incremental: ``where=default.modified >= date'<since>'`` (ODSQL, as the ODS documentation writes it).
+A portal that answers a dataset modified before ``since`` ignored the filter: ``FilterRejected``
+(the pipeline falls back to a full listing). A 400 to the filtered request is a refused filter too.
+
+Reconciliation (sources/base.py): ``count`` is one ``limit=0`` request (``total_count``);
+``list_ids`` pages the catalogue narrowed with ``select=dataset_id,modified`` (whole datasets sent
+anyway are used as records); ``fetch_by_ids`` asks ``where dataset_id = "a" OR dataset_id = "b"...``,
+100 ids a request at most, and a portal answering other datasets ignored it (``FilterRejected``).
+
+All requests go through ``harvester.http.HttpFetcher`` (5xx, 429 and non-JSON 2xx bodies retried);
+any other 4xx is terminal, named with the portal and the URL.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any, Iterator, Mapping
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from harvester.config.portals import OPENDATASOFT
+from harvester.domain.dataset import DatasetRecord, clean_text, package_record, parse_timestamp, slug
+from harvester.http import Retryable, scrub_url
+from harvester.sources.base import Capabilities, FilterRejected, IdPage, Listing, SourceError, to_ms
+
+log = logging.getLogger(__name__)
+
+KIND = OPENDATASOFT
+API = "/api/explore/v2.1"
+MAX_LIMIT = 100          # the Explore API's largest page
+OFFSET_CAP = 10_000      # offset + limit may not exceed this
+SELECT_IDS = "dataset_id,modified"   # an identifier listing: ``modified`` is the basic meta default.modified
+_MAPPED_DEFAULT = frozenset({"title", "description", "keyword", "theme", "publisher", "license", "modified"})
+_MAPPED_TOP = frozenset({"dataset_id", "datasetid", "metas", "links"})
+
+
+def portal_root(url: str) -> str:
+    """The portal's address without any API path or trailing slash (``https://x.ods.com``)."""
+    parts = urlsplit(url.strip())
+    path = parts.path
+    for marker in ("/api/explore/", "/api/v2", "/api/datasets", "/explore/"):
+        at = path.find(marker)
+        if at >= 0:
+            path = path[:at]
+    return urlunsplit((parts.scheme, parts.netloc, path.rstrip("/"), "", ""))
+
+
+# -- mapping --------------------------------------------------------------------------------------
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False,
+                                                           separators=(",", ":"))
+
+
+def unwrap(item: Any) -> Any:
+    """The dataset object of a result: v2.1 is the object itself, v2.0 wraps it in ``dataset``."""
+    if isinstance(item, Mapping) and "dataset" in item and isinstance(item["dataset"], Mapping) \
+            and "dataset_id" not in item:
+        return item["dataset"]
+    return item
+
+
+def dataset_id(ds: Any) -> str | None:
+    if not isinstance(ds, Mapping):
+        return None
+    value = ds.get("dataset_id", ds.get("datasetid"))
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return None
+
+
+def metas_of(ds: Mapping) -> tuple[dict, dict]:
+    """(the default template, the other templates). v1.0's flat ``metas`` is the default template."""
+    metas = ds.get("metas")
+    if not isinstance(metas, Mapping):
+        return {}, {}
+    if isinstance(metas.get("default"), Mapping):
+        return dict(metas["default"]), {k: v for k, v in metas.items() if k != "default"}
+    return dict(metas), {}
+
+
+def _labels(value: Any) -> list[str]:
+    """Keywords or themes: a list of strings, or one string, which is one label (ODS writes a single
+    keyword so, and a theme's name may hold commas: "Culture, Heritage"). Unique, in order."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    out: dict[str, None] = {}
+    for item in items:
+        if item is None:
+            continue
+        text = item.strip() if isinstance(item, str) else _as_text(item)
+        if text:
+            out[text] = None
+    return list(out)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, list):  # a multi-valued publisher or licence: joined
+        value = ", ".join(_as_text(v) for v in value if v is not None)
+    return value if isinstance(value, str) else _as_text(value)
+
+
+def landing(root: str, ident: str) -> str:
+    return f"{root}/explore/dataset/{quote(ident, safe='@')}/"
+
+
+def resources(root: str, ds: Mapping, ident: str) -> list[dict]:
+    base = f"{root}{API}/catalog/datasets/{quote(ident, safe='@')}"
+    out = [{"url": f"{base}/exports/csv", "format": "CSV", "name": "Export CSV"},
+           {"url": f"{base}/exports/json", "format": "JSON", "name": "Export JSON"}]
+    if ds.get("has_records", True) is not False:
+        out.append({"url": f"{base}/records", "format": "JSON", "name": "Records (Explore API)"})
+    return out
+
+
+def to_package(item: Any, root: str) -> dict:
+    """A catalogue result as a CKAN-shaped package. Raises ``ValueError`` naming the dataset when it
+    cannot be used (no dataset_id, no title)."""
+    ds = unwrap(item)
+    if not isinstance(ds, Mapping):
+        raise ValueError(f"{root}: a catalogue result is {type(ds).__name__}, not a JSON object")
+    ident = dataset_id(ds)
+    if ident is None:
+        raise ValueError(f"{root}: a catalogue result has no dataset_id")
+    default, others = metas_of(ds)
+    title = default.get("title")
+    if not isinstance(title, str) or not clean_text(title):
+        raise ValueError(f"{root}: dataset {ident!r} has no title")
+    publisher = _text(default.get("publisher"))
+    extras = [{"key": k, "value": _as_text(v)} for k, v in sorted(default.items()) if k not in _MAPPED_DEFAULT]
+    for template, values in sorted(others.items()):
+        if isinstance(values, Mapping):
+            extras += [{"key": f"metas.{template}.{k}", "value": _as_text(v)} for k, v in sorted(values.items())]
+        else:
+            extras.append({"key": f"metas.{template}", "value": _as_text(values)})
+    extras += [{"key": k, "value": _as_text(v)} for k, v in sorted(ds.items()) if k not in _MAPPED_TOP]
+    dcat = others.get("dcat") if isinstance(others.get("dcat"), Mapping) else {}
+    created = default.get("created") or default.get("issued") or dcat.get("created") or dcat.get("issued")
+    return {
+        "id": ident,
+        "name": ident,
+        "title": title.strip(),
+        "notes": _text(default.get("description")),
+        "tags": [{"name": k} for k in _labels(default.get("keyword"))],
+        "groups": [{"name": t} for t in _labels(default.get("theme"))],
+        "organization": {"title": publisher.strip(), "name": slug(publisher)} if publisher and publisher.strip()
+        else None,
+        "license_id": _text(default.get("license")),
+        "metadata_modified": _text(default.get("modified")),
+        "metadata_created": _text(created),
+        "url": landing(root, ident),
+        "resources": resources(root, ds, ident),
+        "extras": extras,
+    }
+
+
+def normalize(item: Any, root: str) -> DatasetRecord:
+    """A catalogue result as a DatasetRecord; an unusable one comes back failed, saying why."""
+    try:
+        pkg = to_package(item, root)
+    except ValueError as exc:
+        return DatasetRecord(source_id=dataset_id(unwrap(item)), raw=item, error=str(exc))
+    org = pkg["organization"]
+    return package_record(pkg, source_id=pkg["id"], name=pkg["name"], url=pkg["url"], title=clean_text(pkg["title"]),
+                          description=clean_text(pkg["notes"]), tags=sorted({t["name"] for t in pkg["tags"]}),
+                          organization=org["title"] if org else None)
+
+
+class ListingCut(SourceError):
+    """A full listing that could not be completed (a page repeated, a keyset that did not move)."""
+
+
+def modified_of(item: Mapping) -> datetime | None:
+    """A result's ``default.modified`` (a narrowed answer has it at the top level)."""
+    value = metas_of(item)[0].get("modified") if isinstance(item.get("metas"), Mapping) else \
+        item.get("modified", item.get("default.modified"))
+    return parse_timestamp(value)
+
+
+# -- the source -----------------------------------------------------------------------------------
+def _odsql_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def since_second(since: datetime) -> datetime:
+    """``since`` in UTC, down to the second: ODSQL date literals are written to the second (ODS's
+    ``modified`` values are too), and the earlier bound only widens the listing."""
+    return to_ms(since).replace(microsecond=0)
+
+
+def modified_filter(since: datetime) -> str:
+    """The ODSQL condition of an incremental listing."""
+    return f"default.modified >= date'{since_second(since).strftime('%Y-%m-%dT%H:%M:%SZ')}'"
+
+
+class OpenDataSoftSource:
+    """An OpenDataSoft portal at ``url`` (its address; an API path in it is ignored), read through
+    ``fetcher`` (harvester.http.HttpFetcher)."""
+
+    kind = KIND
+    capabilities = Capabilities(incremental=True, reconcile=True)
+
+    def __init__(self, url: str, *, fetcher, offset_cap: int = OFFSET_CAP, max_limit: int = MAX_LIMIT):
+        self.url = url
+        self.root = portal_root(url)
+        self.endpoint = f"{self.root}{API}/catalog/datasets"
+        self.fetcher = fetcher
+        self.offset_cap, self.max_limit = offset_cap, max_limit
+        self.total: int | None = None
+        self.listed = 0
+        self.cut: str | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenDataSoftSource({scrub_url(self.root)!r})"
+
+    @property
+    def requests_made(self) -> int:
+        return self.fetcher.requests_made
+
+    @property
+    def bytes_received(self) -> int:
+        return self.fetcher.bytes_received
+
+    def _page(self, params: dict, filtered: bool) -> dict:
+        url = self.endpoint
+
+        def parse(resp):
+            shown = f"{scrub_url(resp.url or url)}"
+            if resp.status_code == 400 and filtered:
+                raise FilterRejected(f"{scrub_url(self.root)}: the catalogue refused the modified-since filter "
+                                     f"{params.get('where')!r} (HTTP 400 at {shown}): {resp.text[:200]}")
+            if resp.status_code == 404:
+                raise SourceError(f"{scrub_url(self.root)}: no OpenDataSoft Explore v2.1 catalogue at {shown} "
+                                  f"(HTTP 404): is the portal's address right?")
+            if not 200 <= resp.status_code < 300:
+                raise SourceError(f"{scrub_url(self.root)}: GET {shown} answered HTTP {resp.status_code} "
+                                  f"{resp.reason or ''}: {resp.text[:200]}".rstrip())
+            try:
+                body = resp.json()
+            except ValueError as exc:  # a cut body or a proxy's page: try again
+                raise Retryable(f"{shown}: the answer is not JSON ({exc})") from exc
+            if not isinstance(body, Mapping) or not isinstance(body.get("results", body.get("datasets")), list):
+                raise SourceError(f"{scrub_url(self.root)}: GET {shown} answered JSON without a 'results' list: "
+                                  f"not an Explore v2.1 catalogue")
+            return body
+
+        return self.fetcher.get(url, params=params, parse=parse,
+                                what=f"{scrub_url(self.root)}: GET {scrub_url(url)}")
+
+    def iter_items(self, since: datetime | None, page_size: int, listing: Listing | None = None,
+                   select: str | None = None) -> Iterator[list]:
+        """Pages of catalogue results (raw dataset objects), all of them or those modified at or
+        after ``since`` (``select``: only those fields, if the portal obliges). Sets ``total``, and
+        ``listing.complete`` when everything was listed."""
+        listing = listing if listing is not None else Listing()
+        listing.complete = False
+        self.total, self.listed, self.cut = None, 0, None
+        limit = max(1, min(int(page_size), self.max_limit))
+        condition = modified_filter(since) if since is not None else None
+        boundary = since_second(since) if since is not None else None
+        seen: set[str] = set()
+        offset, after = 0, None
+        while True:
+            where = [f"({condition})"] if condition else []
+            if after is not None:
+                where.append(f"dataset_id > {_odsql_string(after)}")
+            params = {"limit": limit, "offset": offset, "order_by": "dataset_id"}
+            if where:
+                params["where"] = " AND ".join(where)
+            if select:
+                params["select"] = select
+            body = self._page(params, filtered=condition is not None)
+            items = [unwrap(i) for i in body.get("results", body.get("datasets")) or []]
+            if self.total is None and isinstance(body.get("total_count"), int):
+                self.total = body["total_count"]
+            if not items:
+                break
+            ids = [dataset_id(i) for i in items]
+            fresh = [i for i in ids if i is not None and i not in seen]
+            if not fresh:
+                self.cut = (f"{scrub_url(self.root)}: the page at offset {offset}"
+                            f"{'' if after is None else f' after {after!r}'} repeats datasets already listed: "
+                            f"the listing stops there, incomplete ({self.listed} datasets)")
+                self._cut(since)
+                return
+            if boundary is not None:
+                for item in items:
+                    modified = modified_of(item)
+                    if modified is not None and modified < boundary:
+                        raise FilterRejected(
+                            f"{scrub_url(self.root)}: the catalogue ignored the modified-since filter "
+                            f"{condition!r}: dataset {dataset_id(item)!r} was modified {modified.isoformat()}, "
+                            f"before {boundary.isoformat()}")
+            page = []
+            for item, ident in zip(items, ids):
+                if ident is None or ident not in seen:  # (an id repeated within the page: once)
+                    page.append(item)
+                    if ident is not None:
+                        seen.add(ident)
+            self.listed += len(page)
+            yield page
+            if len(items) < limit:
+                break
+            if offset + 2 * limit <= self.offset_cap:
+                offset += limit
+                continue
+            # past the offset cap: on by keyset from the page's last id (in the portal's own order and
+            # collation of dataset_id, which its `>` follows too)
+            last = next(i for i in reversed(ids) if i is not None)
+            if last == after:
+                self.cut = (f"{scrub_url(self.root)}: paging by dataset_id after {after!r} did not move forward: "
+                            f"the listing stops there, incomplete ({self.listed} datasets)")
+                self._cut(since)
+                return
+            after, offset = last, 0
+        listing.complete = since is None
+
+    def _cut(self, since: datetime | None) -> None:
+        """A listing that cannot go on: a modified-since one ends incomplete with a warning. A full
+        one fails (``ListingCut``): the pipeline applies removals after any full listing of a
+        source that can filter (steps.fetch_modified consults ``listing.complete`` only for sources
+        that cannot), so a cut full listing would remove every dataset it did not reach."""
+        if since is None:
+            raise ListingCut(f"{self.cut}; a full listing cut short cannot tell which datasets are gone, "
+                             f"so it stops the run rather than remove what it did not reach")
+        log.warning("%s", self.cut)
+
+    def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
+                     validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
+        """The Source protocol (sources/base.py)."""
+        for items in self.iter_items(since, page_size, listing):
+            yield [normalize(item, self.root) for item in items]
+
+    # -- reconciliation (sources/base.py) -----------------------------------------------------
+    def list_ids(self, page_size: int) -> Iterator[IdPage]:
+        """Every dataset_id with its ``default.modified``, asked narrowed to those two fields
+        (``select=dataset_id,modified``); a portal that sends whole datasets anyway gets them used
+        as records. A listing cut short raises ``ListingCut`` (it would remove what it missed)."""
+        for items in self.iter_items(None, page_size, select=SELECT_IDS):
+            page = IdPage(ids=[])
+            for item in items:
+                ident = dataset_id(item)
+                if ident is None:
+                    page.unusable += 1
+                    continue
+                modified = modified_of(item)
+                page.ids.append((ident, to_ms(modified) if modified is not None else None))
+                if isinstance(item.get("metas"), Mapping):
+                    page.records.append(normalize(item, self.root))
+            if page.records:
+                page.ignored = f"select={SELECT_IDS}"
+            yield page
+
+    def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
+        """The datasets of ``ids``, ``where dataset_id = "a" OR dataset_id = "b" ...`` a request of at
+        most ``per_request`` (and 100) ids; ids the portal no longer shows are left out. A portal
+        that answers other datasets ignored the condition: ``FilterRejected``."""
+        size = max(1, min(int(per_request), self.max_limit))
+        for start in range(0, len(ids), size):
+            chunk = ids[start:start + size]
+            where = " OR ".join(f"dataset_id = {_odsql_string(i)}" for i in chunk)
+            body = self._page({"limit": len(chunk), "offset": 0, "order_by": "dataset_id", "where": where},
+                              filtered=False)
+            items = [unwrap(i) for i in body.get("results", body.get("datasets")) or []]
+            wanted = set(chunk)
+            strays = [dataset_id(i) for i in items if dataset_id(i) not in wanted]
+            if strays:
+                raise FilterRejected(f"{scrub_url(self.root)}: the catalogue ignored the condition on dataset_id "
+                                     f"(asked for {len(chunk)} ids, answered {strays[:3]!r} among others)")
+            yield [normalize(item, self.root) for item in items]
+
+    def count(self) -> int | None:
+        """The catalogue's ``total_count``, asked with ``limit=0``."""
+        body = self._page({"limit": 0, "offset": 0}, filtered=False)
+        total = body.get("total_count")
+        return total if isinstance(total, int) and not isinstance(total, bool) else None
