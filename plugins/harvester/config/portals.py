@@ -28,10 +28,11 @@ DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.y
 # The kinds of portal (``type:``), each read by its module in sources/: ckan: the CKAN Action API;
 # dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF.
 CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
+ARCGIS_HUB = "arcgis-hub"  # an ArcGIS Hub site's OGC API Records search
 SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)
 CSW = "csw"  # an OGC CSW 2.0.2 catalogue (GetRecords, ISO 19139 / Dublin Core)
 OPENDATASOFT = "opendatasoft"  # an OpenDataSoft portal's Explore API v2.1 catalogue
-PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, SOCRATA, CSW, OPENDATASOFT)
+PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",

@@ -7,7 +7,7 @@ entry below.
 """
 from __future__ import annotations
 
-from harvester.config.portals import (CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES, SOCRATA)
+from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES, SOCRATA)
 from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
@@ -18,6 +18,7 @@ CAPABILITIES = {
     CKAN: Capabilities(incremental=True, reconcile=True),
     DCAT_JSON: Capabilities(conditional=True),
     DCAT_RDF: Capabilities(),
+    ARCGIS_HUB: Capabilities(incremental=True, reconcile=True),
     CSW: Capabilities(incremental=True, reconcile=True),  # an OGC Filter on apiso:Modified / dct:modified (sources/csw.py)
     SOCRATA: Capabilities(reconcile=True),  # no modified-since filter; ordered by updatedAt (sources/socrata.py)
     OPENDATASOFT: Capabilities(incremental=True, reconcile=True),  # ODSQL where on default.modified
@@ -49,6 +50,10 @@ def source_for(portal, **overrides) -> Source:
         from harvester.sources.dcat_rdf import DcatRdfSource
 
         return DcatRdfSource(portal.url, fetcher=fetcher, language=portal.language_code)
+    if portal.type == ARCGIS_HUB:
+        from harvester.sources.arcgis_hub import ArcGisHubSource
+
+        return ArcGisHubSource(portal.url, fetcher=fetcher, portal=portal.name)
     if portal.type == SOCRATA:
         from harvester.sources.socrata import SocrataSource
 
