@@ -26,7 +26,8 @@ from harvester.domain.run import DEFAULT_STALE_AFTER
 
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.yaml"
 # The kinds of portal (``type:``), each read by its module in sources/: ckan: the CKAN Action API;
-# dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF.
+# dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF; and the native
+# APIs of Socrata, OpenDataSoft, ArcGIS Hub and OGC CSW catalogues.
 CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
 ARCGIS_HUB = "arcgis-hub"  # an ArcGIS Hub site's OGC API Records search
 SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)

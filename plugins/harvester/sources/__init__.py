@@ -2,12 +2,14 @@
 
 ``type:`` in portals.yaml picks the kind: ``ckan`` (the Action API), ``dcat-json`` (a DCAT-US /
 DCAT-AR ``data.json`` catalogue), ``dcat-rdf`` (a DCAT-AP catalogue in RDF/XML, Turtle or JSON-LD,
-Hydra-paged). Adding a kind is one name in config/portals.py's PORTAL_TYPES, one module here and one
-entry below.
+Hydra-paged), ``socrata`` (the Discovery API), ``opendatasoft`` (the Explore API v2.1),
+``arcgis-hub`` (the Hub's OGC API Records search) and ``csw`` (OGC CSW 2.0.2). Adding a kind is
+one name in config/portals.py's PORTAL_TYPES, one module here and one entry below.
 """
 from __future__ import annotations
 
-from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES, SOCRATA)
+from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES,
+                                      SOCRATA)
 from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
