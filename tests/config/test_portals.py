@@ -53,7 +53,8 @@ def test_significance_overrides():
     ({"name": "x", "url": "https://x.org", "type": "dcat"},
      "type 'dcat' is not supported; valid types are: ckan, dcat-json, dcat-rdf"),
     ({"name": "x", "url": "https://x.org/data.json", "type": "dcat-json", "reconcile_every": "1d"},
-     "portals[0] (x): reconcile_every applies to type ckan only: a dcat-json catalogue is read whole on every run"),
+     "portals[0] (x): reconcile_every applies to types ckan, arcgis-hub, socrata, csw, opendatasoft only: a dcat-json "
+     "catalogue is read whole on every run"),
     ({"name": "x", "url": "https://x.org/catalog.ttl", "type": "dcat-rdf", "conn_id": "x_token"},
      "conn_id applies to type ckan only: a dcat-rdf catalogue is read whole on every run; put user:password in"),
     ({"name": "x", "url": "https://x.org", "page_size": 5000}, "page_size 5000 must be a whole number from 1 to 1000"),
@@ -103,6 +104,26 @@ def test_missing_and_invalid_files(tmp_path):
 def test_reconcile_every(value, expected):
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "reconcile_every": value}]})
     assert p.reconcile_every == expected
+
+
+@pytest.mark.parametrize("kind", ["ckan", "socrata", "opendatasoft", "arcgis-hub", "csw"])
+def test_every_kind_that_reconciles_takes_reconcile_every(kind):
+    default, set_, off = parse_portals({"portals": [
+        {"name": "a", "url": "https://a.org", "type": kind},
+        {"name": "b", "url": "https://b.org", "type": kind, "reconcile_every": "6h"},
+        {"name": "c", "url": "https://c.org", "type": kind, "reconcile_every": "off"}]})
+    assert (default.reconcile_every, set_.reconcile_every, off.reconcile_every) == (timedelta(hours=24),
+                                                                                   timedelta(hours=6), None)
+    with pytest.raises(PortalConfigError, match=r"portals\[0\] \(x\): reconcile_every 'daily' is not a duration"):
+        parse_portals({"portals": [{"name": "x", "url": "https://x.org", "type": kind, "reconcile_every": "daily"}]})
+
+
+@pytest.mark.parametrize("kind", ["dcat-json", "dcat-rdf"])
+def test_a_kind_read_whole_every_run_refuses_reconcile_every(kind):
+    (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org/catalog", "type": kind}]})
+    assert p.reconcile_every is None
+    with pytest.raises(PortalConfigError, match=f"reconcile_every applies to types .* only: a {kind} catalogue"):
+        parse_portals({"portals": [{"name": "x", "url": "https://x.org/catalog", "type": kind, "reconcile_every": "1d"}]})
 
 
 def test_full_sync_every_and_shipped_lookback():

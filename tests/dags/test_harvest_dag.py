@@ -205,6 +205,35 @@ def test_rejected_filter_falls_back_to_full_sync(harvest, portal_server, db, sam
     assert (stats["fetched"], stats["unchanged"], stats["embedded"]) == (len(records), len(records), 0)
 
 
+def test_a_full_listing_cut_by_a_repeated_page_removes_nothing(harvest, portal_server, db, samples, caplog):
+    import logging
+
+    portal_server.set_records(samples(GC_AFTER))
+    harvest.configure(portal_server.base_url, page_size=50)
+    assert harvest.run(full_sync=True).state == "success"
+    n = len(samples(GC_AFTER))
+    assert n > 100 and db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()[0] == n
+    first = {}
+
+    def first_page_always(action, params):  # a cache answering every listing request with the first page
+        if action == "package_search" and params.get("rows") != "0":
+            if not first:
+                first.update(params)
+            else:
+                params.clear()
+                params.update(first)
+
+    portal_server.on_request = first_page_always
+    caplog.set_level(logging.WARNING, logger="harvester")
+    assert harvest.run(full_sync=True).state == "success"
+    run_id, mode, status, stats, _, _ = runs(db)[-1]
+    # 50 of the catalogue's datasets listed, the rest never reached: none removed, the run incremental
+    assert (mode, status, stats["fetched"], stats["removed"]) == ("incremental", "committed", 50, 0)
+    assert "repeats the page before it" in caplog.text and "was cut short" in caplog.text
+    assert db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()[0] == n
+    assert watermark(db)[1] == "incremental"
+
+
 @pytest.mark.parametrize("fault", ["html_page", "ckan_error"])
 def test_failed_incremental_request_fails_the_run_without_a_full_sync(harvest, portal_server, db, samples, fault):
     """Only a refused or ignored filter may turn an incremental run into a full sync (which lists the

@@ -3,10 +3,12 @@ catalogue (harvester.testing.opendatasoft_portal) and a real PostgreSQL: the rea
 tests/data/opendatasoft land whole (ids read from the files themselves), an incremental run asks
 only for what changed, a dataset the portal dropped is removed by the next run's reconciliation
 (count, then a narrowed id listing) and by a full listing, a portal ignoring the modified filter
-falls back to a full listing, a 503 is retried and a 404 fails at once."""
+falls back to a full listing, a page loop on a full sync is cut and removes
+nothing, a 503 is retried and a 404 fails at once."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -95,6 +97,21 @@ def test_a_portal_ignoring_the_filter_falls_back_to_a_full_listing(harvest, ods,
     assert (mode, status, stats["removed"]) == ("full", "committed", 1)
     assert [q.get("where", "") for q in ods.catalog_requests()][1:] == [""]   # filtered, then the full listing
     assert set(live(db)) == fixture_ids() - {"test-d"}
+
+
+def test_a_page_loop_on_a_full_sync_is_cut_with_a_warning_and_removes_nothing(harvest, ods, db, gemini, caplog):
+    harvest.configure(ods.base_url, type="opendatasoft", page_size=2)
+    assert harvest.run().state == "success"
+    assert set(live(db)) == fixture_ids()
+    ods.loop = True   # every page is the first: the listing stops at the second, 2 of 5 datasets listed
+    ods.requests.clear()
+    caplog.set_level(logging.WARNING, logger="harvester")
+    assert harvest.run(full_sync=True).state == "success"
+    run_id, mode, status, stats = last_run(db)
+    assert (mode, status, stats["fetched"], stats["removed"]) == ("incremental", "committed", 2, 0)
+    assert "repeats datasets already listed" in caplog.text
+    assert f"the listing of {harvest.name} was cut short" in caplog.text
+    assert set(live(db)) == fixture_ids()
 
 
 def test_503_is_retried(harvest, ods, db, gemini):

@@ -203,6 +203,46 @@ def test_full_listing_without_fq_when_the_portal_rejects_it(gc_portal, gc_record
     assert [int(params["start"]) for _, params in gc_portal.requests] == [0] + [50 * i - 1 for i in range(1, 10)]
 
 
+def first_page_always(portal):
+    """The portal answers every listing request (not a count) with its answer to the first one, as a
+    cache that ignores the query string would: the pages come round again."""
+    first = {}
+
+    def same_page(action, params):
+        if action != "package_search" or params.get("rows") == "0":
+            return
+        if not first:
+            first.update(params)
+        else:
+            params.clear()
+            params.update(first)
+
+    portal.on_request = same_page
+
+
+def test_a_repeated_page_cuts_a_full_listing_incomplete(gc_portal, caplog):
+    from harvester.sources.base import Listing
+    from harvester.sources.ckan import CkanSource
+
+    first_page_always(gc_portal)
+    source = CkanSource(make_client(gc_portal.base_url), gc_portal.base_url)
+    listing_ = Listing()
+    with caplog.at_level(logging.WARNING, logger="harvester"):
+        records = [r for page in source.iter_records(None, 50, listing_) for r in page]
+    # 50 records; the keyset request answered with them is taken for an ignored fq, the offset
+    # listing then gets them twice more: the second time, the same page as before, it stops
+    assert len(records) == 50 and not listing_.complete
+    assert "repeats the page before it" in source.client.cut and gc_portal.base_url in source.client.cut
+    assert source.client.cut in caplog.text
+    assert [("fq" in params, params["start"]) for _, params in gc_portal.requests] == [
+        (False, "0"), (True, "0"), (False, "0"), (False, "49")]
+    with pytest.raises(CkanError, match="incomplete identifier listing"):   # never taken for the portal's ids
+        list(source.list_ids(50))
+    gc_portal.on_request = None
+    listing_ = Listing()
+    assert len([r for page in source.iter_records(None, 50, listing_) for r in page]) == 489 and listing_.complete
+
+
 # -- errors --------------------------------------------------------------------------------------
 def test_reject_fq_raises_filter_rejected(gc_portal):
     gc_portal.reject_fq = True

@@ -156,8 +156,9 @@ def test_a_portal_ignoring_the_keyset_is_cut(caplog):
     with OpenDataSoftPortal(many) as server:
         server.ignore_keyset = True
         source = source_for(server, offset_cap=6)
-        with pytest.raises(ListingCut, match="after 'ds-05' repeats datasets already listed"):
-            harvest(source, page_size=2)
+        records, listing = harvest(source, page_size=2)
+        assert [r.source_id for r in records] == [f"ds-{n:02d}" for n in range(6)] and not listing.complete
+        assert "after 'ds-05' repeats datasets already listed" in source.cut and "incomplete" in caplog.text
         asked = server.catalog_requests()
         assert [(q["offset"], q.get("where")) for q in asked] == [("0", None), ("2", None), ("4", None),
                                                                   ("0", 'dataset_id > "ds-05"')]
@@ -181,13 +182,22 @@ def test_a_portal_repeating_its_first_page_is_cut_incomplete(portal, caplog):
     assert "incomplete" in caplog.text
 
 
-def test_a_full_listing_cut_by_a_loop_fails_rather_than_remove(portal):
+def test_a_full_listing_cut_by_a_loop_is_incomplete(portal, caplog):
+    # the pipeline removes nothing after a full listing that is not complete (steps.fetch_modified)
+    portal.loop = True
+    source = source_for(portal)
+    records, listing = harvest(source, page_size=2)
+    assert len(records) == 2 and not listing.complete
+    assert "repeats datasets already listed" in source.cut and portal.base_url in caplog.text
+    assert len(portal.catalog_requests()) == 2
+
+
+def test_an_identifier_listing_cut_by_a_loop_fails_rather_than_pass_for_the_portal(portal):
     portal.loop = True
     source = source_for(portal)
     with pytest.raises(ListingCut, match="repeats datasets already listed") as err:
-        harvest(source, page_size=2)
+        list(source.list_ids(2))
     assert not err.value.transient and portal.base_url in str(err.value)
-    assert len(portal.catalog_requests()) == 2
 
 
 # -- incremental ------------------------------------------------------------------------------------

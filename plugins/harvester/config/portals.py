@@ -34,6 +34,9 @@ SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)
 CSW = "csw"  # an OGC CSW 2.0.2 catalogue (GetRecords, ISO 19139 / Dublin Core)
 OPENDATASOFT = "opendatasoft"  # an OpenDataSoft portal's Explore API v2.1 catalogue
 PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
+# The kinds that list identifiers apart and can be reconciled (their Capabilities say ``reconcile``;
+# sources/__init__.py checks that the two agree): only they take ``reconcile_every``.
+RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
@@ -244,15 +247,15 @@ def _portal(entry: Any) -> Portal:
         lookback = parse_duration(entry["lookback"]) if "lookback" in entry else DEFAULT_LOOKBACK
     except ValueError as exc:
         raise ValueError(f"lookback {exc}") from None
-    if kind != CKAN:
+    if kind not in RECONCILE_TYPES and entry.get("reconcile_every") is not None:
         # A DCAT catalogue is one document (or one paged listing): every run reads it whole.
-        for key in ("reconcile_every", "conn_id"):
-            if entry.get(key) is not None:
-                raise ValueError(f"{key} applies to type ckan only: a {kind} catalogue is read whole on every run"
-                                 + (" (removals are found every run)" if key == "reconcile_every" else
-                                    "; put user:password in the url for a catalogue behind Basic auth"))
-    reconcile_every = _optional_duration(entry, "reconcile_every", DEFAULT_RECONCILE_EVERY if kind == CKAN else None,
-                                         zero_ok=True)
+        raise ValueError(f"reconcile_every applies to types {', '.join(RECONCILE_TYPES)} only: a {kind} catalogue "
+                         f"is read whole on every run (removals are found every run)")
+    if kind != CKAN and entry.get("conn_id") is not None:
+        raise ValueError(f"conn_id applies to type ckan only: a {kind} catalogue is read whole on every run; "
+                         f"put user:password in the url for a catalogue behind Basic auth")
+    reconcile_every = _optional_duration(entry, "reconcile_every",
+                                         DEFAULT_RECONCILE_EVERY if kind in RECONCILE_TYPES else None, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
     try:
         stale_after = parse_duration(entry["stale_after"]) if "stale_after" in entry else DEFAULT_STALE_AFTER

@@ -96,12 +96,15 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
 
     A source that cannot filter by modification time lists its whole catalogue on every run, so
     the run becomes a full sync (removals included), unless the catalogue answered that it did not
-    change since the last committed run (a conditional request: nothing to process), or its
-    listing was cut short (a page loop or the page limit of a paged catalogue)."""
+    change since the last committed run (a conditional request: nothing to process). Whatever the
+    kind, a full listing removes datasets only when the source says it read it to its end
+    (``Listing.complete``): one cut short (a page loop, a repeated page, a keyset that does not
+    advance, the page limit of a paged catalogue) removes nothing, and the run is incremental."""
     source = as_source(source, portal)
     run = runs.require_running(conn, run_id)
     started = time.monotonic()
     listing = Listing()
+    mode = run.mode  # the listing's: full after a rejected filter
     validators = None
     if source.capabilities.conditional and run.mode != FULL:
         validators = runs.source_validators(conn, portal.url)
@@ -119,32 +122,35 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
             log.warning("the portal rejected or ignored the modified-since filter (%s); "
                         "falling back to a full sync of %s", exc, portal.name)
             runs.set_mode(conn, run_id, FULL, None)
+            mode = FULL
             counts = _stage_listing(conn, portal, run_id, source, None, listing)
-    if not source.capabilities.incremental:
-        _settle_mode(conn, portal, run, listing)
+    if mode == FULL or not source.capabilities.incremental:
+        _settle_mode(conn, portal, run, mode, listing)
     runs.add_stats(conn, run_id, counts)
     log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("fetched", "failed")), source.requests_made, source.bytes_received)
     return {"run_id": run_id, **counts}
 
 
-def _settle_mode(conn, portal: Portal, run, listing: Listing) -> None:
-    """A source without a modified-since filter: what its listing makes of the run."""
+def _settle_mode(conn, portal: Portal, run, mode: str, listing: Listing) -> None:
+    """What a full listing (any kind's), or any listing of a source without a modified-since
+    filter, makes of the run (``mode``: the listing's; ``run.since``: the planned run's): a full
+    sync, whose removals apply, only when the listing says it was complete."""
     if listing.not_modified:
         log.info("the catalogue of %s did not change since the last committed run (the portal answered "
                  "304 Not Modified): nothing to process", portal.name)
-        if run.mode == FULL:
+        if mode == FULL:
             runs.set_mode(conn, run.run_id, INCREMENTAL, run.since)
         return
     if listing.validators:
         runs.set_source_validators(conn, run.run_id, listing.validators)
     if listing.complete:
-        if run.mode != FULL:
+        if mode != FULL:
             runs.set_mode(conn, run.run_id, FULL, None)  # the whole catalogue was read: removals apply
         return
     log.warning("the listing of %s was cut short: this run cannot tell which datasets are gone, so it "
                 "removes none", portal.name)
-    if run.mode == FULL:
+    if mode == FULL:
         runs.set_mode(conn, run.run_id, INCREMENTAL, run.since)
 
 

@@ -9,7 +9,7 @@ one name in config/portals.py's PORTAL_TYPES, one module here and one entry belo
 from __future__ import annotations
 
 from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES,
-                                      SOCRATA)
+                                      RECONCILE_TYPES, SOCRATA)
 from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
@@ -26,6 +26,8 @@ CAPABILITIES = {
     OPENDATASOFT: Capabilities(incremental=True, reconcile=True),  # ODSQL where on default.modified
 }
 assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
+assert {kind for kind, can in CAPABILITIES.items() if can.reconcile} == set(RECONCILE_TYPES), \
+    "config/portals.py RECONCILE_TYPES (the kinds that take reconcile_every) must be those whose Capabilities reconcile"
 
 
 def source_for(portal, **overrides) -> Source:

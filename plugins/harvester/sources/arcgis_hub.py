@@ -13,7 +13,7 @@ A server that answers a filtered listing with a record modified before ``since``
 
 Paging cannot loop: a next link already followed, a page of exactly the items of an earlier page, or
 a next page that does not move forward ends the listing with a warning, and the listing is then not
-complete, so nothing is removed (see ``capabilities``).
+complete (``listing.complete`` False), so the pipeline removes nothing (steps.fetch_modified).
 
 Reconciliation: ``count`` is one ``limit=0`` search (``numberMatched``), ``list_ids`` pages the
 search with ``fields=id,modified`` (a server that ignores ``fields`` sends whole features, which
@@ -202,6 +202,9 @@ class ArcGisHubSource:
     ``loop_cut`` (the paging was cut), ``complete``."""
 
     kind = KIND
+    # incremental: the search filters on ``modified``; reconcile: it lists ids with ``fields``,
+    # fetches chosen ones with ``id IN (...)`` and counts with ``limit=0``
+    capabilities = Capabilities(incremental=True, reconcile=True)
     max_pages = 100_000
 
     def __init__(self, url: str, *, fetcher, portal: str | None = None):
@@ -216,14 +219,6 @@ class ArcGisHubSource:
 
     def __repr__(self) -> str:
         return f"ArcGisHubSource({scrub_url(self.url)!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Incremental (the search filters on ``modified``) and reconcilable (it lists ids with
-        ``fields``, fetches chosen ones with ``id IN (...)`` and counts with ``limit=0``). A listing whose paging had to be cut
-        is not one the pipeline may take as the whole portal: after a cut this says not
-        incremental, so that the pipeline reads ``Listing.complete`` (False) and removes nothing."""
-        return Capabilities(incremental=not self.loop_cut, reconcile=True)
 
     @property
     def requests_made(self) -> int:

@@ -151,7 +151,8 @@ class CkanClient:
 
     ``requests_made`` counts every HTTP request sent, retries included; ``bytes_received`` the
     bytes of every response body received, as they came over the wire. ``total`` is the ``count``
-    of the latest listing's first answer (how many records it expected), None before.
+    of the latest listing's first answer (how many records it expected), None before; ``cut``
+    says why the latest listing stopped before its end (None when it was not cut).
     """
 
     def __init__(self, base_url: str, *, timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
@@ -175,6 +176,7 @@ class CkanClient:
                                 header_auth=("Authorization", api_key) if api_key else None,
                                 basic_auth=None if api_key else basic_auth)
         self.total: int | None = None
+        self.cut: str | None = None
         self._fq_rejected = False
         self._ids_fq_rejected = False
 
@@ -228,7 +230,10 @@ class CkanClient:
         comes once per listing, except one modified during the listing, which comes again with
         its new version at the end. Empty pages are not yielded. ``fields`` asks for only those
         fields (``fl``; they must include ``id`` and ``metadata_modified``, which paging needs);
-        a portal may ignore it and send whole records."""
+        a portal may ignore it and send whole records. A portal that answers a request with the
+        very page it answered the one before (it ignores ``start`` or the keyset's ``fq``) would
+        have the listing step over what it never sent: the listing stops there with a warning,
+        and ``cut`` says so."""
         if fields is not None and not {"id", "metadata_modified"} <= set(fields):
             raise ValueError(f"fields {fields!r} must include 'id' and 'metadata_modified' (paging needs them)")
         fl = ",".join(fields) if fields else None
@@ -248,6 +253,8 @@ class CkanClient:
         stepbacks = 0
         first = True
         yielded = 0
+        self.cut = None
+        last_ids: tuple | None = None  # the ids of the previous answer, in order
 
         def fq_for(b: datetime | None) -> str | None:
             return modified_since_fq(b) if use_fq and b is not None and b is not _MAX_KEY else None
@@ -273,8 +280,15 @@ class CkanClient:
                 if since is not None:
                     raise
                 log.warning("%s rejected the listing filter (%s); listing on without fq", self.portal, exc)
-                use_fq, pos = False, 0
+                use_fq, pos, last_ids = False, 0, None
                 continue
+            ids = tuple(r.get("id") if isinstance(r, dict) else None for r in page)
+            if page and ids == last_ids:
+                self.cut = (f"{self.portal} package_search: the answer at start={start} repeats the page "
+                            f"before it; the listing stops there, incomplete ({yielded} records)")
+                log.warning("%s", self.cut)
+                break
+            last_ids = ids
             count = result.get("count")
             if first:
                 self.total = count if isinstance(count, int) else None
@@ -293,7 +307,7 @@ class CkanClient:
                                     f"the listing; gave up after {_MAX_STEPBACKS} step-backs",
                                     portal=self.portal, action="package_search")
                 log.info("%s: listing shifted at start=%s; stepping back", self.portal, start)
-                pos = max(0, pos - page_size)
+                pos, last_ids = max(0, pos - page_size), None  # (the page stepped back to may be this one)
                 continue
 
             fresh = []
@@ -457,7 +471,7 @@ class CkanSource:
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
         for page in self.client.iter_pages(since, page_size=page_size):
             yield self.records(page)
-        listing.complete = since is None
+        listing.complete = since is None and self.client.cut is None
 
     # reconciliation (sources/base.py) ----------------------------------------------------------
     def list_ids(self, page_size: int) -> Iterator[IdPage]:
@@ -474,6 +488,9 @@ class CkanSource:
                     unusable += 1
             full = [rec for rec in page if isinstance(rec, dict) and set(rec) - set(LISTING_FIELDS)]
             yield IdPage(ids, unusable, self.records(full), f"fl={','.join(LISTING_FIELDS)}" if full else "")
+        if self.client.cut is not None:
+            raise CkanError(f"{self.client.cut}; an incomplete identifier listing cannot be reconciled with",
+                            portal=self.client.portal, action="package_search")
 
     def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
         for page in self.client.fetch_by_ids(ids, per_request=per_request):

@@ -17,9 +17,9 @@ template's other keys, every other template key by key, fields, features, attach
 Paging: ``limit`` (at most 100, the API's maximum) and ``offset``, ordered by ``dataset_id``. The API
 refuses ``offset + limit`` over 10,000; a larger catalogue is paged on from there by keyset,
 ``where dataset_id > "<last id>"`` with offset 0 (the order makes it exact). A page that brings no
-dataset not already listed, or a keyset that does not move forward, ends a modified-since listing
-with a warning, incomplete (``listing.complete`` False); a full listing so cut fails
-(``ListingCut``), since the pipeline would remove what it did not reach (see ``_cut``).
+dataset not already listed, or a keyset that does not move forward, ends the listing with a
+warning, incomplete (``listing.complete`` False): after a full one the pipeline removes nothing. An
+identifier listing so cut fails (``ListingCut``): it cannot be reconciled with.
 
 Incremental: ``where=default.modified >= date'<since>'`` (ODSQL, as the ODS documentation writes it).
 A portal that answers a dataset modified before ``since`` ignored the filter: ``FilterRejected``
@@ -341,13 +341,8 @@ class OpenDataSoftSource:
         listing.complete = since is None
 
     def _cut(self, since: datetime | None) -> None:
-        """A listing that cannot go on: a modified-since one ends incomplete with a warning. A full
-        one fails (``ListingCut``): the pipeline applies removals after any full listing of a
-        source that can filter (steps.fetch_modified consults ``listing.complete`` only for sources
-        that cannot), so a cut full listing would remove every dataset it did not reach."""
-        if since is None:
-            raise ListingCut(f"{self.cut}; a full listing cut short cannot tell which datasets are gone, "
-                             f"so it stops the run rather than remove what it did not reach")
+        """A listing that cannot go on ends with a warning, incomplete (``listing.complete`` stays
+        False): after a full one the pipeline removes nothing (steps.fetch_modified)."""
         log.warning("%s", self.cut)
 
     def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
@@ -361,7 +356,8 @@ class OpenDataSoftSource:
         """Every dataset_id with its ``default.modified``, asked narrowed to those two fields
         (``select=dataset_id,modified``); a portal that sends whole datasets anyway gets them used
         as records. A listing cut short raises ``ListingCut`` (it would remove what it missed)."""
-        for items in self.iter_items(None, page_size, select=SELECT_IDS):
+        listing = Listing()
+        for items in self.iter_items(None, page_size, listing, select=SELECT_IDS):
             page = IdPage(ids=[])
             for item in items:
                 ident = dataset_id(item)
@@ -375,6 +371,9 @@ class OpenDataSoftSource:
             if page.records:
                 page.ignored = f"select={SELECT_IDS}"
             yield page
+        if not listing.complete:
+            raise ListingCut(f"{self.cut}; an incomplete identifier listing cannot be reconciled with "
+                             f"(it would remove what it did not reach)")
 
     def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
         """The datasets of ``ids``, ``where dataset_id = "a" OR dataset_id = "b" ...`` a request of at
