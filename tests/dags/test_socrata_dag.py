@@ -5,6 +5,7 @@ ids and update times expected are read here from the files themselves."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -72,16 +73,22 @@ def test_first_sync_lands_exactly_the_fixtures_datasets(harvest, portal, db, gem
     assert url == "https://data.cityofchicago.org/d/6iiy-9s97"
 
 
-def test_an_incremental_run_fetches_only_what_changed_then_a_full_one_removes_a_deletion(harvest, portal, db, gemini):
+def test_an_incremental_run_fetches_only_what_changed_then_a_full_one_removes_a_deletion(harvest, portal, db, gemini,
+                                                                                         caplog):
     first_sync(harvest, portal, db)
     now = datetime.now(timezone.utc)
     stamp = (now + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     portal.edit("zidz-sdfj", stamp, name="Current Employee Names (edited)")
     portal.edit("i6bp-fvbx", stamp, description="A new description.")
     portal.requests.clear()
+    caplog.set_level(logging.INFO, logger="harvester.pipeline.steps")
     assert harvest.run().state == "success"
     _, mode, status, stats, _, since = last_run(db)
     assert (mode, status) == ("incremental", "committed")
+    # stopping at since is the kind's incremental strategy, not a listing cut short: no warning
+    messages = [r.getMessage() for r in caplog.records if r.name == "harvester.pipeline.steps"]
+    assert any("stopped at the datasets not modified since" in m for m in messages), messages
+    assert not any("was cut short" in m for m in messages), messages
     # what the portal holds updated after the run's since, counted from the files and the edits
     changed = {i for i, r in fixture_results().items() if updated_at(r) > since} | {"zidz-sdfj", "i6bp-fvbx"}
     assert stats["fetched"] == len(changed)

@@ -148,6 +148,10 @@ def _settle_mode(conn, portal: Portal, run, mode: str, listing: Listing) -> None
         if mode != FULL:
             runs.set_mode(conn, run.run_id, FULL, None)  # the whole catalogue was read: removals apply
         return
+    if listing.reached_since and mode != FULL:
+        log.info("the listing of %s stopped at the datasets not modified since %s: an incremental run, "
+                 "no removals", portal.name, run.since)
+        return
     log.warning("the listing of %s was cut short: this run cannot tell which datasets are gone, so it "
                 "removes none", portal.name)
     if mode == FULL:

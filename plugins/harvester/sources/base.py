@@ -62,11 +62,14 @@ class Listing:
     """What one listing found out besides its records. ``complete``: the records were the whole
     portal (removals may be applied); ``not_modified``: the portal answered that nothing changed
     since ``validators`` (no records); ``validators``: what to send next time, kept only when the
-    run commits."""
+    run commits; ``reached_since``: a source without a modified filter stopped, by design, at the
+    first record not modified since the run's ``since`` (its listing newest first): not complete,
+    but not cut short either."""
 
     complete: bool = False
     not_modified: bool = False
     validators: dict = field(default_factory=dict)
+    reached_since: bool = False
 
 
 @dataclass

@@ -305,6 +305,7 @@ class SocrataSource:
             if stop:
                 log.info("portal %s: reached datasets not updated since %s after %d listed", self.portal,
                          since.isoformat(), len(seen))
+                listing.reached_since = True
                 return
             if new == 0:
                 log.warning("portal %s: the page at offset %d repeats datasets already listed: the listing stops "
