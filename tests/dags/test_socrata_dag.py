@@ -155,3 +155,29 @@ def test_a_portal_that_ignores_the_order_falls_back_to_a_full_listing(harvest, p
     _, mode, status, stats, _, _ = last_run(db)
     assert (mode, status, stats["removed"]) == ("full", "committed", 1)
     assert live_ids(db) == set(fixture_results()) - {"m6dm-c72p"}
+
+
+def test_an_incremental_run_past_the_api_window_falls_back_to_a_full_scrolled_listing(harvest, portal, db, gemini,
+                                                                                      monkeypatch):
+    import harvester.sources.socrata as socrata
+
+    # the API's 10,000-result offset window, scaled to the 21 datasets of the fixtures
+    monkeypatch.setattr(socrata, "MAX_WINDOW", 10)
+    monkeypatch.setattr("harvester.testing.socrata_portal.MAX_WINDOW", 10)
+    first_sync(harvest, portal, db)                      # scrolled past the window: all 21
+    assert live_ids(db) == set(fixture_results())
+    stamp = (datetime.now(timezone.utc) + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    edited = sorted(fixture_results())[:12]               # more changed than the window holds
+    for ident in edited:
+        portal.edit(ident, stamp, description=f"Edited {ident}.")
+    portal.remove(sorted(fixture_results())[-1])
+    portal.requests.clear()
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["updated"], stats["removed"]) == ("full", "committed", 12, 1)
+    assert live_ids(db) == set(fixture_results()) - {sorted(fixture_results())[-1]}
+    queries = portal.catalog_requests()
+    # the incremental listing stopped at the window (never asked past it), then the full one scrolled
+    offsets = [int(q["offset"][0]) + int(q["limit"][0]) for q in queries if "offset" in q]
+    assert offsets == [5, 10]
+    assert sum("scroll_id" in q for q in queries) == math.ceil(20 / PAGE)

@@ -1,7 +1,8 @@
 """The Socrata Discovery API source (harvester.sources.socrata) on real recorded answers
 (tests/data/socrata/, see its README): the mapping of every real result, paging newest first
-against a local Discovery API on 127.0.0.1, the stop at ``since``, loop and window guards, an
-ignored ordering, transient and terminal errors."""
+against a local Discovery API on 127.0.0.1 (a full listing by ``scroll_id``, past the API's
+10,000-result offset window; an incremental one newest first), the stop at ``since``, loop and
+window guards, an ignored ordering, transient and terminal errors."""
 from __future__ import annotations
 
 import copy
@@ -133,17 +134,28 @@ def test_portal_urls():
 
 
 # -- listing ---------------------------------------------------------------------------------------
-def test_a_full_listing_pages_newest_first_and_is_complete(server):
+def test_a_full_listing_scrolls_by_id_and_is_complete(server):
     src = source(server)
     records, listing = listed(src, page_size=4)
-    want = sorted(real_results(), key=lambda r: r["resource"]["updatedAt"], reverse=True)
-    assert [r.source_id for r in records] == [r["resource"]["id"] for r in want]
+    want = sorted(r["resource"]["id"] for r in real_results())
+    assert [r.source_id for r in records] == want
     assert listing.complete and src.total == 21
     queries = server.catalog_requests()
     assert len(queries) == 6 == src.requests_made  # 21 in pages of 4
+    # each page after the last id of the one before, the first from the start; no offset, no order
+    assert [q["scroll_id"] for q in queries] == [[""]] + [[want[i]] for i in range(3, 21, 4)]
+    assert all("offset" not in q and "order" not in q and q["limit"] == ["4"] and q["domains"] == ["127.0.0.1"]
+               and q["only"] == ["dataset"] for q in queries)
+
+
+def test_an_incremental_listing_pages_newest_first_by_offset(server):
+    src = source(server)
+    records, listing = listed(src, since=datetime(2000, 1, 1, tzinfo=timezone.utc), page_size=4)
+    want = sorted(real_results(), key=lambda r: r["resource"]["updatedAt"], reverse=True)
+    assert [r.source_id for r in records] == [r["resource"]["id"] for r in want]
+    queries = server.catalog_requests()
     assert [q["offset"] for q in queries] == [[str(o)] for o in range(0, 24, 4)]
-    assert all(q["order"] == ["updatedAt DESC"] and q["domains"] == ["127.0.0.1"] and q["only"] == ["dataset"]
-               for q in queries)
+    assert all(q["order"] == ["updatedAt DESC"] and "scroll_id" not in q for q in queries)
 
 
 def test_since_stops_at_the_first_older_dataset(server):
@@ -170,13 +182,21 @@ def test_many_pages_of_synthetic_records(server):
     assert len(server.catalog_requests()) == 3 and src.total == 271
 
 
-def test_a_portal_that_ignores_offset_is_cut_not_looped(server, caplog):
-    server.ignore_offset = True
+def test_a_portal_that_ignores_offset_rejects_since(server):
+    server.ignore_offset = True   # the second page is the first again: newer than the one before it
+    with pytest.raises(FilterRejected, match="ignored order=updatedAt DESC"):
+        listed(source(server), since=datetime(2000, 1, 1, tzinfo=timezone.utc), page_size=5)
+    assert len(server.catalog_requests()) == 2
+
+
+def test_a_stuck_scroll_id_is_cut_not_looped(server, caplog):
+    server.ignore_scroll = True
     src = source(server)
     records, listing = listed(src, page_size=5)
-    assert len(records) == 5 and not listing.complete
+    assert [r.source_id for r in records] == sorted(r["resource"]["id"] for r in real_results())[:5]
+    assert not listing.complete
     assert len(server.catalog_requests()) == 2
-    assert "repeats datasets already listed" in caplog.text
+    assert "the scroll_id did not advance" in caplog.text and "portal chicago" in caplog.text
 
 
 def test_a_portal_that_ignores_the_order_rejects_since(server):
@@ -189,17 +209,33 @@ def test_a_portal_that_ignores_the_order_rejects_since(server):
     assert len(records) == 21 and listing.complete
 
 
-def test_a_listing_stops_at_the_api_window(server, monkeypatch):
+def test_an_incremental_listing_that_would_pass_the_api_window_is_rejected(server, monkeypatch):
     import harvester.sources.socrata as socrata
 
     monkeypatch.setattr(socrata, "MAX_WINDOW", 10)
     monkeypatch.setattr("harvester.testing.socrata_portal.MAX_WINDOW", 10)
-    records, listing = listed(source(server), page_size=5)
-    assert len(records) == 10 and not listing.complete
+    with pytest.raises(FilterRejected, match="only 10 results deep"):
+        listed(source(server), since=datetime(2000, 1, 1, tzinfo=timezone.utc), page_size=4)
+    assert [q["limit"] for q in server.catalog_requests()] == [["4"], ["4"], ["2"]]   # never past the window
+    # the full listing the pipeline falls back to scrolls past the window
     server.requests.clear()
-    records, listing = listed(source(server), page_size=4)   # 4 + 4 + 2: never past the window
-    assert len(records) == 10 and not listing.complete
-    assert [q["limit"] for q in server.catalog_requests()] == [["4"], ["4"], ["2"]]
+    records, listing = listed(source(server), page_size=4)
+    assert len(records) == 21 and listing.complete
+
+
+def test_a_catalogue_over_the_api_window_is_listed_whole(server):
+    for result in synthetic(10_250):
+        server.put(result)
+    src = source(server)
+    records, listing = listed(src, page_size=1000)
+    ids = [r.source_id for r in records]
+    assert listing.complete and len(ids) == len(set(ids)) == src.total == 10_271
+    assert ids == sorted(ids)
+    queries = server.catalog_requests()
+    assert len(queries) == 11 and all("offset" not in q for q in queries)   # never the window's 400
+    server.requests.clear()
+    listed_ids = [i for page in source(server).list_ids(1000) for i, _ in page.ids]
+    assert listed_ids == ids
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -266,6 +302,6 @@ def test_list_ids_carries_the_ids_and_times_of_the_records(server):
 
 
 def test_list_ids_refuses_a_partial_listing(server):
-    server.ignore_offset = True
+    server.ignore_scroll = True
     with pytest.raises(SourceError, match="could not be read to its end"):
         list(source(server).list_ids(5))

@@ -21,12 +21,22 @@ endpoint ``https://{domain}/resource/{id}.json`` and its CSV export. Every other
 extras (so the metadata hash sees it) except what changes without the dataset changing: page views,
 download counts and the update timestamps (``updatedAt`` is ``metadata_modified``).
 
-Paging and since: the Discovery API pages with ``limit``/``offset`` (up to offset 10,000; deeper
-needs ``scroll_id``, which orders by id) and has NO modified-since filter. It orders, though:
-``order=updatedAt DESC``. A listing with ``since`` reads newest first and stops at the first
-dataset not updated after ``since`` (what other Socrata harvesters do); the listing is then not the
-whole catalogue (``listing.complete`` stays False: nothing is removed). Without ``since`` it reads
-to the end and is complete. So the kind's capabilities say ``incremental=False`` (the portal does
+Paging and since: the Discovery API pages with ``limit``/``offset`` only up to offset 10,000 (it
+answers 400 past that window). Its deep paging is ``scroll_id``: the results come ordered by id and
+each request passes ``scroll_id=<the id of the last result of the previous page>`` with ``limit``
+and no offset (the first page an empty ``scroll_id``); the answer holds the results strictly after
+that id, the end being a short or empty page. (Its reference is
+https://socratadiscovery.docs.apiary.io/, which the search corpora did not hold: these semantics
+are those issue 23 gives; dev.socrata.com/docs/paging only covers SODA's ``$limit``/``$offset``.
+Sending an empty ``scroll_id`` for the first page is our reading, not checked on the live API.)
+A full listing (``since=None``) and ``list_ids`` scroll, so a catalogue of any size is read to
+its end.
+The API has NO modified-since filter. It orders, though: ``order=updatedAt DESC``. A listing with
+``since`` reads newest first with offsets and stops at the first dataset not updated after
+``since`` (what other Socrata harvesters do); the listing is then not the whole catalogue
+(``listing.complete`` stays False: nothing is removed). An incremental listing that would pass the
+offset window before reaching ``since`` raises ``FilterRejected`` (the pipeline then lists
+everything, by scrolling). So the kind's capabilities say ``incremental=False`` (the portal does
 not filter; the pipeline applies removals only after a complete listing), and every run costs only
 the pages down to ``since`` (the pipeline keeps an incremental run's mode when its listing is
 not complete). A portal that ignores the ordering (a dataset newer than the one
@@ -39,7 +49,8 @@ so an incremental run notices a deletion (or anything its cut listing missed) fo
 sends the whole results (the pipeline stages them), refusing a listing it could not read to its end.
 
 A page that brings nothing new (all its ids already listed, an empty page before
-``resultSetSize`` was reached) or an offset past the API's window ends the listing with a warning,
+``resultSetSize`` was reached), a scroll whose ``scroll_id`` does not advance (the last id of a page
+not after the previous one) or a scrolled page repeating ids ends the listing with a warning,
 marked incomplete so that nothing is removed on the strength of it.
 """
 from __future__ import annotations
@@ -245,12 +256,67 @@ class SocrataSource:
         return {"domains": self.domain, "search_context": self.domain, "only": "dataset", "order": ORDER,
                 "limit": limit, "offset": offset}
 
+    def _scroll_params(self, limit: int, scroll_id: str) -> dict:
+        return {"domains": self.domain, "search_context": self.domain, "only": "dataset", "limit": limit,
+                "scroll_id": scroll_id}
+
+    def _scroll(self, page_size: int, listing: Listing) -> Iterator[list[DatasetRecord]]:
+        """Every dataset, ordered by id, paged by ``scroll_id`` (see the module's docstring):
+        ``listing.complete`` only once the end was read."""
+        limit = max(1, min(page_size, MAX_LIMIT))
+        seen: set[str] = set()
+        scroll_id = ""
+        while True:
+            body = self._get(self._scroll_params(limit, scroll_id))
+            size = body.get("resultSetSize")
+            if isinstance(size, int) and not isinstance(size, bool):
+                self.total = size
+            results = body["results"]
+            if not results:
+                if self.total is not None and len(seen) < self.total:
+                    log.warning("portal %s: an empty page after scroll_id %r with %d of %d results listed: the "
+                                "listing stops there and is incomplete (nothing is removed)", self.portal,
+                                scroll_id, len(seen), self.total)
+                    return
+                listing.complete = True  # the end of the catalogue: everything was listed
+                return
+            ids = [result_id(r) for r in results]
+            last = next((i for i in reversed(ids) if i is not None), None)
+            if last is None or (scroll_id and last <= scroll_id):
+                log.warning("portal %s: the scroll_id did not advance (page after %r ends at %r): the listing "
+                            "stops there and is incomplete (nothing is removed)", self.portal, scroll_id, last)
+                return
+            page: list[DatasetRecord] = []
+            repeated = 0
+            for ident, result in zip(ids, results):
+                if ident is not None:
+                    if ident in seen:
+                        repeated += 1
+                        continue
+                    seen.add(ident)
+                page.append(normalize(result, self.catalog_url, self.domain))
+            if page:
+                yield page
+            if repeated:
+                log.warning("portal %s: the page after scroll_id %r repeats %d datasets already listed: the "
+                            "listing stops there and is incomplete (nothing is removed)", self.portal, scroll_id,
+                            repeated)
+                return
+            if len(results) < limit or (self.total is not None and len(seen) >= self.total):
+                listing.complete = True  # the end: everything was listed
+                return
+            scroll_id = last
+
     # -- the protocol ----------------------------------------------------------------------------
     def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
-        """Pages of records, newest first: all of them (``listing.complete`` once the last page was
-        read), or those updated after ``since`` (the listing then stops at the first older one and is
-        not complete). See the module's docstring for the loop guards."""
+        """Pages of records: all of them ordered by id, by ``scroll_id`` (``listing.complete``
+        once the last page was read), or, newest first, those updated after ``since`` (the listing
+        then stops at the first older one and is not complete). See the module's docstring for the
+        loop guards."""
+        if since is None:
+            yield from self._scroll(page_size, listing)
+            return
         limit = max(1, min(page_size, MAX_LIMIT))
         since_ms = to_ms(since) if since is not None else None
         seen: set[str] = set()
@@ -259,9 +325,10 @@ class SocrataSource:
         listing.complete = False
         while True:
             if offset >= MAX_WINDOW:
-                log.warning("portal %s: the Discovery API pages only %d results deep; the listing stops at %d of "
-                            "%s and is incomplete (nothing is removed)", self.portal, MAX_WINDOW, offset, self.total)
-                return
+                raise FilterRejected(
+                    f"portal {self.portal}: {scrub_url(self.catalog_url)} pages order={ORDER} only {MAX_WINDOW} "
+                    f"results deep and {offset} were read without reaching datasets not updated since "
+                    f"{since.isoformat()}; it cannot be listed by update time (a full listing scrolls instead)")
             asked = min(limit, MAX_WINDOW - offset)  # offset + limit may not pass the window
             body = self._get(self._params(asked, offset))
             size = body.get("resultSetSize")

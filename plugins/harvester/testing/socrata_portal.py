@@ -9,11 +9,14 @@ semantics the harvester relies on:
   here the order records were added in); ties broken by id, as a stable sort;
 - ``limit`` (default 100) and ``offset``; ``offset + limit`` beyond 10,000 is refused with 400,
   as the API does;
+- ``scroll_id`` (deep paging; an empty one starts the scroll): the results ordered by id, those
+  strictly after the given id, ``limit`` of them; no offset and no window;
 - the answer: ``{"results": [...], "resultSetSize": N, "timings": {...}}``.
 
 Faults: ``fail_next(n, status, retry_after=..., truncated=...)`` answers the next n catalogue
 requests with that status (or a body cut short); ``ignore_order`` answers in relevance order
-whatever ``order`` says; ``ignore_offset`` answers the first page whatever the offset (a loop).
+whatever ``order`` says; ``ignore_offset`` answers the first page whatever the offset (a loop);
+``ignore_scroll`` answers the first scrolled page whatever the ``scroll_id`` (a stuck scroll).
 Every request is recorded (path and query) in ``requests``."""
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class SocrataServer(LocalServer):
         self.requests: list[tuple[str, dict]] = []
         self.ignore_order = False
         self.ignore_offset = False
+        self.ignore_scroll = False
         self._fail: list[list] = []
         self._lock = threading.Lock()
         super().__init__()
@@ -107,6 +111,18 @@ class SocrataServer(LocalServer):
         ids = _values(query, "ids")
         if ids:
             records = [r for r in records if r["resource"]["id"] in set(ids)]
+        if "scroll_id" in query:
+            after = query["scroll_id"][0].strip()
+            try:
+                limit = int((query.get("limit") or ["100"])[0])
+            except ValueError:
+                return 400, {"error": "limit must be an integer"}
+            records.sort(key=lambda r: r["resource"]["id"])
+            total = len(records)
+            if after and not self.ignore_scroll:
+                records = [r for r in records if r["resource"]["id"] > after]
+            return 200, {"results": records[:limit], "resultSetSize": total,
+                         "timings": {"serviceMillis": 1, "searchMillis": [0, 1]}}
         order = (query.get("order") or ["relevance"])[0].split()
         if order and order[0] != "relevance" and not self.ignore_order:
             key = order[0]
@@ -148,7 +164,7 @@ class SocrataServer(LocalServer):
 
             def do_GET(self):
                 parts = urlsplit(self.path)
-                query = parse_qs(parts.query)
+                query = parse_qs(parts.query, keep_blank_values=True)
                 with server._lock:
                     server.requests.append((parts.path, query))
                 if parts.path.rstrip("/") != CATALOG_PATH:
