@@ -123,6 +123,18 @@ def test_503_is_retried(harvest, ods, db, gemini):
     assert set(live(db)) == fixture_ids()
 
 
+def test_a_429_with_retry_after_and_a_truncated_body_are_retried(harvest, ods, db, gemini):
+    harvest.configure(ods.base_url, type="opendatasoft", max_retries=3)
+    ods.fail_next(1, 429, retry_after="0")
+    assert harvest.run().state == "success"
+    assert last_run(db)[2] == "committed" and set(live(db)) == fixture_ids()
+    ods.truncate_next(1)
+    assert harvest.run(full_sync=True).state == "success"
+    run_id, mode, status, stats = last_run(db)
+    assert (mode, status) == ("full", "committed") and stats["portal_requests"] == 2
+    assert set(live(db)) == fixture_ids()
+
+
 def test_404_fails_at_once(harvest, ods, db, gemini):
     harvest.configure(ods.base_url + "/wrong", type="opendatasoft", max_retries=3)
     dag_run = harvest.run()

@@ -126,6 +126,24 @@ def test_a_full_sync_removes_what_the_portal_no_longer_lists(harvest, portal, db
     assert len(portal.catalog_requests()) == math.ceil(20 / PAGE)
 
 
+def test_a_stuck_scroll_on_a_full_sync_is_cut_with_a_warning_and_removes_nothing(harvest, portal, db, gemini,
+                                                                                  caplog):
+    first_sync(harvest, portal, db)
+    portal.ignore_scroll = True  # every scrolled page is the first one again
+    caplog.set_level(logging.WARNING, logger="harvester")
+    assert harvest.run(full_sync=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"]) == ("incremental", "committed", 0)
+    assert f"the listing of {harvest.name} was cut short" in caplog.text
+    assert live_ids(db) == set(fixture_results())
+    # a dataset gone meanwhile: the count asks for a reconciliation, which refuses the stuck
+    # listing: the run fails, and still nothing is removed
+    portal.remove("m6dm-c72p")
+    assert harvest.run(full_sync=True).state == "failed"
+    assert last_run(db)[2] == "failed"
+    assert live_ids(db) == set(fixture_results())
+
+
 def test_transient_faults_are_retried_and_the_run_succeeds(harvest, portal, db, gemini):
     portal.fail_next(1, 503, retry_after="0")
     portal.fail_next(1, 429, retry_after="0")
