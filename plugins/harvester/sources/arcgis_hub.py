@@ -44,7 +44,7 @@ from harvester.config.portals import ARCGIS_HUB
 from harvester.domain.dataset import (DatasetRecord, clean_text, normalize_url, package_record, parse_timestamp,
                                       sha256_hex)
 from harvester.http import Retryable, scrub_url
-from harvester.sources.base import Capabilities, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _startindex(url: str) -> int | None:
         return None
 
 
-class ArcGisHubSource:
+class ArcGisHubSource(CountsTraffic):
     """A Hub site's datasets through its OGC API Records search, GETs through ``fetcher``
     (harvester.http.HttpFetcher). After a listing: ``total`` (numberMatched), ``listed``,
     ``loop_cut`` (the paging was cut), ``complete``."""
@@ -220,13 +220,6 @@ class ArcGisHubSource:
     def __repr__(self) -> str:
         return f"ArcGisHubSource({scrub_url(self.url)!r})"
 
-    @property
-    def requests_made(self) -> int:
-        return self.fetcher.requests_made
-
-    @property
-    def bytes_received(self) -> int:
-        return self.fetcher.bytes_received
 
     def _get_page(self, url: str, filtered: bool) -> dict:
         where = f"{self.portal}: GET {scrub_url(url)}"

@@ -50,6 +50,21 @@ def to_ms(dt: datetime) -> datetime:
     return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 
+class CountsTraffic:
+    """A source reading through one fetcher (``self.fetcher``, an ``http.HttpFetcher``): the
+    requests it made and the bytes it received, as the Source protocol reports them."""
+
+    fetcher: object
+
+    @property
+    def requests_made(self) -> int:
+        return getattr(self.fetcher, "requests_made", 0)
+
+    @property
+    def bytes_received(self) -> int:
+        return getattr(self.fetcher, "bytes_received", 0)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     incremental: bool = False

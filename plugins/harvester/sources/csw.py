@@ -47,7 +47,7 @@ from harvester.config.portals import CSW
 from harvester.domain.dataset import DatasetRecord, clean_text, package_record, slug
 from harvester.http import Retryable, scrub_url
 from harvester.domain.dataset import parse_timestamp
-from harvester.sources.base import Capabilities, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-class CswSource:
+class CswSource(CountsTraffic):
     """A CSW 2.0.2 catalogue at ``url`` (its endpoint, e.g. ``.../geonetwork/srv/eng/csw``) through
     ``fetcher`` (an ``http.HttpFetcher``). ``schema``: ``iso`` (ISO 19139) or ``dc`` (csw:Record)."""
 
@@ -374,13 +374,6 @@ class CswSource:
     def __repr__(self) -> str:
         return f"CswSource({scrub_url(self.url)!r}, schema={self.schema!r})"
 
-    @property
-    def requests_made(self) -> int:
-        return getattr(self.fetcher, "requests_made", 0)
-
-    @property
-    def bytes_received(self) -> int:
-        return getattr(self.fetcher, "bytes_received", 0)
 
     # -- requests
     def _namespaces(self) -> str:

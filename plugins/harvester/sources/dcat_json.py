@@ -42,7 +42,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from harvester.config.portals import DCAT_JSON
 from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
-from harvester.sources.base import Capabilities, Listing, SourceError, SourceUnavailable
+from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
 from harvester.http import scrub_url
 
 log = logging.getLogger(__name__)
@@ -514,7 +514,7 @@ def _conditional_headers(validators: Mapping | None) -> dict[str, str]:
     return headers
 
 
-class DcatJsonSource:
+class DcatJsonSource(CountsTraffic):
     """A ``data.json`` catalogue at ``url``, fetched whole with one (conditional) GET through
     ``fetcher`` (sources/http.py) and streamed into pages of records.
 
@@ -535,13 +535,6 @@ class DcatJsonSource:
     def __repr__(self) -> str:
         return f"DcatJsonSource({scrub_url(self.url)!r})"
 
-    @property
-    def requests_made(self) -> int:
-        return self.fetcher.requests_made
-
-    @property
-    def bytes_received(self) -> int:
-        return self.fetcher.bytes_received
 
     @property
     def total(self) -> int | None:

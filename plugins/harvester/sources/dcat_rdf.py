@@ -36,7 +36,7 @@ from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
 
 from harvester.config.portals import DCAT_RDF
 from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
-from harvester.sources.base import Capabilities, Listing, SourceError
+from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError
 from harvester.http import scrub_url
 
 log = logging.getLogger(__name__)
@@ -566,7 +566,7 @@ def iter_pages(url: str, fetch: Fetch, *, language: str | None = None, max_pages
     return RdfListing(url, fetch, language=language, max_pages=max_pages)
 
 
-class DcatRdfSource:
+class DcatRdfSource(CountsTraffic):
     """A DCAT-AP RDF catalogue over HTTP (``fetcher``: an ``http.HttpFetcher``). Lists the whole
     catalogue every run: no incremental or conditional requests, no reconciliation."""
 
@@ -617,10 +617,3 @@ class DcatRdfSource:
     def total(self) -> int | None:
         return self._listing.total if self._listing else None
 
-    @property
-    def requests_made(self) -> int:
-        return getattr(self.fetcher, "requests_made", 0)
-
-    @property
-    def bytes_received(self) -> int:
-        return getattr(self.fetcher, "bytes_received", 0)

@@ -44,7 +44,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from harvester.config.portals import OPENDATASOFT
 from harvester.domain.dataset import DatasetRecord, clean_text, package_record, parse_timestamp, slug
 from harvester.http import Retryable, scrub_url
-from harvester.sources.base import Capabilities, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def modified_filter(since: datetime) -> str:
     return f"default.modified >= date'{since_second(since).strftime('%Y-%m-%dT%H:%M:%SZ')}'"
 
 
-class OpenDataSoftSource:
+class OpenDataSoftSource(CountsTraffic):
     """An OpenDataSoft portal at ``url`` (its address; an API path in it is ignored), read through
     ``fetcher`` (harvester.http.HttpFetcher)."""
 
@@ -238,13 +238,6 @@ class OpenDataSoftSource:
     def __repr__(self) -> str:
         return f"OpenDataSoftSource({scrub_url(self.root)!r})"
 
-    @property
-    def requests_made(self) -> int:
-        return self.fetcher.requests_made
-
-    @property
-    def bytes_received(self) -> int:
-        return self.fetcher.bytes_received
 
     def _page(self, params: dict, filtered: bool) -> dict:
         url = self.endpoint

@@ -66,7 +66,7 @@ from harvester.config.portals import SOCRATA
 from harvester.domain.dataset import (DatasetRecord, clean_text, normalize_url, package_record, parse_timestamp,
                                       sha256_hex, slug)
 from harvester.http import scrub_url
-from harvester.sources.base import Capabilities, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def catalogue_of(url: str) -> tuple[str, str]:
     return urlunsplit((parts.scheme, parts.netloc, base + CATALOG_PATH, "", "")), domain.split(",")[0].strip()
 
 
-class SocrataSource:
+class SocrataSource(CountsTraffic):
     """A Socrata portal's datasets through the Discovery API, fetched with ``fetcher``
     (harvester.http.HttpFetcher). ``total``: ``resultSetSize`` of the last answer."""
 
@@ -225,13 +225,6 @@ class SocrataSource:
     def __repr__(self) -> str:
         return f"SocrataSource({scrub_url(self.catalog_url)!r}, domain={self.domain!r})"
 
-    @property
-    def requests_made(self) -> int:
-        return self.fetcher.requests_made
-
-    @property
-    def bytes_received(self) -> int:
-        return self.fetcher.bytes_received
 
     # -- one page --------------------------------------------------------------------------------
     def _get(self, params: dict) -> dict:
