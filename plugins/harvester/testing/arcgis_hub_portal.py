@@ -15,10 +15,9 @@ import json
 import re
 import threading
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from harvester.testing.local_http import LocalServer
+from harvester.testing.local_http import LocalServer, QuietHandler
 
 ITEMS = "/api/search/v1/collections/dataset/items"
 _BETWEEN = re.compile(r"^\(*\s*modified\s+BETWEEN\s+(\d+)\s+AND\s+(\d+)\s*\)*$", re.I)
@@ -179,20 +178,8 @@ class ArcGisHubServer(LocalServer):
     def _handler(self):
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status: int, body: bytes, headers: dict | None = None, length: int | None = None):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/geo+json; charset=utf-8")
-                self.send_header("Content-Length", str(len(body) if length is None else length))
-                for key, value in (headers or {}).items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
+        class Handler(QuietHandler):
+            content_type = "application/geo+json; charset=utf-8"
 
             def do_GET(self):
                 parts = urlsplit(self.path)

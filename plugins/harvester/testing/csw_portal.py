@@ -26,11 +26,10 @@ import copy
 import threading
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qsl, urlsplit
 
 from harvester.domain.dataset import parse_timestamp
-from harvester.testing.local_http import LocalServer
+from harvester.testing.local_http import LocalServer, QuietHandler
 
 NS = {
     "csw": "http://www.opengis.net/cat/csw/2.0.2",
@@ -248,20 +247,8 @@ class CswServer(LocalServer):
     def _handler(self):
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status: int, body: bytes, extra: dict | None = None, length: int | None = None):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/xml; charset=UTF-8")
-                self.send_header("Content-Length", str(len(body) if length is None else length))
-                for k, v in (extra or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+        class Handler(QuietHandler):
+            content_type = "application/xml; charset=UTF-8"
 
             def do_GET(self):
                 parts = urlsplit(self.path)

@@ -7,6 +7,27 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler of the local servers: HTTP/1.1, no access log, and ``_send`` of a body
+    with its ``content_type`` (``length``: a Content-Length other than the body's, for a body cut
+    short)."""
+
+    protocol_version = "HTTP/1.1"
+    content_type = "application/json; charset=utf-8"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, headers: dict | None = None, length: int | None = None):
+        self.send_response(status)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class LocalServer:
     """A threaded HTTP server on 127.0.0.1 (a free port) serving the handler class ``_handler()``
     builds, in a daemon thread between ``start()`` and ``stop()`` (or as a context manager)."""

@@ -23,10 +23,9 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
-from harvester.testing.local_http import LocalServer
+from harvester.testing.local_http import LocalServer, QuietHandler
 
 CATALOG_PATH = "/api/catalog/v1"
 MAX_WINDOW = 10_000
@@ -147,20 +146,8 @@ class SocrataServer(LocalServer):
     def _handler(self):
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status: int, body: bytes, headers: dict | None = None, length: int | None = None):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json;charset=utf-8")
-                self.send_header("Content-Length", str(len(body) if length is None else length))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+        class Handler(QuietHandler):
+            content_type = "application/json;charset=utf-8"
 
             def do_GET(self):
                 parts = urlsplit(self.path)
