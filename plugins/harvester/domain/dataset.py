@@ -21,6 +21,9 @@ from html.parser import HTMLParser
 from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from harvester.domain.outcomes import ERROR, Problem, error_text, problem
+from harvester.domain.quality import content_warnings
+
 # Bump when the text recipe changes: every content_hash changes with it, so everything re-embeds.
 TEXT_RECIPE = "harvester-text-v1"
 # Deterministic cap on the embedded text, so the hash always describes exactly what is sent.
@@ -55,10 +58,27 @@ class DatasetRecord:
     metadata_hash: str | None = None
     raw: Any = None
     error: str | None = None
+    # What the record fell short of (domain/outcomes.py): a Failed record's errors (``error`` is
+    # their one-line summary) and a stored record's warnings. Not part of any hash.
+    problems: tuple[Problem, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def reported(self) -> tuple[Problem, ...]:
+        """Its problems as a report lists them: a Failed record that came without a coded problem
+        (a kind of portal that only says why, in ``error``) has one, ``invalid-record``."""
+        if self.error is not None and not any(p.severity == ERROR for p in self.problems):
+            return (problem("invalid-record", self.error),) + self.problems
+        return self.problems
+
+
+def failed(source_id: str | None, raw: Any, problems: list[Problem] | tuple[Problem, ...],
+           prefix: str = "") -> DatasetRecord:
+    """A Failed record: ``problems`` (at least one error) and their summary as ``error``."""
+    return DatasetRecord(source_id=source_id, raw=raw, error=prefix + (error_text(problems) or "invalid record"),
+                         problems=tuple(problems))
 
 
 class _TextExtractor(HTMLParser):
@@ -235,27 +255,43 @@ def metadata_hash(pkg: Mapping, *, notes_text: str | None = None) -> str:
 def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
     """A fetched package as a DatasetRecord; unusable records come back with ``error`` saying why."""
     if not _is_mapping(pkg):
-        return DatasetRecord(source_id=None, raw=pkg, error=f"record is a {type(pkg).__name__}, not a JSON object")
+        return failed(None, pkg, [problem("not-an-object", f"record is a {type(pkg).__name__}, not a JSON object")])
     source_id = pkg.get("id")
     if not isinstance(source_id, str) or not source_id.strip():
         label = pkg.get("name") or pkg.get("title") or "?"
-        return DatasetRecord(source_id=None, raw=pkg, error=f"record {label!r} has no 'id'")
+        return failed(None, pkg, [problem("no-identifier", f"record {label!r} has no 'id'", "id", pkg.get("id"))])
     source_id = source_id.strip()
     name = pkg.get("name") if isinstance(pkg.get("name"), str) and pkg.get("name") else None
+    problems = []
+    if name is None and not clean_text(pkg.get("title")):
+        problems.append(problem("no-title", f"record {source_id!r} has neither a name nor a title", "title",
+                                pkg.get("title")))
+    modified = pkg.get("metadata_modified")
+    if modified not in (None, "") and parse_timestamp(modified) is None:
+        problems.append(problem("bad-date", f"record {source_id!r}: metadata_modified {str(modified)[:60]!r} is not a "
+                                            "date", "metadata_modified", modified))
+    if problems:
+        return failed(source_id, pkg, problems)
     title = clean_text(pkg.get("title")) or (name or source_id)
     description = clean_text(pkg.get("notes"))
     url = landing_page(portal_url, name or source_id)
     return package_record(pkg, source_id=source_id, name=name, url=url, title=title, description=description,
-                          tags=_names(pkg.get("tags")), organization=_organization(pkg), notes_text=description)
+                          tags=_names(pkg.get("tags")), organization=_organization(pkg), notes_text=description,
+                          url_is_landing_page=False)
 
 
 def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, description: str, tags: list[str],
                    organization: str | None, name: str | None = None, url_hash: str | None = None,
-                   notes_text: str | None = None) -> DatasetRecord:
+                   notes_text: str | None = None, warnings: tuple[Problem, ...] = (),
+                   url_is_landing_page: bool = True) -> DatasetRecord:
     """The record of a CKAN-shaped package, whatever kind of portal it came from (sources/ map
     theirs to this shape), with the three hashes computed one way for all. ``title`` and
     ``description`` are already cleaned; ``url_hash`` defaults to the hash of the normalized url;
-    ``notes_text``: ``clean_text(pkg.get("notes"))``, when the caller has it (see metadata_hash)."""
+    ``notes_text``: ``clean_text(pkg.get("notes"))``, when the caller has it (see metadata_hash).
+    The record carries the content-quality warnings of domain/quality.py and the source's own
+    ``warnings`` (its validation's); ``url_is_landing_page``: False for a CKAN package, whose
+    ``url`` is a free-text source field."""
+    modified = parse_timestamp(pkg.get("metadata_modified"))
     return DatasetRecord(
         source_id=source_id,
         name=name,
@@ -265,8 +301,10 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
         description=description,
         tags=tags,
         organization=organization,
-        metadata_modified=parse_timestamp(pkg.get("metadata_modified")),
+        metadata_modified=modified,
         content_hash=content_hash(embedding_text(title, description)),
         metadata_hash=metadata_hash(pkg, notes_text=notes_text),
         raw=pkg,
+        problems=content_warnings(pkg, description=description, modified=modified,
+                                  parse_date=parse_timestamp, landing_page=url_is_landing_page) + tuple(warnings),
     )
