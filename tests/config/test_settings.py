@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harvester.config.settings import (SETTINGS, TOPICS, Setting, SettingError, breaker_config, env_value,
-                                       env_values, markdown_table, task_settings)
+                                       env_values, markdown_table, report_settings, task_settings)
 from harvester.domain.breaker import BreakerConfig, BreakerConfigError
 from harvester.domain.run import TaskSettings
 
@@ -224,6 +224,7 @@ def _readers():
 
     return [
         (("HARVESTER_TASK_", "HARVESTER_BUSY_", "HARVESTER_BACKFILL_"), task_settings, SettingError),
+        (("HARVESTER_OUTCOMES_", "HARVESTER_VALIDATE_"), report_settings, SettingError),
         (("CB_",), breaker_config, BreakerConfigError),
         (("HARVESTER_EMBED_",), EmbedSettings.from_env, ValueError),
         (("HARVESTER_INDEX_",), IndexSettings.from_env, ValueError),

@@ -127,6 +127,48 @@ def test_a_failed_run_is_announced(harvest, portal_server, db, samples, receiver
     assert receiver.bodies("/class")[0]["message"] == "failed in harvest_test"
 
 
+def test_failed_records_make_a_run_degraded_and_the_notice_carries_the_reasons_and_the_run_page(
+        harvest, portal_server, db, samples, receiver, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.org/")
+    records = samples(BIRMINGHAM)
+    no_id = {k: v for k, v in records[0].items() if k != "id"}
+    bad_dates = [{**r, "id": f"bad-{i}", "name": f"bad-{i}", "metadata_modified": "31/02/2020"}
+                 for i, r in enumerate(records[1:3])]
+    portal_server.set_records(records + [no_id] + bad_dates)
+    harvest.configure(portal_server.base_url, notify=[{"webhook": receiver.base_url, "on": ["degraded", "failed"]}])
+    assert harvest.run().state == "success"
+    run_id, status, stats, _ = last_run(db)
+    assert (status, stats["failed"], stats["created"]) == ("committed", 3, len(records))
+    (body,) = receiver.bodies()
+    assert (body["outcome"], body["run_id"], body["counts"]["failed"]) == ("degraded", run_id, 3)
+    assert body["reasons"] == {"bad-date": 2, "no-identifier": 1}
+    assert body["report_url"] == f"https://airflow.example.org/harvester/runs/{run_id}"
+    assert "3 records failed (2 bad-date, 1 no-identifier)" in body["message"]
+
+
+def test_a_catalogue_whose_records_all_fail_is_a_failed_run_announced_with_its_reasons(
+        harvest, portal_server, db, samples, receiver):
+    portal_server.set_records([{k: v for k, v in r.items() if k != "id"} for r in samples(BIRMINGHAM)])
+    harvest.configure(portal_server.base_url, notify=[{"webhook": receiver.base_url, "on": ["failed"]}])
+    dag_run = harvest.run()
+    assert dag_run.state == "failed"
+    run_id, status, _, error = last_run(db)
+    assert status == "failed" and "all 10 records test listed failed (10 no-identifier)" in error
+    assert db.execute("SELECT count(*) FROM record_outcomes WHERE run_id = %s", (run_id,)).fetchone()[0] == 10
+    assert db.execute("SELECT count(*) FROM datasets").fetchone()[0] == 0
+    (body,) = receiver.bodies()
+    assert (body["outcome"], body["run_id"], body["reasons"]) == ("failed", run_id, {"no-identifier": 10})
+    assert body["report_url"].endswith(f"/harvester/runs/{run_id}")
+    # Terminal: the catalogue would fail the same way again, so the task was not retried.
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tries = session.query(TaskInstance.try_number).filter(
+            TaskInstance.run_id == dag_run.run_id, TaskInstance.task_id == "fetch_modified").scalar()
+    assert tries == 1
+
+
 def test_a_receiver_that_is_down_does_not_fail_the_run_nor_stop_the_others(
         harvest, portal_server, db, samples, receiver, caplog):
     records = samples(BIRMINGHAM)

@@ -187,15 +187,24 @@ def cmd_export_changes(args) -> int:
 def cmd_purge(args) -> int:
     from harvester.store import history
 
+    from datetime import datetime, timezone
+
+    from harvester.config.settings import report_settings
+
     url = _portal_url(args.portal)
+    keep = report_settings().keep
+    keep_days = keep.days
+    outcomes_before = datetime.now(timezone.utc) - keep
     with _open() as conn:
-        counts = history.purge(conn, url, args.removed_before, dry_run=args.dry_run)
+        counts = history.purge(conn, url, args.removed_before, dry_run=args.dry_run, outcomes_before=outcomes_before)
     if args.json:
-        print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before, **counts})
+        print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before,
+                    "outcomes_before": outcomes_before, **counts})
         return 0
     verb = "would purge" if args.dry_run else "purged"
     print(f"{verb} {counts['datasets']} datasets of {args.portal} removed before {when(args.removed_before)}"
-          f" ({counts['versions']} versions, {counts['changes']} changes)")
+          f" ({counts['versions']} versions, {counts['changes']} changes), and {counts['outcomes']} record "
+          f"outcomes older than {keep_days} days (HARVESTER_OUTCOMES_KEEP_DAYS)")
     return 0
 
 
@@ -316,7 +325,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_review)
 
-    p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good")
+    p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good, and record outcomes "
+                                   "older than HARVESTER_OUTCOMES_KEEP_DAYS")
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
     p.add_argument("--removed-before", type=options.date_from, required=True, metavar="DATE")
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")

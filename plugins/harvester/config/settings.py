@@ -52,6 +52,7 @@ TOPICS = {
     "breaker": "Circuit breaker (per provider and model)",
     "index": "Vector indexes",
     "search": "Search",
+    "reports": "Record reports and validation",
     "process": "Processes",
     "cli": "Command line",
     "testing": "Demo and tests",
@@ -311,6 +312,16 @@ _ALL = (
             "matches", "search", 1, 10**9),
     Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 5000, "Filters that leave at most this many datasets rank "
             "them exactly (0: never)", "search", 0, 10**7),
+    # -- record reports and validation ------------------------------------------------------------
+    Setting("HARVESTER_OUTCOMES_KEEP_DAYS", "int", 90, "How long a run's per-record outcomes (errors and warnings "
+            "of its records) are kept; `harvester purge` deletes older ones", "reports", 1, 100000),
+    Setting("HARVESTER_VALIDATE_MAX_BYTES", "size", "100MB", "The largest document `POST /harvester/api/validate` "
+            "takes, uploaded or fetched", "reports"),
+    Setting("HARVESTER_VALIDATE_ALLOW_PRIVATE", "bool", False, "Whether `POST /harvester/api/validate` may fetch "
+            "URLs on loopback, private, link-local or reserved addresses (off: it must not become a way into "
+            "internal services)", "reports"),
+    Setting("HARVESTER_VALIDATE_TIMEOUT_SECS", "float", 60.0, "The longest `POST /harvester/api/validate` spends "
+            "fetching a URL", "reports", 1, 3600),
     # -- processes ----------------------------------------------------------------------------------
     Setting("MALLOC_ARENA_MAX", "str", None, "glibc's malloc arenas; when set, a task leaves it to rule instead "
             "of capping the arenas itself", "process", default_text="unset: tasks cap them at 2"),
@@ -407,6 +418,29 @@ def task_settings(environ: Mapping[str, str] | None = None) -> TaskSettings:
                         busy_poll=timedelta(seconds=poll), busy_wait=timedelta(seconds=wait),
                         backfill_cover=timedelta(seconds=got["HARVESTER_BACKFILL_COVER_SECS"]),
                         embedding_pool=got["HARVESTER_EMBEDDING_POOL"])
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Per-record reports and validation (HARVESTER_OUTCOMES_*, HARVESTER_VALIDATE_*)."""
+
+    keep: timedelta
+    validate_max_bytes: int
+    validate_allow_private: bool
+    validate_timeout: float
+
+
+def report_settings(environ: Mapping[str, str] | None = None) -> ReportSettings:
+    """What the purge and the validate endpoint take from the environment; SettingError naming a
+    bad value."""
+    from harvester.domain.sizes import parse_size
+
+    got = env_values(("HARVESTER_OUTCOMES_KEEP_DAYS", "HARVESTER_VALIDATE_MAX_BYTES",
+                      "HARVESTER_VALIDATE_ALLOW_PRIVATE", "HARVESTER_VALIDATE_TIMEOUT_SECS"), environ)
+    return ReportSettings(keep=timedelta(days=got["HARVESTER_OUTCOMES_KEEP_DAYS"]),
+                          validate_max_bytes=parse_size(got["HARVESTER_VALIDATE_MAX_BYTES"]),
+                          validate_allow_private=got["HARVESTER_VALIDATE_ALLOW_PRIVATE"],
+                          validate_timeout=got["HARVESTER_VALIDATE_TIMEOUT_SECS"])
 
 
 def breaker_config(environ: Mapping[str, str] | None = None) -> breaker.BreakerConfig:

@@ -20,6 +20,7 @@ from airflow.sdk import BaseNotifier
 
 from harvester.config.notify import DEFAULT_TIMEOUT, NotifyTarget, import_class
 from harvester.config.secrets import expand_env, mask, redact_text, redact_url
+from harvester.domain.outcomes import CODES, ERROR
 
 log = logging.getLogger(__name__)
 
@@ -40,34 +41,54 @@ def notifier(target: NotifyTarget) -> BaseNotifier:
 
 
 # -- what is sent ---------------------------------------------------------------------------------
-def dag_run_url(dag_id: str | None, dag_run_id: str | None) -> str | None:
-    """The DAG run in the Airflow UI, under [api] base_url."""
-    if not dag_id or not dag_run_id:
-        return None
+def _base_url() -> str:
+    """Airflow's [api] base_url (where its UI and the Harvester page are served)."""
     try:
         from airflow.sdk.configuration import conf
 
         base = conf.get("api", "base_url", fallback=None)
     except Exception:  # configuration unreadable: a link to localhost is still a hint
         base = None
-    return f"{(base or 'http://localhost:8080').rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+    return (base or "http://localhost:8080").rstrip("/")
+
+
+def dag_run_url(dag_id: str | None, dag_run_id: str | None) -> str | None:
+    """The DAG run in the Airflow UI, under [api] base_url."""
+    if not dag_id or not dag_run_id:
+        return None
+    return f"{_base_url()}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+
+
+def report_url(run_id: int | None) -> str | None:
+    """The run's page on the Harvester page (its records' errors and warnings, grouped)."""
+    return None if run_id is None else f"{_base_url()}/harvester/runs/{int(run_id)}"
 
 
 def commit_outcomes(stats: Mapping[str, Any]) -> list[str]:
-    """What a committed run has to say: degraded (embeddings skipped, removals withheld), review."""
+    """What a committed run has to say: degraded (records failed, embeddings skipped, removals
+    withheld), review."""
     out = []
-    if stats.get("skipped") or stats.get("removals_withheld"):
+    if stats.get("failed") or stats.get("skipped") or stats.get("removals_withheld"):
         out.append("degraded")
     if stats.get("review"):
         out.append("review")
     return out
 
 
-def _message(portal: str, outcome: str, run_id: int | None, counts: Mapping[str, int], error: str | None) -> str:
+def _reasons_text(reasons: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {code}" for code, n in reasons.items())
+
+
+def _message(portal: str, outcome: str, run_id: int | None, counts: Mapping[str, int], error: str | None,
+             reasons: Mapping[str, int] | None = None) -> str:
     run = f"run {run_id} of {portal}" if run_id is not None else f"the run of {portal}"
+    errors = {c: n for c, n in (reasons or {}).items() if CODES.get(c) and CODES[c].severity == ERROR}
     if outcome == "failed":
-        return f"Harvest {run} failed: {error or 'see the DAG run'}"
+        text = f"Harvest {run} failed: {error or 'see the DAG run'}"
+        return text + (f" (records: {_reasons_text(errors)})" if errors and "records: " not in text else "")
     parts = []
+    if counts.get("failed"):
+        parts.append(f"{counts['failed']} records failed" + (f" ({_reasons_text(errors)})" if errors else ""))
     if counts.get("skipped"):
         parts.append(f"{counts['skipped']} datasets without vectors (embedding deferred: breaker open)")
     if counts.get("removals_withheld"):
@@ -80,15 +101,18 @@ def _message(portal: str, outcome: str, run_id: int | None, counts: Mapping[str,
 
 
 def payload(portal: str, outcomes: list[str], *, dag_id: str | None, dag_run_id: str | None,
-            run_id: int | None, stats: Mapping[str, Any] | None, error: str | None = None) -> dict:
-    """What WebhookNotifier posts, and what other notifiers find as ``harvester`` in their context."""
+            run_id: int | None, stats: Mapping[str, Any] | None, error: str | None = None,
+            reasons: Mapping[str, int] | None = None) -> dict:
+    """What WebhookNotifier posts, and what other notifiers find as ``harvester`` in their context.
+    ``reasons``: the run's per-record outcomes per reason code (store.outcomes.by_code)."""
     counts = {key: int((stats or {}).get(key) or 0) for key in COUNT_KEYS}
     out = {"portal": portal, "dag_id": dag_id, "dag_run_id": dag_run_id, "run_id": run_id,
            "outcome": outcomes[0], "outcomes": list(outcomes), "counts": counts,
-           "url": dag_run_url(dag_id, dag_run_id)}
+           "reasons": {str(c): int(n) for c, n in (reasons or {}).items()},
+           "url": dag_run_url(dag_id, dag_run_id), "report_url": report_url(run_id)}
     if error:
         out["error"] = error[:1000]
-    out["message"] = _message(portal, outcomes[0], run_id, counts, error)
+    out["message"] = _message(portal, outcomes[0], run_id, counts, error, reasons)
     return out
 
 
@@ -108,7 +132,8 @@ def _from_context(context: Mapping[str, Any]) -> dict:
 
 class WebhookNotifier(BaseNotifier):
     """POSTs the run's outcome as JSON: portal, dag_id, dag_run_id, run_id, outcome, outcomes,
-    counts, url (the DAG run in the Airflow UI), message, and error for a failed run. A receiver
+    counts, reasons (the run's record outcomes per reason code), url (the DAG run in the Airflow
+    UI), report_url (the run's page on the Harvester page), message, and error for a failed run. A receiver
     that does not answer within ``timeout`` seconds or answers an HTTP error raises
     NotificationError, naming the receiver by scheme and host only."""
 
@@ -172,7 +197,8 @@ class _TemplatableDag:
 
 
 def announce(portal, outcomes: list[str], context: Mapping[str, Any] | None, *, run_id: int | None,
-             stats: Mapping[str, Any] | None, error: str | None = None) -> int:
+             stats: Mapping[str, Any] | None, error: str | None = None,
+             reasons: Mapping[str, int] | None = None) -> int:
     """Send the run's outcome to each of the portal's notify targets that asked for one of
     ``outcomes`` (the first is the one reported). Never raises: a notifier that fails is a
     warning. Returns how many notifiers were called successfully."""
@@ -189,7 +215,7 @@ def announce(portal, outcomes: list[str], context: Mapping[str, Any] | None, *, 
         dag_run = context.get("dag_run")
         body = payload(portal.name, list(outcomes), dag_id=getattr(dag, "dag_id", None) or portal.dag_id,
                        dag_run_id=getattr(dag_run, "run_id", None) or context.get("run_id"),
-                       run_id=run_id, stats=stats, error=error)
+                       run_id=run_id, stats=stats, error=error, reasons=reasons)
     except Exception as exc:
         log.warning("could not announce the run of %s (the run is not affected): %s: %s",
                     portal.name, type(exc).__name__, redact_text(str(exc))[:300])

@@ -21,7 +21,7 @@ from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_sha
 from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
-from harvester.store import claims, datasets, history, listing, review, runs, staging, vectors
+from harvester.store import claims, datasets, history, listing, outcomes, review, runs, staging, vectors
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +127,26 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
     if mode == FULL or not source.capabilities.incremental:
         _settle_mode(conn, portal, run, mode, listing)
     runs.add_stats(conn, run_id, counts)
+    # The Failed records' errors are the run's report from now on, whether it commits or fails.
+    outcomes.record_staged(conn, run_id, portal.url, warnings=False)
+    if counts["failed"] and not counts["fetched"] and (listing.complete or mode == FULL):
+        raise NothingUsable(_nothing_usable(conn, portal, run_id, counts["failed"]))
     log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("fetched", "failed")), source.requests_made, source.bytes_received)
     return {"run_id": run_id, **counts}
+
+
+class NothingUsable(Exception):
+    """Every record of a whole catalogue failed: the run fails rather than succeed with no dataset
+    (and remove, on a full sync, every dataset it holds). Terminal: the same catalogue fails again."""
+
+    transient = False
+
+
+def _nothing_usable(conn, portal: Portal, run_id: int, failed: int) -> str:
+    reasons = ", ".join(f"{n} {code}" for code, n in outcomes.by_code(conn, run_id).items())
+    return (f"all {failed} records {portal.name} listed failed ({reasons}): nothing can be stored, so the run fails "
+            f"instead of succeeding with no dataset; see `harvester report {run_id}` or the run's page")
 
 
 def _settle_mode(conn, portal: Portal, run, mode: str, listing: Listing) -> None:
@@ -283,7 +300,9 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
     runs.require_running(conn, run_id)
     counts = datasets.classify(conn, run_id, portal.url)
     runs.add_stats(conn, run_id, counts)
-    out = {"run_id": run_id, **counts}
+    # Now the records are classified: the report gets the warnings of those the run takes in.
+    reported = outcomes.record_staged(conn, run_id, portal.url, warnings=True)
+    out = {"run_id": run_id, **counts, "record_errors": reported["errors"], "record_warnings": reported["warnings"]}
     detected = history.compute_changes(conn, reader, run_id, portal.url, portal.significance)
     out["review"] = detected.get("review", 0)
     if model is not None:
@@ -296,7 +315,8 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
         out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards, "bulk_index": bulk}
                                for i in range(shards)]
     log.info("hash_compare done: %s", summary(out, ("created", "updated", "reidentified", "unchanged",
-                                                     "failed", "review", "pending_texts")))
+                                                     "failed", "review", "pending_texts", "record_errors",
+                                                     "record_warnings")))
     return out
 
 
@@ -458,7 +478,20 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     log.info("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
              ", reconciled" if run.reconcile_reason else "",
              summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
+    _log_report(conn, run_id)
     return {"run_id": run_id, **final}
+
+
+def _log_report(conn, run_id: int) -> None:
+    """The run's per-record outcomes, grouped, in the task log (the run's page and `harvester report`
+    show every row)."""
+    found = outcomes.groups(conn, run_id)
+    if not found:
+        return
+    lines = [f"  {g['severity']:<7} {g['code']:<22} {g['count']:>7}  e.g. {', '.join(g['examples'])}: "
+             f"{g['message'][:160]}" for g in found]
+    log.warning("run %s: records with errors or warnings, by reason (`harvester report %s` lists them all):\n%s",
+                run_id, run_id, "\n".join(lines))
 
 
 def abort(conn, run_id: int, error: str, status: str = "failed", *, resumable: bool = False) -> bool:

@@ -314,6 +314,7 @@ def upsert(portal: Portal, run: dict) -> dict:
         stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
                                 force_removals=bool(ctx["params"].get("force_removals")),
                                 open_connection=lambda: _connection(role="build"))
+        reasons = pipeline.outcomes.by_code(conn, run["run_id"]) if portal.notify else {}
     events = ctx.get("outlet_events")
     if events is not None:
         from airflow.sdk import Asset
@@ -323,7 +324,8 @@ def upsert(portal: Portal, run: dict) -> dict:
     if portal.notify:
         from harvester.pipeline import notify
 
-        notify.announce(portal, notify.commit_outcomes(stats), ctx, run_id=stats["run_id"], stats=stats)
+        notify.announce(portal, notify.commit_outcomes(stats), ctx, run_id=stats["run_id"], stats=stats,
+                        reasons=reasons)
     return stats
 
 
@@ -366,16 +368,19 @@ def _announce_failure(portal: Portal, context) -> None:
     if not portal.notify:
         return
     from harvester.pipeline import notify
-    from harvester.store import runs
+    from harvester.store import outcomes, runs
 
     dag_run_id = getattr(context.get("dag_run"), "run_id", None) or context.get("run_id")
-    run = None
+    run, reasons = None, {}
     try:
         with _connection() as conn:
             run = runs.last_of_dag_run(conn, portal.url, dag_run_id)
+            if run is not None:
+                reasons = outcomes.by_code(conn, run.run_id)
     except Exception as exc:  # the database may be why it failed: announce without the run's details
         log.warning("could not read the run of %s for its failure notice: %s", portal.name, type(exc).__name__)
     exc = context.get("exception")
     error = (run and run.error) or (f"{type(exc).__name__}: {exc}" if exc else
                                     f"DAG run {dag_run_id} ended: {context.get('reason') or 'failed'}")
-    notify.announce(portal, ["failed"], context, run_id=run and run.run_id, stats=run and run.stats, error=error)
+    notify.announce(portal, ["failed"], context, run_id=run and run.run_id, stats=run and run.stats, error=error,
+                    reasons=reasons)

@@ -4,7 +4,7 @@ Everything is set-based: one statement per step for the whole run, never one per
 """
 from __future__ import annotations
 
-from harvester.store import vectors
+from harvester.store import outcomes, vectors
 
 OUTCOMES = ("created", "updated", "unchanged", "failed", "reidentified")
 # The columns of staging_records that statements filter, join, group or sort on (classify analyzes them).
@@ -154,12 +154,8 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
     # A vector is linked only when it is of the dataset's current text: a dataset whose text
     # changed never keeps its old vector. Search's copy of each newly linked vector goes beside it.
     vectors.link(conn, portal_url, model)
-    skipped = conn.execute(
-        """
-        SELECT count(*) FROM staging_records s
-        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated') AND s.content_changed
-          AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash AND e.model = %(model)s)
-        """, params).fetchone()[0]
+    # Each of them is a row of the run's report (embedding-deferred), written as it is counted.
+    skipped = outcomes.record_deferred(conn, run_id, portal_url, model)
     return {"skipped": int(skipped)}
 
 

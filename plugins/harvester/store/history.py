@@ -44,6 +44,7 @@ from typing import Iterator
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
 from harvester.pipeline.readahead import read_ahead
+from harvester.store import outcomes
 from harvester.store.staging import as_jsonb
 
 log = logging.getLogger(__name__)
@@ -277,11 +278,16 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
         return out
     share = would_remove / live
     if share > max_share and not force:
+        kind = "full sync" if row[0] == "full" else "reconciliation"
         log.warning(
             "removal guard: this %s of %s did not list %d of its %d live datasets (%.1f%%, more than"
             " the allowed %.1f%%), so none was removed; if the portal really dropped them, trigger a run"
-            " with force_removals (and full_sync or reconcile)", "full sync" if row[0] == "full" else "reconciliation",
-            portal_url, would_remove, live, share * 100, max_share * 100)
+            " with force_removals (and full_sync or reconcile)", kind, portal_url, would_remove, live, share * 100,
+            max_share * 100)
+        outcomes.record_withheld(
+            conn, run_id, portal_url, gone_where, params,
+            f"not listed by this {kind}; not removed: the removal guard withheld all {would_remove} removals "
+            f"({share * 100:.1f}% of {live} live datasets, more than the allowed {max_share * 100:.1f}%)")
         return {**out, "removal_guard_tripped": 1}
     change = ch.removal(ch.SignificanceConfig(removed=removed_significance, review_threshold=review_threshold))
     removed = conn.execute(
@@ -409,9 +415,12 @@ def current_version_number(conn, dataset_id: int) -> int | None:
     return row[0] if row else None
 
 
-def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = False) -> dict[str, int]:
+def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = False,
+          outcomes_before: datetime | None = None) -> dict[str, int]:
     """Delete for good the portal's datasets removed before ``removed_before``, with their versions
-    and changes (ON DELETE CASCADE). Vectors are shared by text and stay. ``dry_run``: only count."""
+    and changes (ON DELETE CASCADE), and its runs' per-record outcomes recorded before
+    ``outcomes_before`` (HARVESTER_OUTCOMES_KEEP_DAYS ago, when the caller gives it). Vectors are
+    shared by text and stay. ``dry_run``: only count."""
     params = {"portal": portal_url, "before": removed_before}
     where = "d.portal_url = %(portal)s AND d.removed_at IS NOT NULL AND d.removed_at < %(before)s"
     with conn.transaction():
@@ -426,7 +435,9 @@ def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = Fa
             """, params).fetchone()
         if not dry_run and datasets:
             conn.execute(f"DELETE FROM datasets d WHERE {where}", params)
-    return {"datasets": int(datasets), "versions": int(versions), "changes": int(changes), "dry_run": dry_run}
+        pruned = outcomes.prune(conn, portal_url, outcomes_before, dry_run=dry_run) if outcomes_before else 0
+    return {"datasets": int(datasets), "versions": int(versions), "changes": int(changes), "outcomes": pruned,
+            "dry_run": dry_run}
 
 
 # -- queries for the Harvester page in the Airflow UI --------------------------------------------

@@ -14,9 +14,9 @@ from psycopg.types.json import Jsonb
 from harvester.domain.dataset import DatasetRecord
 
 _COLUMNS = ("run_id", "seq", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
-            "description", "tags", "organization", "metadata_modified", "raw", "error")
+            "description", "tags", "organization", "metadata_modified", "raw", "error", "problems")
 _TYPES = ("int8", "int8", "text", "text", "text", "text", "text", "text", "text",
-          "text", "jsonb", "text", "timestamptz", "jsonb", "text")
+          "text", "jsonb", "text", "timestamptz", "jsonb", "text", "jsonb")
 
 
 def clear(conn, run_id: int) -> None:
@@ -112,6 +112,12 @@ def _jsonb(value) -> Jsonb:
     return Jsonb(text, _as_is)
 
 
+def _problems(rec: DatasetRecord) -> Jsonb | None:
+    """The record's problems (domain/outcomes.py) as the staging column holds them; None: none."""
+    reported = rec.reported()
+    return _jsonb([p.as_dict() for p in reported]) if reported else None
+
+
 def write(conn, run_id: int, first_seq: int, records: Iterable[DatasetRecord]) -> int:
     """COPY records into staging; returns how many were written."""
     n = 0
@@ -123,6 +129,7 @@ def write(conn, run_id: int, first_seq: int, records: Iterable[DatasetRecord]) -
                     run_id, first_seq + n, _text(rec.source_id), _text(rec.name), rec.url, rec.url_hash,
                     rec.content_hash, rec.metadata_hash, _text(rec.title), _text(rec.description),
                     _jsonb(rec.tags), _text(rec.organization), rec.metadata_modified, _jsonb(rec.raw), rec.error,
+                    _problems(rec),
                 ))
                 n += 1
     return n
