@@ -14,6 +14,36 @@ exactly as on a CKAN package. The mapping (``records_from_graph``) needs no netw
 - Everything else the dataset says (identifier, spatial, temporal, contact point, ...) goes into
   ``extras``, blank nodes written out as nested dicts, so the metadata hash sees it.
 
+Validation (``validate``): DCAT-AP 3.0's mandatory properties and ranges of the classes Harvester
+reads, checked by rules over the graph already parsed: a few triple lookups per dataset, no SPARQL.
+Not SHACL: the published DCAT-AP shapes come from no package registry (PyPI has no package that
+ships them), pySHACL would be a second dependency to run them, and a full SHACL run costs far more
+per page than these lookups; the rules below are the part of the shapes a harvester acts on.
+An error keeps the dataset out (a Failed record, ``domain.dataset.failed``); a warning is reported
+with the stored record. Field = the property's prefixed name (``dcat:distribution[<IRI or n>].x``).
+
+- ``dcat:Dataset`` identity (IRI, ``dct:identifier`` or landing page): ``no-identifier`` (error).
+- ``dct:title``, a literal: ``no-title`` (error).
+- ``dct:description`` (mandatory in DCAT-AP): only the content warning ``no-description``
+  (domain/quality.py), not ``missing-mandatory``: 3 of the 42 titled sample datasets lack it, and
+  they are real portal records (both of opendata.swiss' catalogue; GeoNetwork's, which writes
+  ``dct:abstract``, read as the description); dropping them would take real datasets out of search
+  for a field the search can do without.
+- ``dct:modified`` (the dataset's, else its catalogue record's): a resource, or a literal that is not
+  an xsd:date / xsd:dateTime (a year or year-month is taken): ``bad-range`` (error: Harvester's
+  change detection reads it). An empty literal is read as no date: ``range-tolerated`` (warning;
+  the SEMIC ISO-to-GeoDCAT-AP conversion writes empty dates, see the open-datara sample).
+- ``dct:issued``: the same tests, ``bad-optional-date`` (warning).
+- ``dcat:distribution``, ``dct:publisher``, ``dcat:contactPoint``: a literal is ``bad-range`` (error).
+- ``dcat:landingPage`` not an IRI, ``dcat:theme`` a literal, ``dcat:keyword`` not a literal,
+  ``dcat:accessURL`` of a distribution not an IRI: ``range-tolerated`` (warning, not ``bad-range``:
+  opendata.swiss writes landing pages and access URLs as literals, udata's fixtures themes too;
+  Harvester reads the text as written, a keyword IRI is left out of the tags).
+- ``dct:publisher`` or ``dcat:contactPoint`` missing: ``recommended-missing`` (warning; the other
+  recommended properties have content warnings already: ``no-distribution``, ``no-license``).
+- A ``dcat:Distribution`` without ``dcat:accessURL``: ``distribution-incomplete`` (warning: the
+  dataset is stored; GeoNetwork links distributions it does not describe).
+
 Paging (``iter_pages``) follows Hydra ``next`` / legacy ``nextPage`` links of the page's
 ``PagedCollection`` / ``PartialCollectionView`` node; a page seen twice or more than ``max_pages``
 pages end the listing with a warning (``complete`` False). A page that does not parse raises
@@ -35,7 +65,9 @@ from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
 
 from harvester.config.portals import DCAT_RDF
-from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
+                                      parse_timestamp, sha256_hex, slug)
+from harvester.domain.outcomes import ERROR, Problem, problem
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError
 from harvester.http import scrub_url
 
@@ -409,15 +441,119 @@ def _identity(graph: Graph, dataset: Any, landing: str | None) -> str | None:
     return None
 
 
-def _failed(graph: Graph, dataset: Any, dataset_id: str | None, title: str | None, reason: str,
-            catalog_url: str) -> DatasetRecord:
+def _failed(graph: Graph, dataset: Any, dataset_id: str | None, title: str | None, problems: list[Problem],
+            catalog_url: str, source_id: str | None = None) -> DatasetRecord:
     raw = {"id": dataset_id, "title": title, "catalog": catalog_url,
            "properties": _properties(graph, dataset, _NODE_DEPTH, skip=frozenset())}
-    return DatasetRecord(source_id=None, raw=raw, error=reason)
+    return failed(source_id, raw, problems)
+
+
+# -- validation (DCAT-AP 3.0 by rules; see the module docstring) -----------------------------------
+def _is_date(text: str) -> bool:
+    """A lexical form readable as xsd:dateTime or xsd:date (or, lower precision, xsd:gYear / gYearMonth)."""
+    text = text.strip()
+    if parse_timestamp(text) is not None:
+        return True
+    parts = text.split("-")
+    return 1 <= len(parts) <= 2 and all(p.isdigit() for p in parts) and len(parts[0]) == 4 and (
+        len(parts) == 1 or (len(parts[1]) == 2 and 1 <= int(parts[1]) <= 12))
+
+
+def _kind(node: Any) -> str:
+    return "a literal" if isinstance(node, Literal) else "a blank node" if isinstance(node, BNode) else "an IRI"
+
+
+def _date_problems(values: list[tuple[str, Any]], bad_code: str,
+                   skip: str | None) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) of date values ``(field, node)``: a non-date is ``bad_code`` (its severity
+    decides the list), an empty literal ``range-tolerated``. ``skip``: a value already reported by
+    the content warnings (domain/quality.py reads the package's ``issued``)."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    for field, node in values:
+        text = str(node)
+        if isinstance(node, Literal) and not text.strip():
+            warnings.append(problem("range-tolerated", f"{field} is an empty literal, read as no date", field, text))
+        elif not isinstance(node, Literal) or not _is_date(text):
+            if skip is not None and text == skip:
+                continue
+            found = problem(bad_code, f"{field} {text[:100]!r} is not an xsd:date or xsd:dateTime"
+                            + ("" if isinstance(node, Literal) else f" but {_kind(node)}"), field, text)
+            (errors if found.severity == ERROR else warnings).append(found)
+    return errors, warnings
+
+
+def _distribution_labels(graph: Graph, distributions: list[Any]) -> list[tuple[Any, str]]:
+    """Each distribution with the label a field names it by: its IRI, or (a blank node) its position
+    among the blank ones ordered by what they say, so the label is the same at every parse."""
+    iris = sorted((d for d in distributions if not isinstance(d, BNode)), key=str)
+    blanks = sorted((d for d in distributions if isinstance(d, BNode)),
+                    key=lambda d: sorted((str(p), str(o)) for p, o in graph.predicate_objects(d)
+                                         if not isinstance(o, BNode)))
+    return [(d, str(d)) for d in iris] + [(d, str(n)) for n, d in enumerate(blanks)]
+
+
+def validate(graph: Graph, dataset: Any, issued: str | None = None) -> tuple[list[Problem], list[Problem]]:
+    """The DCAT-AP rules past identity and title (module docstring): (errors, warnings) of one
+    ``dcat:Dataset`` node. ``issued``: the package's ``issued``, whose being no date the content
+    warnings report already."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    objects = {p: list(graph.objects(dataset, p)) for p in (
+        DCTERMS.modified, DCTERMS.issued, DCAT.distribution, DCTERMS.publisher, DCAT.contactPoint,
+        DCAT.landingPage, DCAT.keyword, DCAT.theme)}
+
+    modified = [("dct:modified", o) for o in objects[DCTERMS.modified]]
+    if not modified:  # the catalogue record's, as _modified reads it
+        modified = [("dcat:CatalogRecord.dct:modified", o) for record in graph.subjects(FOAF.primaryTopic, dataset)
+                    for o in graph.objects(record, DCTERMS.modified)]
+    bad, tolerated = _date_problems(modified, "bad-range", None)
+    errors += bad
+    warnings += tolerated
+    bad, tolerated = _date_problems([("dct:issued", o) for o in objects[DCTERMS.issued]], "bad-optional-date",
+                                    issued if issued and issued.strip() else None)
+    warnings += bad + tolerated
+
+    for predicate, field in ((DCAT.distribution, "dcat:distribution"), (DCTERMS.publisher, "dct:publisher"),
+                             (DCAT.contactPoint, "dcat:contactPoint")):
+        for node in objects[predicate]:
+            if isinstance(node, Literal):
+                errors.append(problem("bad-range", f"{field} {str(node)[:100]!r} is a literal, not a resource",
+                                      field, str(node)))
+    for node in objects[DCAT.landingPage]:
+        if not isinstance(node, URIRef):
+            warnings.append(problem("range-tolerated", f"dcat:landingPage {str(node)[:100]!r} is {_kind(node)}, "
+                                                       "not an IRI", "dcat:landingPage", str(node)))
+    for node in objects[DCAT.theme]:
+        if isinstance(node, Literal):
+            warnings.append(problem("range-tolerated", f"dcat:theme {str(node)[:100]!r} is a literal, not a resource",
+                                    "dcat:theme", str(node)))
+    for node in objects[DCAT.keyword]:
+        if not isinstance(node, Literal):
+            warnings.append(problem("range-tolerated", f"dcat:keyword {str(node)[:100]!r} is {_kind(node)}, not a "
+                                                       "literal (left out of the tags)", "dcat:keyword", str(node)))
+    for predicate, field in ((DCTERMS.publisher, "dct:publisher"), (DCAT.contactPoint, "dcat:contactPoint")):
+        if not objects[predicate]:
+            warnings.append(problem("recommended-missing", f"the dataset has no {field} (recommended by DCAT-AP)",
+                                    field))
+
+    resources = [d for d in objects[DCAT.distribution] if not isinstance(d, Literal)]
+    for distribution, label in _distribution_labels(graph, resources):
+        field = f"dcat:distribution[{label}].dcat:accessURL"
+        urls = list(graph.objects(distribution, DCAT.accessURL))
+        if not urls:
+            warnings.append(problem("distribution-incomplete", f"distribution {label} has no dcat:accessURL "
+                                                               "(mandatory in DCAT-AP)", field))
+        for node in urls:
+            if not isinstance(node, URIRef):
+                warnings.append(problem("range-tolerated", f"{field} {str(node)[:100]!r} of distribution {label} is "
+                                                           f"{_kind(node)}, not an IRI", field, str(node)))
+    return errors, warnings
 
 
 def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str | None) -> DatasetRecord:
-    """One ``dcat:Dataset`` node as a record (failed, with the reason, when it has no identity or title)."""
+    """One ``dcat:Dataset`` node as a record: failed, with its coded problems, when it has no identity
+    or title or breaks a DCAT-AP rule of severity error (``validate``)."""
     titles = _literals(graph, dataset, DCTERMS.title)
     descriptions = _literals(graph, dataset, DCTERMS.description)
     description_predicate = DCTERMS.description
@@ -428,10 +564,19 @@ def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str
     dataset_id = _identity(graph, dataset, landing)
     title = clean_text(title_lit) if title_lit is not None else ""
     if dataset_id is None:
-        return _failed(graph, dataset, None, title or None,
-                       f"dataset {title or '(untitled)'!r} has no IRI, dct:identifier or dcat:landingPage", catalog_url)
+        return _failed(graph, dataset, None, title or None, [problem(
+            "no-identifier", f"dataset {title or '(untitled)'!r} has no IRI, dct:identifier or dcat:landingPage",
+            "dct:identifier")], catalog_url)
     if not title:
-        return _failed(graph, dataset, dataset_id, None, f"dataset {dataset_id!r} has no dct:title", catalog_url)
+        given = next(iter(sorted(graph.objects(dataset, DCTERMS.title), key=str)), None)
+        return _failed(graph, dataset, dataset_id, None, [problem(
+            "no-title", f"dataset {dataset_id!r} has no dct:title" + (
+                "" if given is None else f" ({_kind(given)} {str(given)[:100]!r} gives no text)"),
+            "dct:title", None if given is None else str(given))], catalog_url)
+    issued = (_values(graph, dataset, DCTERMS.issued) or [None])[0]
+    errors, warnings = validate(graph, dataset, issued)
+    if errors:
+        return _failed(graph, dataset, dataset_id, str(title_lit), errors, catalog_url, source_id=dataset_id)
 
     description_lit = pick_language(descriptions, language)
     keywords = _literals(graph, dataset, DCAT.keyword)
@@ -449,7 +594,7 @@ def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str
         "title": str(title_lit),
         "notes": str(description_lit) if description_lit is not None else "",
         "url": landing,
-        "issued": (_values(graph, dataset, DCTERMS.issued) or [None])[0],
+        "issued": issued,
         "metadata_modified": modified,
         "license_id": licenses[0] if licenses else None,
         "organization": _organization(graph, dataset, language),
@@ -463,7 +608,7 @@ def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str
     description = clean_text(package["notes"])
     url = landing if _is_http(landing) else dataset_id if _is_http(dataset_id) else f"{catalog_url}#{dataset_id}"
     return package_record(package, source_id=dataset_id, url=url, title=title, description=description, tags=tags,
-                          organization=(package["organization"] or {}).get("title"))
+                          organization=(package["organization"] or {}).get("title"), warnings=tuple(warnings))
 
 
 def records_from_graph(graph: Graph, catalog_url: str, language: str | None) -> list[DatasetRecord]:
