@@ -41,8 +41,9 @@ from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from harvester.config.portals import ARCGIS_HUB
-from harvester.domain.dataset import (DatasetRecord, clean_text, normalize_url, package_record, parse_timestamp,
-                                      sha256_hex)
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
+                                      parse_timestamp, sha256_hex)
+from harvester.domain.outcomes import Problem, problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
@@ -117,17 +118,32 @@ def feature_id(feature: Any) -> str | None:
     return None
 
 
+class BadRecord(ValueError):
+    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.problem = problem(code, message, field, value)
+
+
+def _coded(exc: ValueError) -> list[Problem]:
+    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
+    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
+
+
 def to_package(feature: Mapping, site: str) -> dict:
-    """A Hub search feature as a CKAN-shaped package. Raises ValueError naming the item when it
+    """A Hub search feature as a CKAN-shaped package. Raises BadRecord naming the item when it
     has no id or no title."""
     ident = feature_id(feature)
     props = feature.get("properties")
     if not isinstance(props, Mapping):
-        raise ValueError(f"item {ident!r}: no properties object")
+        raise BadRecord("not-an-object", f"item {ident!r}: no properties object", "properties", props)
     title = _first_text(props, "title", "name")
     problems = [p for p, bad in (("no id", ident is None), ("no title", title is None)) if bad]
-    if problems:
-        raise ValueError(f"item {ident or props.get('title')!r}: {'; '.join(problems)}")
+    if problems:  # one problem (the message as it always was), coded by the first thing missing
+        raise BadRecord("no-identifier" if ident is None else "no-title",
+                        f"item {ident or props.get('title')!r}: {'; '.join(problems)}",
+                        "id" if ident is None else "properties.title", None if ident is None else props.get("title"))
     org = _first_text(props, "orgName", "source", "owner")
     licence = _first_text(props, "license", "licenseInfo")
     licence = clean_text(licence)[:MAX_LICENSE_CHARS] if licence else None
@@ -161,10 +177,10 @@ def normalize(feature: Any, site: str) -> DatasetRecord:
     ident = feature_id(feature)
     try:
         if not isinstance(feature, Mapping):
-            raise ValueError(f"feature is {type(feature).__name__}, not a JSON object")
+            raise BadRecord("not-an-object", f"feature is {type(feature).__name__}, not a JSON object")
         pkg = to_package(feature, site)
     except ValueError as exc:
-        return DatasetRecord(source_id=ident, raw=feature, error=f"{site}: {exc}")
+        return failed(ident, feature, _coded(exc), prefix=f"{site}: ")
     title, description = clean_text(pkg["title"]), clean_text(pkg["notes"])
     org = pkg["organization"]
     return package_record(pkg, source_id=pkg["id"], url=pkg["url"], url_hash=sha256_hex(normalize_url(pkg["url"])),

@@ -44,7 +44,8 @@ from typing import Iterator
 from urllib.parse import urlencode
 
 from harvester.config.portals import CSW
-from harvester.domain.dataset import DatasetRecord, clean_text, package_record, slug
+from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, slug
+from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.domain.dataset import parse_timestamp
 from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
@@ -198,11 +199,12 @@ def iso_record(md: ET.Element, record_url, language: str | None = None) -> Datas
     title_text, titles = free_text(title_prop, own, locales)
     title = clean_text(_pick(title_text, titles, language))
     if not file_id:
-        return DatasetRecord(source_id=None, raw={"title": title or None}, error=(
-            f"ISO record {title or '(untitled)'!r} has no gmd:fileIdentifier"))
+        return failed(None, {"title": title or None}, [problem(
+            "no-identifier", f"ISO record {title or '(untitled)'!r} has no gmd:fileIdentifier", "gmd:fileIdentifier")])
     if not title:
-        return DatasetRecord(source_id=file_id, raw={"id": file_id}, error=(
-            f"ISO record {file_id!r} has no title (gmd:identificationInfo/*/gmd:citation/*/gmd:title)"))
+        return failed(file_id, {"id": file_id}, [problem(
+            "no-title", f"ISO record {file_id!r} has no title (gmd:identificationInfo/*/gmd:citation/*/gmd:title)",
+            "gmd:identificationInfo/*/gmd:citation/*/gmd:title")])
     abstract_prop = ident.find("gmd:abstract", NS)
     abstract_text, abstracts = free_text(abstract_prop, own, locales)
     mapped = {id(e) for e in (md.find("gmd:fileIdentifier", NS), md.find("gmd:dateStamp", NS), title_prop,
@@ -284,11 +286,11 @@ def dc_record(rec: ET.Element, record_url) -> DatasetRecord:
     ids, titles = texts("dc:identifier"), texts("dc:title")
     title = clean_text(titles[0]) if titles else ""
     if not ids:
-        return DatasetRecord(source_id=None, raw={"title": title or None},
-                             error=f"Dublin Core record {title or '(untitled)'!r} has no dc:identifier")
+        return failed(None, {"title": title or None}, [problem(
+            "no-identifier", f"Dublin Core record {title or '(untitled)'!r} has no dc:identifier", "dc:identifier")])
     if not title:
-        return DatasetRecord(source_id=ids[0], raw={"id": ids[0]},
-                             error=f"Dublin Core record {ids[0]!r} has no dc:title")
+        return failed(ids[0], {"id": ids[0]}, [problem("no-title", f"Dublin Core record {ids[0]!r} has no dc:title",
+                                                       "dc:title")])
     notes = (texts("dct:abstract") or texts("dc:description") or [""])[0]
     description_tag = q("dct:abstract") if texts("dct:abstract") else q("dc:description")
     tags = sorted(set(texts("dc:subject")))

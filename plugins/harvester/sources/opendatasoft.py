@@ -42,7 +42,8 @@ from typing import Any, Iterator, Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from harvester.config.portals import OPENDATASOFT
-from harvester.domain.dataset import DatasetRecord, clean_text, package_record, parse_timestamp, slug
+from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
+from harvester.domain.outcomes import Problem, problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
@@ -138,19 +139,32 @@ def resources(root: str, ds: Mapping, ident: str) -> list[dict]:
     return out
 
 
+class BadRecord(ValueError):
+    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.problem = problem(code, message, field, value)
+
+
+def _coded(exc: ValueError) -> list[Problem]:
+    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
+    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
+
+
 def to_package(item: Any, root: str) -> dict:
-    """A catalogue result as a CKAN-shaped package. Raises ``ValueError`` naming the dataset when it
+    """A catalogue result as a CKAN-shaped package. Raises ``BadRecord`` naming the dataset when it
     cannot be used (no dataset_id, no title)."""
     ds = unwrap(item)
     if not isinstance(ds, Mapping):
-        raise ValueError(f"{root}: a catalogue result is {type(ds).__name__}, not a JSON object")
+        raise BadRecord("not-an-object", f"{root}: a catalogue result is {type(ds).__name__}, not a JSON object")
     ident = dataset_id(ds)
     if ident is None:
-        raise ValueError(f"{root}: a catalogue result has no dataset_id")
+        raise BadRecord("no-identifier", f"{root}: a catalogue result has no dataset_id", "dataset_id")
     default, others = metas_of(ds)
     title = default.get("title")
     if not isinstance(title, str) or not clean_text(title):
-        raise ValueError(f"{root}: dataset {ident!r} has no title")
+        raise BadRecord("no-title", f"{root}: dataset {ident!r} has no title", "metas.default.title", title)
     publisher = _text(default.get("publisher"))
     extras = [{"key": k, "value": _as_text(v)} for k, v in sorted(default.items()) if k not in _MAPPED_DEFAULT]
     for template, values in sorted(others.items()):
@@ -184,7 +198,7 @@ def normalize(item: Any, root: str) -> DatasetRecord:
     try:
         pkg = to_package(item, root)
     except ValueError as exc:
-        return DatasetRecord(source_id=dataset_id(unwrap(item)), raw=item, error=str(exc))
+        return failed(dataset_id(unwrap(item)), item, _coded(exc))
     org = pkg["organization"]
     return package_record(pkg, source_id=pkg["id"], name=pkg["name"], url=pkg["url"], title=clean_text(pkg["title"]),
                           description=clean_text(pkg["notes"]), tags=sorted({t["name"] for t in pkg["tags"]}),

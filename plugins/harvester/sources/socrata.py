@@ -63,8 +63,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harvester.config.portals import SOCRATA
-from harvester.domain.dataset import (DatasetRecord, clean_text, normalize_url, package_record, parse_timestamp,
-                                      sha256_hex, slug)
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
+                                      parse_timestamp, sha256_hex, slug)
+from harvester.domain.outcomes import Problem, problem
 from harvester.http import scrub_url
 from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
 
@@ -117,18 +118,32 @@ def result_id(result: Any) -> str | None:
     return _text(result["resource"].get("id"))
 
 
+class BadRecord(ValueError):
+    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.problem = problem(code, message, field, value)
+
+
+def _coded(exc: ValueError) -> list[Problem]:
+    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
+    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
+
+
 def to_package(result: Mapping, domain: str | None = None) -> dict:
     """A Discovery API result as a CKAN-shaped package (see the module's docstring). Raises
-    ``ValueError`` naming the dataset when it has no id or no name."""
+    ``BadRecord`` naming the dataset when it has no id or no name."""
     resource = result.get("resource")
     if not isinstance(resource, Mapping):
-        raise ValueError("result has no 'resource' object")
+        raise BadRecord("not-an-object", "result has no 'resource' object", "resource", resource)
     ident = _text(resource.get("id"))
     if ident is None:
-        raise ValueError(f"dataset {resource.get('name')!r} has no resource.id")
+        raise BadRecord("no-identifier", f"dataset {resource.get('name')!r} has no resource.id", "resource.id",
+                        resource.get("id"))
     title = _text(resource.get("name"))
     if title is None:
-        raise ValueError(f"dataset {ident}: no name")
+        raise BadRecord("no-title", f"dataset {ident}: no name", "resource.name", resource.get("name"))
     classification = result.get("classification") if isinstance(result.get("classification"), Mapping) else {}
     metadata = result.get("metadata") if isinstance(result.get("metadata"), Mapping) else {}
     owner = result.get("owner") if isinstance(result.get("owner"), Mapping) else {}
@@ -181,11 +196,11 @@ def to_package(result: Mapping, domain: str | None = None) -> dict:
 def normalize(result: Any, catalog_url: str, domain: str | None = None) -> DatasetRecord:
     """A Discovery API result as a DatasetRecord; an unusable one comes back failed, saying why."""
     if not isinstance(result, Mapping):
-        return DatasetRecord(source_id=None, raw=result, error=f"result is a {type(result).__name__}, not an object")
+        return failed(None, result, [problem("not-an-object", f"result is a {type(result).__name__}, not an object")])
     try:
         pkg = to_package(result, domain)
     except ValueError as exc:
-        return DatasetRecord(source_id=result_id(result), raw=result, error=f"{scrub_url(catalog_url)}: {exc}")
+        return failed(result_id(result), result, _coded(exc), prefix=f"{scrub_url(catalog_url)}: ")
     if pkg["url"] and pkg["url"].lower().startswith(("http://", "https://")):
         url, url_hash = pkg["url"], None
     else:
