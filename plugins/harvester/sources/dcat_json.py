@@ -16,10 +16,27 @@ Where datasets are in the document:
   document already listed is the same dataset (JSON-LD embeds nodes): it is skipped, not failed.
 
 Unusable entries become failed records (``DatasetRecord.error``) naming the dataset and every
-problem found: no identifier (and no landing page to derive one from), no title, a field of the
-wrong type, a licence that is a page of HTML rather than a name or URI, an identifier listed twice.
-A failed entry whose identifier is known keeps it as ``source_id``, so a dataset still listed but
-now broken is not mistaken for one the portal removed.
+problem found, each also a coded problem (``DatasetRecord.problems``, domain/outcomes.py): no
+identifier and no landing page to derive one from (``no-identifier``), no title (``no-title``), a
+field of the wrong type (``wrong-type``), a licence that is a page of HTML rather than a name or URI
+(``bad-license``), an identifier listed twice (``duplicate-identifier``), an entry that is not an
+object (``not-an-object``), and a DCAT-US schema rule broken (``schema-violation``, below). A failed
+entry whose identifier is known keeps it as ``source_id``, so a dataset still listed but now broken
+is not mistaken for one the portal removed.
+
+Schema validation. The catalogue's top-level ``conformsTo`` says which schema its entries follow:
+the Project Open Data 1.1 URI is DCAT-US 1.1 (the non-federal dataset schema unless the source is
+given ``schema_profile="federal"``), a Standard titled "DCAT-US 3.0" or a resources.data.gov
+dcat-us/3.0 URI is DCAT-US 3.0 (its Dataset definition, for listed and embedded datasets alike);
+anything else (DCAT-AR, no ``conformsTo``) has no schema, and only the checks above apply. The
+schemas are the vendored copies in ``schemas/`` (nothing is fetched); one validator per catalogue.
+Each failing field is one ``schema-violation`` naming the field (a JSON path such as
+``distribution[0].mediaType``), the rule and the value; a field the checks above already found wrong
+is not reported twice. A document is streamed, so ``conformsTo`` is known only once the parser has
+passed it: it normally precedes ``dataset``, but entries that come before it are not checked
+against any schema (nothing is buffered, and an entry's own shape is not trusted to say which
+schema its catalogue follows); a warning in the log then says how many were left unchecked.
+The content-quality warnings (domain/quality.py) apply to every stored record; they never fail one.
 
 ``DcatJsonSource`` fetches the catalogue with one conditional GET (ETag / Last-Modified): an
 unchanged catalogue answers 304 and costs nothing more.
@@ -35,13 +52,21 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Mapping
 
 import ijson
+from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema.exceptions import ValidationError, relevance
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from harvester.config.portals import DCAT_JSON
-from harvester.domain.dataset import DatasetRecord, clean_text, normalize_url, package_record, sha256_hex, slug
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record, sha256_hex,
+                                      slug)
+from harvester.domain.outcomes import Problem, problem
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
 from harvester.http import scrub_url
 
@@ -75,15 +100,229 @@ class InvalidCatalogue(SourceError, ValueError):
 
 
 class InvalidEntry(ValueError):
-    """One entry cannot be used; the message names the dataset and every problem found."""
+    """One entry cannot be used; the message names the dataset and every problem found, and
+    ``problems`` holds them coded (domain/outcomes.py; their messages without the dataset's name,
+    which is ``label``)."""
 
-    def __init__(self, message: str, source_id: str | None = None):
+    def __init__(self, message: str, source_id: str | None = None, problems: tuple[Problem, ...] = (),
+                 label: str = ""):
         super().__init__(message)
         self.source_id = source_id
+        self.problems = problems
+        self.label = label
 
 
 class _Problem(ValueError):
-    """One field's problem (collected into an ``InvalidEntry``)."""
+    """One field's problem (collected into an ``InvalidEntry``): its message and its coded form."""
+
+    def __init__(self, message: str, code: str = "wrong-type", field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.problem = problem(code, message, field, value)
+
+
+def _wrong_type(field: str, value: Any, expected: str) -> _Problem:
+    return _Problem(f"{field} is {_kind(value)}, not {expected}", "wrong-type", field, value)
+
+
+# -- DCAT-US JSON Schemas -------------------------------------------------------------------------
+# The DCAT-US 1.1 and 3.0 schemas, vendored unchanged from GSA/datagov-harvester (schemas/README.md
+# says where from). Nothing is ever fetched: the 3.0 definitions refer to each other by their $id
+# (``/dcat-us/3.0.0/definitions/...``), resolved in a registry built from the vendored files.
+SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
+DCAT_US_1_1, DCAT_US_3_0 = "dcat-us-1.1", "dcat-us-3.0"
+FEDERAL, NON_FEDERAL = "federal", "non-federal"
+SCHEMA_PROFILES = (FEDERAL, NON_FEDERAL)
+_DCAT_US_3_0_DATASET = "https://resources.data.gov/dcat-us/3.0.0/definitions/dataset"
+# Formats checked: only ``date``, which jsonschema checks with the standard library. ``uri``,
+# ``iri`` and ``date-time`` are checked only when optional packages (rfc3987, rfc3339-validator)
+# happen to be installed; naming the formats keeps a record's verdict the same wherever it runs.
+_FORMATS = FormatChecker(formats=("date",))
+# A record breaking many rules (an entry of another format altogether) is reported by its first few.
+MAX_SCHEMA_PROBLEMS = 10
+_SHOWN_CHARS = 60
+_PLAIN_KEY = re.compile(r"^[A-Za-z_@$][\w@$:-]*$")
+
+
+def conformance(conforms_to: Any) -> str | None:
+    """The DCAT-US version a catalogue's top-level ``conformsTo`` names: ``DCAT_US_1_1`` for the
+    Project Open Data 1.1 schema URI, ``DCAT_US_3_0`` for a Standard titled "DCAT-US 3.0" or a
+    resources.data.gov/dcat-us/3.0 URI; None for anything else (DCAT-AR, none at all)."""
+    if isinstance(conforms_to, Mapping):
+        title = conforms_to.get("title")
+        if isinstance(title, str) and " ".join(title.lower().split()) in ("dcat-us 3.0", "dcat-us 3.0.0", "dcat-us 3"):
+            return DCAT_US_3_0
+        conforms_to = conforms_to.get("@id")
+    if not isinstance(conforms_to, str):
+        return None
+    uri = conforms_to.strip().lower().split("://", 1)[-1].rstrip("/#")
+    if uri.startswith("www."):
+        uri = uri[4:]
+    if uri in ("project-open-data.cio.gov/v1.1/schema", "project-open-data.cio.gov/v1.1/schema/catalog.json"):
+        return DCAT_US_1_1
+    if uri.startswith("resources.data.gov/dcat-us/3.0"):
+        return DCAT_US_3_0
+    return None
+
+
+def _load(path: Path) -> dict:
+    with path.open("rb") as handle:
+        return json.load(handle)
+
+
+@lru_cache(maxsize=None)
+def _dcat_us_3_0_registry() -> Registry:
+    """The vendored DCAT-US 3.0 definitions, each under its ``$id`` (read once per process)."""
+    registry: Registry = Registry()
+    for path in sorted((SCHEMAS_DIR / "dcat_us_3_0").glob("*.json")):
+        schema = _load(path)
+        registry = registry.with_resource(schema["$id"], DRAFT202012.create_resource(schema))
+    return registry.crawl()
+
+
+@lru_cache(maxsize=None)
+def _dcat_us_1_1_schema(profile: str) -> tuple[dict, Registry]:
+    """A DCAT-US 1.1 dataset schema, and a registry holding it crawled: without one, jsonschema
+    crawls the schema again for every ``#/$defs/...`` it resolves, which tripled the cost of an
+    entry."""
+    schema = _load(SCHEMAS_DIR / "dcat_us_1_1" / ("federal_dataset.json" if profile == FEDERAL
+                                                  else "non-federal_dataset.json"))
+    registry: Registry = Registry().with_resource(schema["$id"].rstrip("#"), DRAFT202012.create_resource(schema))
+    return schema, registry.crawl()
+
+
+def dataset_validator(version: str | None, profile: str = NON_FEDERAL) -> Draft202012Validator | None:
+    """The validator of one dataset entry of a ``version`` catalogue (None: no schema applies).
+    DCAT-US 1.1 has a federal schema (bureauCode and programCode required) and a non-federal one
+    (the default); 3.0 has one. Built once per catalogue, not per entry."""
+    if profile not in SCHEMA_PROFILES:
+        raise ValueError(f"schema profile {profile!r} is not one of {', '.join(SCHEMA_PROFILES)}")
+    if version == DCAT_US_1_1:
+        schema, registry = _dcat_us_1_1_schema(profile)
+        return Draft202012Validator(schema, registry=registry, format_checker=_FORMATS)
+    if version == DCAT_US_3_0:
+        return Draft202012Validator({"$ref": _DCAT_US_3_0_DATASET}, registry=_dcat_us_3_0_registry(),
+                                    format_checker=_FORMATS)
+    return None
+
+
+def json_path(parts) -> str:
+    """A JSON path as messages write it: ``distribution[0].mediaType`` (empty for the record)."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part, ensure_ascii=False)}]"
+    return out
+
+
+def _short(value: Any) -> str:
+    """A value as a message quotes it, cut to _SHOWN_CHARS."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "...")
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str) if value is not None else "null"
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def _rule(error: ValidationError) -> str:
+    """What ``error`` says, with the value cut short: '<value> does not match <pattern>'."""
+    rule, wanted, value = error.validator, error.validator_value, _short(error.instance)
+    if rule == "type":
+        return f"{value} is not of type {' or '.join(map(repr, wanted)) if isinstance(wanted, list) else repr(wanted)}"
+    if rule == "pattern":
+        return f"{value} does not match {wanted if len(wanted) <= 40 else wanted[:40] + '...'!r}"
+    if rule == "maxLength":
+        return f"{value} is longer than {wanted} characters ({len(error.instance)})"
+    if rule == "minLength":
+        return f"{value} is shorter than {wanted} character{'s' if wanted != 1 else ''}"
+    if rule == "enum":
+        return f"{value} is not one of {_short(wanted)}"
+    if rule == "const":
+        return f"{value} is not {_short(wanted)}"
+    if rule == "format":
+        return f"{value} is not a valid {wanted}"
+    if rule in ("minItems", "maxItems"):
+        return f"{value} has {'fewer' if rule == 'minItems' else 'more'} than {wanted} item{'s' if wanted != 1 else ''}"
+    if rule in ("anyOf", "oneOf") and error.context:
+        return f"{value} is not valid under any of the allowed forms"
+    message = error.message
+    return message if len(message) <= 300 else message[:300] + "..."
+
+
+def _key(parts) -> tuple:
+    """A sort key for JSON paths that mix keys and positions."""
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in parts)
+
+
+def _redacted(error: ValidationError) -> bool:
+    """An error of the ``[[REDACTED...]]`` alternative DCAT-US 1.1 offers for most fields: true of
+    nearly every value, and no help in saying what is wrong with it."""
+    return error.validator == "pattern" and "REDACTED" in str(error.validator_value)
+
+
+def _closest(error: ValidationError) -> ValidationError:
+    """The most specific error under an anyOf / oneOf, as jsonschema's ``best_match`` finds it
+    (the deepest; then by its relevance), except that the ``[[REDACTED]]`` alternative and a
+    mere type mismatch come after any other rule: a string is said not to match its own pattern
+    or to be too short, not the redaction marker."""
+    while error.context:
+        error = min(error.context, key=lambda e: (-len(e.path), _redacted(e), e.validator == "type", relevance(e)))
+    return error
+
+
+def _violation(error: ValidationError) -> tuple[tuple, str, Any]:
+    """(path, what is wrong there, the bad value) of one top-level error. An anyOf or oneOf is
+    described by its closest branch (``_closest``: the deepest, most specific error, such as
+    ``distribution[0].mediaType``, rather than "distribution matches none of its forms"), not by
+    one line per branch."""
+    best = _closest(error)
+    path = tuple(best.absolute_path)
+    if best.validator == "required" and isinstance(best.instance, Mapping):
+        name = next((n for n in best.validator_value if n not in best.instance), None)
+        if name is not None:
+            return path + (name,), "required property is missing", None
+    text = _rule(best)
+    if best is not error and path == tuple(error.absolute_path):
+        text += " (nor any other form it may take)"
+    return path, text, best.instance
+
+
+def schema_problems(validator: Draft202012Validator, entry: Any) -> list[Problem]:
+    """The ``schema-violation`` problems of one entry, in path order: one per failing field, a
+    missing required property as its own field, an anyOf by its closest branch (``_violation``).
+    At most MAX_SCHEMA_PROBLEMS, the last saying how many more there were."""
+    found: dict[tuple, tuple[str, Any]] = {}
+    for error in validator.iter_errors(entry):
+        if error.validator == "required" and isinstance(error.instance, Mapping):
+            path = tuple(error.absolute_path)
+            for name in error.validator_value:
+                if name not in error.instance:
+                    found.setdefault(path + (name,), ("required property is missing", None))
+            continue
+        path, text, value = _violation(error)
+        previous = found.get(path)
+        if previous is None or text < previous[0]:  # one per field, the same one whatever the order
+            found[path] = (text, value)
+    problems = []
+    for path in sorted(found, key=_key):
+        text, value = found[path]
+        field = json_path(path)
+        problems.append(problem("schema-violation", f"{field or 'the record'}: {text}", field or None, value))
+    if len(problems) > MAX_SCHEMA_PROBLEMS:
+        rest = len(problems) - (MAX_SCHEMA_PROBLEMS - 1)
+        problems = problems[:MAX_SCHEMA_PROBLEMS - 1] + [
+            problem("schema-violation", f"and {rest} more schema violations")]
+    return problems
+
+
+def _covered(field: str | None, fields: set[str]) -> bool:
+    """Whether a schema problem at ``field`` is about a field the module's own checks already
+    reported (``title`` for a title that is a number; ``distribution[0]`` covers its keys)."""
+    if field is None:
+        return False
+    return any(field == f or field.startswith(f + ".") or field.startswith(f + "[") for f in fields)
 
 
 # -- mapping: a DCAT dataset entry as a CKAN-shaped package ---------------------------------------
@@ -122,6 +361,18 @@ def _identifier(entry: Mapping) -> tuple[str | None, str | None]:
     return None, f"identifier is {_kind(value)}, not a string"
 
 
+def _identifier_problem(entry: Mapping) -> Problem:
+    """Why an entry has no usable identifier, coded: none at all (nor a landing page to derive one
+    from), an object without ``@id``, or a value of the wrong kind."""
+    value = entry.get("identifier")
+    _, why = _identifier(entry)
+    if why == "no identifier":
+        return problem("no-identifier", why + " and no landing page", "identifier", value)
+    if isinstance(value, Mapping):
+        return problem("no-identifier", why, "identifier", value)
+    return problem("wrong-type", why, "identifier", value)
+
+
 def _landing_id(entry: Mapping) -> str | None:
     """A stable identifier derived from the landing page, for entries without one."""
     landing = entry.get("landingPage")
@@ -157,17 +408,17 @@ def _optional_text(entry: Mapping, key: str) -> str | None:
     value = entry.get(key)
     if value is None or isinstance(value, str):
         return value
-    raise _Problem(f"{key} is {_kind(value)}, not a string")
+    raise _wrong_type(key, value, "a string")
 
 
 def _title(entry: Mapping) -> str:
     value = entry.get("title")
     if value is None:
-        raise _Problem("no title")
+        raise _Problem("no title", "no-title", "title")
     if not isinstance(value, str):
-        raise _Problem(f"title is {_kind(value)}, not a string")
+        raise _wrong_type("title", value, "a string")
     if not clean_text(value):
-        raise _Problem("title is empty")
+        raise _Problem("title is empty", "no-title", "title", value)
     return value.strip()
 
 
@@ -182,7 +433,7 @@ def _labels(entry: Mapping, key: str) -> list[str]:
     elif isinstance(value, list):
         items = value
     else:
-        raise _Problem(f"{key} is {_kind(value)}, not a list of strings")
+        raise _wrong_type(key, value, "a list of strings")
     out: dict[str, None] = {}
     for i, item in enumerate(items):
         if isinstance(item, Mapping):
@@ -190,7 +441,7 @@ def _labels(entry: Mapping, key: str) -> list[str]:
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             item = str(item)
         if not isinstance(item, str):
-            raise _Problem(f"{key}[{i}] is {_kind(item)}, not a string")
+            raise _wrong_type(f"{key}[{i}]", item, "a string")
         if item.strip():
             out[item.strip()] = None
     return list(out)
@@ -205,9 +456,9 @@ def _organization(entry: Mapping) -> dict | None:
     if isinstance(value, Mapping):
         value = value.get("name")
         if value is not None and not isinstance(value, str):
-            raise _Problem(f"publisher.name is {_kind(value)}, not a string")
+            raise _wrong_type("publisher.name", value, "a string")
     elif not isinstance(value, str):
-        raise _Problem(f"publisher is {_kind(value)}, not an object")
+        raise _wrong_type("publisher", value, "an object")
     if not value or not value.strip():
         return None
     return {"title": value.strip(), "name": slug(value)}
@@ -222,14 +473,14 @@ def _distributions(entry: Mapping) -> list[tuple[dict, dict]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _Problem(f"distribution is {_kind(value)}, not a list")
+        raise _wrong_type("distribution", value, "a list")
     out = []
     for i, dist in enumerate(value):
         if not isinstance(dist, Mapping):
-            raise _Problem(f"distribution[{i}] is {_kind(dist)}, not an object")
+            raise _wrong_type(f"distribution[{i}]", dist, "an object")
         for key in ("downloadURL", "accessURL", "format", "mediaType", "title"):
             if dist.get(key) is not None and not isinstance(dist[key], str):
-                raise _Problem(f"distribution[{i}].{key} is {_kind(dist[key])}, not a string")
+                raise _wrong_type(f"distribution[{i}].{key}", dist[key], "a string")
         url_key = "downloadURL" if (dist.get("downloadURL") or "").strip() else "accessURL"
         format_key = "format" if (dist.get("format") or "").strip() else "mediaType"
         resource = {"url": (dist.get(url_key) or "").strip(), "format": (dist.get(format_key) or "").strip(),
@@ -245,12 +496,14 @@ def _license(entry: Mapping) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _Problem(f"license is {_kind(value)}, not a string")
+        raise _wrong_type("license", value, "a string")
     value = value.strip()
     if _HTML.search(value):
-        raise _Problem(f"license is {len(value)} characters of HTML, not a licence name or URI")
+        raise _Problem(f"license is {len(value)} characters of HTML, not a licence name or URI", "bad-license",
+                       "license", value)
     if len(value) > MAX_LICENSE_CHARS:
-        raise _Problem(f"license is {len(value)} characters long, not a licence name or URI")
+        raise _Problem(f"license is {len(value)} characters long, not a licence name or URI", "bad-license",
+                       "license", value)
     return value or None
 
 
@@ -295,12 +548,12 @@ def to_package(entry: Any, catalog_url: str) -> dict:
     every problem found when the entry cannot be used. (``catalog_url`` is not needed by the mapping
     itself; ``normalize`` uses it for datasets without a landing page.)"""
     if not isinstance(entry, Mapping):
-        raise InvalidEntry(f"entry is {_kind(entry)}, not a JSON object")
-    problems = []
+        message = f"entry is {_kind(entry)}, not a JSON object"
+        raise InvalidEntry(message, problems=(problem("not-an-object", message, None, entry),))
+    problems: list[Problem] = []
     ident = source_id(entry)
     if ident is None:
-        _, why = _identifier(entry)
-        problems.append(why + (" and no landing page" if why == "no identifier" else ""))
+        problems.append(_identifier_problem(entry))
     parts: dict[str, Any] = {}
     fields = (("title", _title), ("notes", lambda e: _optional_text(e, "description")),
               ("tags", lambda e: _labels(e, "keyword")), ("organization", _organization),
@@ -311,9 +564,11 @@ def to_package(entry: Any, catalog_url: str) -> dict:
         try:
             parts[key] = extract(entry)
         except _Problem as exc:
-            problems.append(str(exc))
+            problems.append(exc.problem)
     if problems:
-        raise InvalidEntry(f"{_label(entry)}: {'; '.join(problems)}", source_id=ident)
+        label = _label(entry)
+        raise InvalidEntry(f"{label}: {'; '.join(p.message for p in problems)}", source_id=ident,
+                           problems=tuple(problems), label=label)
     return {
         "id": ident,
         "title": parts["title"],
@@ -335,12 +590,24 @@ def _is_http(url: Any) -> bool:
     return isinstance(url, str) and url.strip().lower().startswith(("http://", "https://"))
 
 
-def normalize(entry: Any, catalog_url: str) -> DatasetRecord:
-    """A DCAT dataset entry as a DatasetRecord; an unusable entry comes back failed, saying why."""
+def normalize(entry: Any, catalog_url: str, validator: Draft202012Validator | None = None) -> DatasetRecord:
+    """A DCAT dataset entry as a DatasetRecord; an unusable entry comes back failed, saying why
+    (its ``error`` names the dataset, its ``problems`` are coded). ``validator``: the catalogue's
+    DCAT-US schema (``dataset_validator``), whose violations fail the entry too; a field the
+    mapping already found wrong is not reported again by the schema."""
     try:
         pkg = to_package(entry, catalog_url)
+        problems: tuple[Problem, ...] = ()
+        ident, label = pkg["id"], None
     except InvalidEntry as exc:
-        return DatasetRecord(source_id=exc.source_id, raw=entry, error=str(exc))
+        if not isinstance(entry, Mapping):
+            return failed(exc.source_id, entry, exc.problems)
+        pkg, problems, ident, label = None, exc.problems, exc.source_id, exc.label
+    if validator is not None:
+        fields = {p.field for p in problems if p.field}
+        problems += tuple(p for p in schema_problems(validator, entry) if not _covered(p.field, fields))
+    if problems:
+        return failed(ident, entry, problems, prefix=f"{label or _label(entry)}: ")
     title, description = clean_text(pkg["title"]), clean_text(pkg["notes"])
     if _is_http(pkg["url"]):
         url = pkg["url"].strip()
@@ -430,9 +697,10 @@ def _build(events: Iterator, event: str) -> Any:
     raise ijson.IncompleteJSONError("the document ends inside a dataset")
 
 
-def _located_entries(fp: BinaryIO, source: str) -> Iterator[tuple[Any, bool]]:
+def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> Iterator[tuple[Any, bool]]:
     """(entry, embedded) for each dataset entry in document order; ``embedded``: a copy inside a
-    series or service, not a catalogue's own listing."""
+    series or service, not a catalogue's own listing. ``header`` (when given) gets the top-level
+    ``conformsTo`` as soon as the stream passes it."""
     where = scrub_url(source)
     try:
         stream = _decoded(fp)
@@ -445,6 +713,13 @@ def _located_entries(fp: BinaryIO, source: str) -> Iterator[tuple[Any, bool]]:
             raise InvalidCatalogue(f"{where}: the document is a single JSON value, not a DCAT catalogue")
         found = bare_list
         for prefix, event, value in events:
+            if prefix == "conformsTo" and header is not None and not bare_list:
+                if event in _OPEN:
+                    header["conformsTo"] = _build(events, event)
+                    continue
+                if event in _SCALARS:
+                    header["conformsTo"] = value
+                    continue
             if event in _OPEN:
                 listed = prefix == "item" if bare_list else (prefix.endswith("dataset.item")
                                                              and _LISTED.fullmatch(prefix) is not None)
@@ -472,26 +747,42 @@ def iter_entries(fp: BinaryIO, *, source: str = "catalogue") -> Iterator[Any]:
         yield entry
 
 
-def iter_records(fp: BinaryIO, catalog_url: str) -> Iterator[DatasetRecord]:
+def iter_records(fp: BinaryIO, catalog_url: str, *, schema_profile: str = NON_FEDERAL) -> Iterator[DatasetRecord]:
     """The catalogue's entries as DatasetRecords, streamed. An identifier listed again is a failed
     record (``duplicate identifier X (first seen as entry N)``, N counting entries from 1 in
     document order); an embedded copy of a dataset listed elsewhere in the document is skipped.
-    Only the identifiers seen (with their entry numbers) are kept."""
+    Only the identifiers seen (with their entry numbers) are kept. Entries of a DCAT-US catalogue
+    are checked against its schema (``schema_profile``: which DCAT-US 1.1 dataset schema, federal
+    or non-federal; see the module's docstring for a ``conformsTo`` after the datasets)."""
+    if schema_profile not in SCHEMA_PROFILES:
+        raise ValueError(f"schema profile {schema_profile!r} is not one of {', '.join(SCHEMA_PROFILES)}")
+    where = scrub_url(catalog_url)
     seen: dict[str, int] = {}  # identifier -> entry number, negative for an embedded copy
-    for n, (entry, embedded) in enumerate(_located_entries(fp, catalog_url), 1):
+    header: dict[str, Any] = {}
+    known, validator, unchecked = False, None, 0
+    for n, (entry, embedded) in enumerate(_located_entries(fp, catalog_url, header), 1):
+        if not known and "conformsTo" in header:
+            known, version = True, conformance(header["conformsTo"])
+            validator = dataset_validator(version, schema_profile)
+            log.debug("%s: conforms to %s", where, version or "no DCAT-US schema")
+        unchecked += not known
         ident = source_id(entry)
         if ident is not None and ident in seen:
             first = seen[ident]
             if embedded or first < 0:
                 log.debug("%s: entry %d is another copy of %r (entry %d), skipped", catalog_url, n, ident, abs(first))
                 continue
-            yield DatasetRecord(source_id=ident, raw=entry, error=f"entry {n}: {_label(entry)}: duplicate identifier "
-                                                                   f"{ident!r} (first seen as entry {first})")
+            yield failed(ident, entry, [problem("duplicate-identifier", f"duplicate identifier {ident!r} (first seen "
+                                                                        f"as entry {first})", "identifier", ident)],
+                         prefix=f"entry {n}: {_label(entry)}: ")
             continue
         if ident is not None:
             seen[ident] = -n if embedded else n
-        record = normalize(entry, catalog_url)
+        record = normalize(entry, catalog_url, validator)
         yield record if record.ok else replace(record, error=f"entry {n}: {record.error}")
+    if unchecked and conformance(header.get("conformsTo")) is not None:
+        log.warning("%s: conformsTo comes after %d dataset entries in the document: those were not checked against "
+                    "the %s schema", where, unchecked, conformance(header["conformsTo"]))
 
 
 # -- over HTTP ------------------------------------------------------------------------------------
@@ -519,13 +810,18 @@ class DcatJsonSource(CountsTraffic):
     ``fetcher`` (sources/http.py) and streamed into pages of records.
 
     After ``iter_pages``: ``not_modified`` (the portal answered 304), ``validators`` (the
-    response's ETag / Last-Modified, to send next time) and ``listed`` (entries read)."""
+    response's ETag / Last-Modified, to send next time) and ``listed`` (entries read).
+    ``schema_profile``: the DCAT-US 1.1 dataset schema its entries are held to, ``non-federal``
+    (the default) or ``federal`` (bureauCode and programCode required)."""
 
     kind = DCAT_JSON
     capabilities = Capabilities(conditional=True)
 
-    def __init__(self, url: str, *, fetcher, page_size: int = 1000):
+    def __init__(self, url: str, *, fetcher, page_size: int = 1000, schema_profile: str = NON_FEDERAL):
+        if schema_profile not in SCHEMA_PROFILES:
+            raise ValueError(f"schema profile {schema_profile!r} is not one of {', '.join(SCHEMA_PROFILES)}")
         self.url, self.fetcher, self.page_size = url, fetcher, page_size
+        self.schema_profile = schema_profile
         self.not_modified = False
         self.validators: dict[str, str] = {}
         self.listed = 0
@@ -574,7 +870,7 @@ class DcatJsonSource(CountsTraffic):
         raw.decode_content = True  # Content-Encoding: gzip / deflate undone as the body streams
         page: list[DatasetRecord] = []
         try:
-            for record in iter_records(raw, self.url):
+            for record in iter_records(raw, self.url, schema_profile=self.schema_profile):
                 self.listed += 1
                 self.failed += not record.ok
                 page.append(record)
