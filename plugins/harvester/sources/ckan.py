@@ -113,6 +113,18 @@ def _solr_phrase(value: str) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _identity(rec: Any) -> Any:
+    """What tells a listed record from another: its id; for a record without one (a broken portal:
+    the record fails, and must still be listed, and reported, once), its name and dates. Two pages
+    of id-less records are not "the same page" for lack of ids."""
+    if not isinstance(rec, dict):
+        return None
+    ident = rec.get("id")
+    if ident is not None:
+        return ident
+    return ("no-id", str(rec.get("name")), str(rec.get("metadata_modified")), str(rec.get("metadata_created")))
+
+
 def _record_key(rec: dict) -> datetime:
     dt = parse_ckan_timestamp(rec.get("metadata_modified"))
     return _MAX_KEY if dt is None else to_ms(dt)
@@ -245,7 +257,7 @@ class CkanClient:
                 raise ValueError(f"since must be a datetime, not {since!r}")
             since = parsed
         boundary: datetime | None = to_ms(since) if since is not None else None
-        seen: set[Any] = set()  # ids received whose key == boundary
+        seen: set[Any] = set()  # identities (_identity) of the records received whose key == boundary
         use_fq = not (since is None and self._fq_rejected)
         if not use_fq:
             log.info("%s: listing without fq (the portal rejected it before)", self.portal)
@@ -282,7 +294,7 @@ class CkanClient:
                 log.warning("%s rejected the listing filter (%s); listing on without fq", self.portal, exc)
                 use_fq, pos, last_ids = False, 0, None
                 continue
-            ids = tuple(r.get("id") if isinstance(r, dict) else None for r in page)
+            ids = tuple(_identity(r) for r in page)
             if page and ids == last_ids:
                 self.cut = (f"{self.portal} package_search: the answer at start={start} repeats the page "
                             f"before it; the listing stops there, incomplete ({yielded} records)")
@@ -296,7 +308,7 @@ class CkanClient:
 
             def received(i: int) -> bool:
                 return boundary is not None and (keys[i] < boundary or (keys[i] == boundary
-                                                                        and page[i].get("id") in seen))
+                                                                        and _identity(page[i]) in seen))
 
             if overlap and (not page or not received(0)):
                 # the record just before `pos` is not one we have: records before it vanished
@@ -316,9 +328,9 @@ class CkanClient:
                     continue
                 fresh.append(rec)
                 if boundary is None or keys[i] > boundary:
-                    boundary, seen = keys[i], {rec.get("id")}
+                    boundary, seen = keys[i], {_identity(rec)}
                 else:
-                    seen.add(rec.get("id"))
+                    seen.add(_identity(rec))
             missing = sum(1 for k in keys if k is _MAX_KEY)
             if missing:
                 log.warning("%s: %d record(s) without a usable metadata_modified", self.portal, missing)
