@@ -165,6 +165,20 @@ def test_records_without_id_or_timestamp_are_yielded(gc_records):
         assert len(got) == 488 and no_id in got
 
 
+@pytest.mark.parametrize("page_size", [7, 50])
+def test_pages_of_records_without_id_are_all_listed_not_taken_for_a_repeated_page(gc_records, page_size):
+    # A broken portal whose records lack ids, some sharing a timestamp across a page boundary: each
+    # is listed once (to fail, and be reported), and two such pages are not "the same page again".
+    no_ids = [{**{k: v for k, v in rec.items() if k != "id"}, "name": f"no-id-{i}",
+               "metadata_modified": f"2020-01-01T00:00:{i // 3:02d}.000000"} for i, rec in enumerate(gc_records[:120])]
+    with DemoPortal(records=no_ids + gc_records[120:140]) as p:
+        client = make_client(p.base_url)
+        got = listing(client, page_size=page_size)
+        assert client.cut is None
+        assert sorted(r["name"] for r in got if "id" not in r) == sorted(r["name"] for r in no_ids)
+        assert len(got) == 140
+
+
 def test_incremental_between_two_real_snapshots(gc_records):
     """data.gc.ca 40 minutes apart: 6 datasets changed, 12 added, and most of them carry a
     metadata_modified OLDER than the newest record of the first snapshot. A since = newest-seen
