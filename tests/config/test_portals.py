@@ -41,6 +41,21 @@ def test_dcat_types_and_their_defaults():
     assert ckan.type == "ckan" and ckan.language_code is None
 
 
+def test_a_data_json_may_be_held_to_the_federal_dcat_us_profile():
+    from harvester.sources import source_for
+
+    default, federal = parse_portals({"portals": [
+        {"name": "a", "url": "https://a.gov/data.json", "type": "dcat-json"},
+        {"name": "b", "url": "https://b.gov/data.json", "type": "dcat-json", "dcat_us_profile": "federal"}]})
+    assert (default.dcat_us_profile, federal.dcat_us_profile) == ("non-federal", "federal")
+    assert source_for(federal).schema_profile == "federal"
+    with pytest.raises(PortalConfigError, match="dcat_us_profile 'state' must be one of non-federal, federal"):
+        parse_portals({"portals": [{"name": "c", "url": "https://c.gov/data.json", "type": "dcat-json",
+                                    "dcat_us_profile": "state"}]})
+    with pytest.raises(PortalConfigError, match="dcat_us_profile applies to type dcat-json only"):
+        parse_portals({"portals": [{"name": "d", "url": "https://d.gov", "dcat_us_profile": "federal"}]})
+
+
 def test_significance_overrides():
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "significance": {
         "title": 0.5, "review_threshold": 0.5}}]})

@@ -40,7 +40,10 @@ RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
          "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
-         "full_sync_every", "stale_after", "notify", "language"}
+         "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile"}
+# The DCAT-US 1.1 dataset schemas a data.json may be held to (its conformsTo names 1.1): federal
+# catalogues must also give bureauCode and programCode.
+DCAT_US_PROFILES = ("non-federal", "federal")
 # The lookback must outlast the portal's indexing lag: in the real data.gc.ca snapshots changes
 # appeared up to 85 minutes behind, so one hour misses some and two hours catches all.
 DEFAULT_LOOKBACK = timedelta(hours=2)
@@ -101,6 +104,8 @@ class Portal:
     notify: tuple = ()
     # The text-search configuration its datasets are indexed with (`language:`; search.py).
     language: str = "simple"
+    # dcat-json only: which DCAT-US 1.1 dataset schema its records are validated against.
+    dcat_us_profile: str = "non-federal"
 
     @property
     def language_code(self) -> str | None:
@@ -254,6 +259,11 @@ def _portal(entry: Any) -> Portal:
     if kind != CKAN and entry.get("conn_id") is not None:
         raise ValueError(f"conn_id applies to type ckan only: a {kind} catalogue is read whole on every run; "
                          f"put user:password in the url for a catalogue behind Basic auth")
+    profile = entry.get("dcat_us_profile")
+    if profile is not None and kind != DCAT_JSON:
+        raise ValueError(f"dcat_us_profile applies to type {DCAT_JSON} only (the DCAT-US schema of a data.json)")
+    if profile is not None and profile not in DCAT_US_PROFILES:
+        raise ValueError(f"dcat_us_profile {profile!r} must be one of {', '.join(DCAT_US_PROFILES)}")
     reconcile_every = _optional_duration(entry, "reconcile_every",
                                          DEFAULT_RECONCILE_EVERY if kind in RECONCILE_TYPES else None, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
@@ -271,7 +281,7 @@ def _portal(entry: Any) -> Portal:
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
-        notify=_notify(entry), language=_language(entry),
+        notify=_notify(entry), language=_language(entry), dcat_us_profile=profile or "non-federal",
     )
 
 

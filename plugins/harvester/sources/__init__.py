@@ -49,7 +49,7 @@ def source_for(portal, **overrides) -> Source:
     if portal.type == DCAT_JSON:
         from harvester.sources.dcat_json import DcatJsonSource
 
-        return DcatJsonSource(portal.url, fetcher=fetcher)
+        return DcatJsonSource(portal.url, fetcher=fetcher, schema_profile=portal.dcat_us_profile)
     if portal.type == DCAT_RDF:
         from harvester.sources.dcat_rdf import DcatRdfSource
 

@@ -63,7 +63,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from harvester.config.portals import DCAT_JSON
+from harvester.config.portals import DCAT_JSON, DCAT_US_PROFILES
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record, sha256_hex,
                                       slug)
 from harvester.domain.outcomes import Problem, problem
@@ -131,7 +131,7 @@ def _wrong_type(field: str, value: Any, expected: str) -> _Problem:
 SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 DCAT_US_1_1, DCAT_US_3_0 = "dcat-us-1.1", "dcat-us-3.0"
 FEDERAL, NON_FEDERAL = "federal", "non-federal"
-SCHEMA_PROFILES = (FEDERAL, NON_FEDERAL)
+SCHEMA_PROFILES = DCAT_US_PROFILES  # a portal's `dcat_us_profile:` (config/portals.py)
 _DCAT_US_3_0_DATASET = "https://resources.data.gov/dcat-us/3.0.0/definitions/dataset"
 # Formats checked: only ``date``, which jsonschema checks with the standard library. ``uri``,
 # ``iri`` and ``date-time`` are checked only when optional packages (rfc3987, rfc3339-validator)
