@@ -5,6 +5,7 @@ A page asks for a generated part with a marker line of its own:
     <!-- generated: settings -->   harvester.config.settings.markdown_table()
     <!-- generated: cli -->        the --help of `harvester` and of every subcommand (cli/main.py's build_parser())
     <!-- generated: api -->        method, path and summary of every operation of the UI's API (ui/app.py's OpenAPI)
+    <!-- generated: codes -->      the reason codes of per-record outcomes (domain/outcomes.py's reference_table())
 
 Each part is produced by a subprocess of the same Python with plugins/ on its path, so it works on a
 fresh clone (no database, no network, no Airflow set-up) and a `mkdocs serve` rebuild sees edited
@@ -47,6 +48,11 @@ def walk(parser, out):
     return out
 
 print(json.dumps(walk(build_parser(), [])))
+"""
+
+CODES = """
+from harvester.domain.outcomes import reference_table
+print(reference_table())
 """
 
 API = """
@@ -123,7 +129,12 @@ def api() -> str:
     return "\n".join(rows) + "\n"
 
 
-PARTS = {"settings": settings, "cli": cli, "api": api}
+def codes() -> str:
+    return _run("codes", CODES, "harvester.domain.outcomes.reference_table() (plugins/harvester/domain/outcomes.py)"
+                ).strip() + "\n"
+
+
+PARTS = {"settings": settings, "cli": cli, "api": api, "codes": codes}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
