@@ -1,22 +1,23 @@
 """DCAT-AP validation of the RDF source (sources/dcat_rdf.py, ``validate``): on every sample that
-parses offline, the problems each dataset must have are worked out here with plain rdflib triple
-lookups (not the module's functions) and compared with the records the source yields; then one
-small Turtle document per rule, each showing its rule fire with the field and the value."""
+parses offline, the problems each dataset must have are worked out with plain rdflib triple lookups
+(not the module's functions: harvester.testing.expected_outcomes) and compared with the records the
+source yields; then one small Turtle document per rule, each showing its rule fire with the field
+and the value."""
 from __future__ import annotations
 
 import logging
 import os
 import re
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 
 import pytest
-from rdflib import BNode, Graph, Literal, URIRef
-from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF
+from rdflib import Graph, Literal, URIRef
+from rdflib.namespace import DCAT, DCTERMS, RDF
 
 from harvester.domain.outcomes import CODES, ERROR
 from harvester.sources.dcat_rdf import parse_page, records_from_graph
+from harvester.testing.expected_outcomes import RULE_CODES, expected_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 DCAT_SAMPLES = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples" / "dcat-ap")
@@ -32,11 +33,6 @@ SAMPLES = [
     "dcat-ap-de/dcat_ap_de-RefImp_RDF_ADVANCED.rdf", "dcat-ap-de/dcat_ap_de-RefImp_JSONLD_ADVANCED.jsonld",
     "semiceu-dcat-ap/example-ms_catalogue_hvd.ttl",
 ]
-# The codes the DCAT-AP rules give (the content warnings of domain/quality.py aside).
-RULE_CODES = {"no-identifier", "no-title", "bad-range", "range-tolerated", "recommended-missing",
-              "distribution-incomplete", "bad-optional-date", "missing-mandatory"}
-DATE = re.compile(r"^\d{4}(-(0[1-9]|1[0-2]))?$")  # a year, a year and month
-
 
 @pytest.fixture(autouse=True)
 def quiet_rdflib():
@@ -54,72 +50,7 @@ def load(name: str) -> tuple[Graph, str]:
     return parse_page(path.read_bytes(), None, url), url
 
 
-# -- the expectations, worked out independently ----------------------------------------------------
-def is_date(text: str) -> bool:
-    text = text.strip()
-    if DATE.match(text):
-        return True
-    try:
-        datetime.fromisoformat(text)
-        return True
-    except ValueError:
-        return False
-
-
-def label(node) -> str:
-    return "_" if isinstance(node, BNode) else str(node)
-
-
-def expected(graph: Graph, d) -> tuple[str | None, bool, Counter]:
-    """(the record's id, whether it is stored, Counter of (code, field, value)) for one dataset node;
-    field "*" for bad-optional-date (the content warnings report the package's issued date, the
-    rules any other: each bad value once, whichever says it); blank-node distributions as "_"."""
-    ids = [str(o).strip() for o in graph.objects(d, DCTERMS.identifier) if str(o).strip()]
-    landing = [o for o in graph.objects(d, DCAT.landingPage)]
-    ident = str(d) if isinstance(d, URIRef) else ids[0] if ids else "landing" if landing else None
-    titles = [o for o in graph.objects(d, DCTERMS.title) if isinstance(o, Literal) and str(o).strip()]
-    if ident is None:
-        return None, False, Counter({("no-identifier", "dct:identifier", None): 1})
-    if not titles:
-        given = sorted(str(o) for o in graph.objects(d, DCTERMS.title))
-        return None, False, Counter({("no-title", "dct:title", given[0] if given else None): 1})
-    errors, warnings = Counter(), Counter()
-    modified = [("dct:modified", o) for o in graph.objects(d, DCTERMS.modified)]
-    if not modified:
-        modified = [("dcat:CatalogRecord.dct:modified", o) for r in graph.subjects(FOAF.primaryTopic, d)
-                    for o in graph.objects(r, DCTERMS.modified)]
-    for field, o in modified:
-        if isinstance(o, Literal) and str(o).strip() == "":
-            warnings[("range-tolerated", field, str(o))] += 1
-        elif not isinstance(o, Literal) or not is_date(str(o)):
-            errors[("bad-range", field, str(o))] += 1
-    for o in graph.objects(d, DCTERMS.issued):
-        if isinstance(o, Literal) and str(o).strip() == "":
-            warnings[("range-tolerated", "dct:issued", str(o))] += 1
-        elif not isinstance(o, Literal) or not is_date(str(o)):
-            warnings[("bad-optional-date", "*", str(o))] += 1
-    for p, field in ((DCAT.distribution, "dcat:distribution"), (DCTERMS.publisher, "dct:publisher"),
-                     (DCAT.contactPoint, "dcat:contactPoint")):
-        values = list(graph.objects(d, p))
-        errors.update(("bad-range", field, str(o)) for o in values if isinstance(o, Literal))
-        if not values and p != DCAT.distribution:
-            warnings[("recommended-missing", field, None)] += 1
-    warnings.update(("range-tolerated", "dcat:landingPage", str(o)) for o in landing if not isinstance(o, URIRef))
-    warnings.update(("range-tolerated", "dcat:theme", str(o)) for o in graph.objects(d, DCAT.theme)
-                    if isinstance(o, Literal))
-    warnings.update(("range-tolerated", "dcat:keyword", str(o)) for o in graph.objects(d, DCAT.keyword)
-                    if not isinstance(o, Literal))
-    for dist in graph.objects(d, DCAT.distribution):
-        if isinstance(dist, Literal):
-            continue
-        field = f"dcat:distribution[{label(dist)}].dcat:accessURL"
-        urls = list(graph.objects(dist, DCAT.accessURL))
-        if not urls:
-            warnings[("distribution-incomplete", field, None)] += 1
-        warnings.update(("range-tolerated", field, str(u)) for u in urls if not isinstance(u, URIRef))
-    return ident, not errors, errors if errors else warnings
-
-
+# -- the expectations, worked out independently (harvester.testing.expected_outcomes) ------------
 def actual(record) -> Counter:
     out = Counter()
     for p in record.problems:
@@ -143,7 +74,7 @@ def test_sample_records_fail_and_warn_as_the_rules_say(name):
     assert len(by_id) == len([r for r in found if r.source_id is not None])
     nameless_want, nameless_got = [], sorted((actual(r) for r in found if r.source_id is None), key=repr)
     for d in nodes:
-        ident, ok, problems = expected(graph, d)
+        ident, ok, problems = expected_dataset(graph, d)
         if ident is None:  # no identity or no title: failed without an id
             nameless_want.append(problems)
             continue
