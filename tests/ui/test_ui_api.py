@@ -3,12 +3,20 @@
 passwords, real tokens from POST /auth/token, over a portal harvested through real DAG runs.
 
 One harvest for the module (two DAG runs and a CLI run): the tests read what it wrote, and the
-review tests each review different changes.
+review tests each review different changes. The catalogue holds records the harvester cannot take
+(one without an id, one whose modification date is not a date) and records it takes with warnings
+(no description, no licence): each run's report (GET /api/runs/{id}/outcomes) lists them.
 """
 from __future__ import annotations
 
+import copy
+import csv
+import gc
+import io
 import json
+import warnings
 import uuid
+from collections import Counter
 from urllib.parse import quote
 
 import pytest
@@ -21,6 +29,40 @@ HDX = "data-humdata-org.jsonl"
 PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3"}
 RETITLED = 4  # datasets retitled in the second run: changes that require review
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+NOT_A_DATE = "31/02/2020 25:61"
+NO_NOTES, NO_LICENSE = 20, 21  # records served without a description, without a licence
+
+
+def catalogue(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The catalogue served: the sample records, one without a description and one without a
+    licence (taken, with a warning), and two records that cannot be taken (errors): one without an
+    id, modified after any harvest (so every run lists it), one with a modification date that is
+    not a date (only a whole listing finds it)."""
+    records = copy.deepcopy(records)
+    records[NO_NOTES]["notes"] = ""
+    records[NO_LICENSE].update(license_id="", license_title="")
+    no_id = edited(records[5], name="record-without-id", title="A record without an id")
+    del no_id["id"]
+    bad_date = copy.deepcopy(records[6])
+    bad_date.update(id=str(uuid.uuid4()), name="record-with-a-bad-date", title="A record with a bad date",
+                    metadata_modified=NOT_A_DATE)
+    return records, [no_id, bad_date]
+
+
+def expected_codes(listed: list[dict], taken: set[str]) -> Counter:
+    """The report of a run, from the records it listed (not from the harvester's code): an error
+    per record it cannot take, and the warnings of those it took in (``taken``: their ids)."""
+    want = Counter()
+    for record in listed:
+        if not record.get("id"):
+            want["no-identifier"] += 1
+        elif record["metadata_modified"] == NOT_A_DATE:
+            want["bad-date"] += 1
+        elif record["id"] in taken:
+            want["no-description"] += not (record.get("notes") or "").strip()
+            want["no-license"] += not (record.get("license_id") or record.get("license_title"))
+            want["modified-in-future"] += record["metadata_modified"].startswith("2030")
+    return +want
 
 
 
@@ -55,20 +97,23 @@ def world(pg_server, template_db, airflow_db, tmp_path_factory, samples):
     portal = DemoPortal(records=[])
     portal.start()
     try:
-        records = samples(HDX)
-        portal.set_records(records)
+        records, bad = catalogue(samples(HDX))
+        portal.set_records(bad + records)
         harvest = Harvest(tmp, mp)
         harvest.configure(portal.base_url, max_retries=0, significance={"review_threshold": 0.3})
         assert harvest.run().state == "success"
+        listed = [bad + records]
         current = [edited(r, title=r["title"] + " (revised)") for r in records[:RETITLED]]
         current.append(edited(records[RETITLED], tags=records[RETITLED]["tags"] + [{"name": "ui-test"}]))
-        current += records[RETITLED + 1:]
+        current = bad + current + records[RETITLED + 1:]
         portal.set_records(current)
         assert harvest.run().state == "success"
+        listed.append([r for r in current if r["metadata_modified"].startswith("2030")])  # incremental
         portal.set_records(current[:-10])  # 10 of 41 gone: over the 20% removal guard
         assert main(["harvest", "test", "--full"]) == 0
+        listed.append(current[:-10])
         yield {"url": url, "records": records, "portal_url": portal.base_url.rstrip("/"), "harvest": harvest,
-               "portal": portal}
+               "portal": portal, "bad": bad, "listed": listed, "tmp": tmp}
     finally:
         portal.stop()
         mp.undo()
@@ -167,9 +212,10 @@ def test_the_entry_point_is_installed_and_the_plugins_folder_stands_aside():
 API_GETS = ["/harvester/api/me", "/harvester/api/portals", "/harvester/api/portals/test",
             "/harvester/api/portals/test/runs", "/harvester/api/changes", "/harvester/api/changes?queue=true",
             "/harvester/api/datasets/test/{id}", "/harvester/api/datasets/test/{id}/diff",
-            "/harvester/api/search?q=health", "/harvester/openapi.json"]
-PAGES = ["/harvester/", "/harvester/portals/test", "/harvester/changes", "/harvester/datasets/test/{id}",
-         "/harvester/search", "/harvester/dags/harvest_test", "/harvester/docs"]
+            "/harvester/api/search?q=health", "/harvester/api/runs/1/outcomes", "/harvester/api/runs/1/outcomes.csv",
+            "/harvester/openapi.json"]
+PAGES = ["/harvester/", "/harvester/portals/test", "/harvester/runs/1", "/harvester/changes",
+         "/harvester/datasets/test/{id}", "/harvester/search", "/harvester/dags/harvest_test", "/harvester/docs"]
 
 
 def test_anonymous_requests_get_401_and_pages_send_to_the_login(client, world):
@@ -223,7 +269,7 @@ def test_pages_serve_the_shell_to_readers(client, tokens, world):
     shell = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     client.cookies.set("_token", tokens["viewer"])  # as the Airflow UI's iframe sends it
     try:
-        for path in ["/harvester/", "/harvester/portals/test", "/harvester/changes",
+        for path in ["/harvester/", "/harvester/portals/test", "/harvester/runs/1", "/harvester/changes",
                      f"/harvester/datasets/test/{world['records'][0]['id']}", "/harvester/search"]:
             response = client.get(path)
             assert response.status_code == 200, path
@@ -238,8 +284,13 @@ def test_pages_serve_the_shell_to_readers(client, tokens, world):
         schema = client.get("/harvester/openapi.json").json()
     finally:
         client.cookies.clear()
-    assert {"/api/portals", "/api/changes", "/api/changes/{change_id}/review", "/api/search"} <= set(schema["paths"])
+    assert {"/api/portals", "/api/changes", "/api/changes/{change_id}/review", "/api/search",
+            "/api/runs/{run_id}/outcomes", "/api/runs/{run_id}/outcomes.csv"} <= set(schema["paths"])
     assert "post" in schema["paths"]["/api/changes/{change_id}/review"]
+    for path in ("/api/runs/{run_id}/outcomes", "/api/runs/{run_id}/outcomes.csv"):
+        documented = schema["paths"][path]["get"]
+        assert documented["tags"] == ["runs"] and documented["summary"]
+        assert {p["name"] for p in documented["parameters"]} >= {"run_id", "severity", "code"}
 
 
 # -- portals and runs ---------------------------------------------------------------------------------
@@ -450,6 +501,190 @@ def test_search(client, tokens, world):
     for params in ({"q": ""}, {"q": "   "}, {"q": "x", "portal": "nope"}, {"q": "x", "limit": 101}, {},
                    {"q": "x", "mode": "fuzzy"}, {"q": "x", "since": "yesterday"}):
         assert client.get("/harvester/api/search", headers=as_(tokens, "admin"), params=params).status_code == 422
+
+
+# -- a run's report --------------------------------------------------------------------------------------
+def run_ids(client, tokens) -> list[int]:
+    """The module's runs, oldest first: the two DAG runs, the CLI's full sync."""
+    return [r["run_id"] for r in reversed(get(client, tokens, "/harvester/api/portals/test/runs")["items"])][:3]
+
+
+def all_rows(client, tokens, run_id, **params) -> list[dict]:
+    """Every row of the run's report, page after page."""
+    rows, offset = [], 0
+    while True:
+        page = get(client, tokens, f"/harvester/api/runs/{run_id}/outcomes", "viewer", limit=7, offset=offset, **params)
+        rows += page["items"]
+        offset += 7
+        if offset >= page["total"]:
+            assert len(rows) == page["total"]
+            return rows
+
+
+def test_a_runs_report_lists_the_records_it_could_not_take_as_they_are(client, tokens, world, db):
+    first, second, cli_run = run_ids(client, tokens)
+    ids = {r["id"] for r in world["records"]}
+    edited_ids = set(source_ids(world, RETITLED + 1))
+    for run_id, listed, taken in ((first, world["listed"][0], ids), (second, world["listed"][1], edited_ids),
+                                  (cli_run, world["listed"][2], set())):
+        report = get(client, tokens, f"/harvester/api/runs/{run_id}/outcomes", "viewer", limit=500)
+        rows = report["items"]
+        want = expected_codes(listed, taken)
+        if run_id == cli_run:  # its removals were withheld: the report says which
+            want["removal-withheld"] = 10
+        assert Counter(r["code"] for r in rows) == want, run_id
+        # the groups count what the rows hold, errors first, then the most frequent
+        assert {g["code"]: g["count"] for g in report["groups"]} == want
+        assert [g["severity"] for g in report["groups"]] == sorted((g["severity"] for g in report["groups"]),
+                                                                   key=["error", "warning"].index)
+        by_severity = Counter(r["severity"] for r in rows)
+        assert report["counts"] == {"errors": by_severity["error"], "warnings": by_severity["warning"]}
+        assert report["total"] == len(rows) and (report["limit"], report["offset"]) == (500, 0)
+        for group in report["groups"]:
+            mine = [r for r in rows if r["code"] == group["code"]]
+            assert {r["severity"] for r in mine} == {group["severity"]}
+            assert group["message"] == mine[0]["message"]
+            assert group["examples"] == list(dict.fromkeys(r["source_id"] or f"#{r['position']}" for r in mine))[:3]
+        assert all(r["run_id"] == run_id and r["portal_url"] == world["portal_url"] for r in rows)
+        # the same rows as the database holds, counted apart
+        assert db.execute("SELECT count(*) FROM record_outcomes WHERE run_id = %s", (run_id,)).fetchone()[0] == len(rows)
+
+    report = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", limit=500)
+    run = report["run"]
+    assert (run["run_id"], run["portal"], run["portal_url"], run["dag_id"], run["portal_configured"]) == (
+        first, "test", world["portal_url"], "harvest_test", True)
+    assert (run["mode"], run["status"], run["stats"]["created"], run["stats"]["failed"]) == ("full", "committed", 41, 2)
+    assert run["started_at"] < run["finished_at"] and run["dag_run_url"].startswith("/dags/harvest_test/runs/")
+    no_id, bad_date = world["bad"]
+    (missing,) = [r for r in report["items"] if r["code"] == "no-identifier"]
+    assert missing["source_id"] is None and missing["severity"] == "error" and missing["position"] >= 1
+    assert no_id["name"] in missing["message"] and missing["field"] == "id"
+    (undated,) = [r for r in report["items"] if r["code"] == "bad-date"]
+    assert (undated["source_id"], undated["field"], undated["value"]) == (bad_date["id"], "metadata_modified", NOT_A_DATE)
+    assert NOT_A_DATE in undated["message"]
+    (unlicensed,) = [r for r in report["items"] if r["code"] == "no-license"]
+    assert (unlicensed["source_id"], unlicensed["severity"]) == (world["records"][NO_LICENSE]["id"], "warning")
+    positions = [r["position"] for r in report["items"] if r["severity"] == "warning"]
+    assert positions == sorted(positions)  # errors first, then in listing order
+    assert [r["severity"] for r in report["items"]] == sorted((r["severity"] for r in report["items"]),
+                                                              key=["error", "warning"].index)
+    # pages of 7 make the same list
+    assert all_rows(client, tokens, first) == report["items"]
+
+
+def test_a_runs_report_filtered_by_severity_and_code(client, tokens):
+    first = run_ids(client, tokens)[0]
+    everything = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", limit=500)
+    for severity in ("error", "warning"):
+        report = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", severity=severity, limit=500)
+        mine = [r for r in everything["items"] if r["severity"] == severity]
+        assert report["items"] == mine and report["total"] == len(mine) > 0
+        assert {g["severity"] for g in report["groups"]} == {severity}
+        assert [g for g in everything["groups"] if g["severity"] == severity] == report["groups"]
+        assert report["counts"] == everything["counts"]  # the run's counts, whatever is shown
+    report = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", code="no-description", limit=500)
+    assert report["items"] == [r for r in everything["items"] if r["code"] == "no-description"]
+    assert get(client, tokens, f"/harvester/api/runs/{first}/outcomes", code="no-description",
+               severity="error")["total"] == 0
+    # a blank filter is no filter (a form's "all")
+    assert get(client, tokens, f"/harvester/api/runs/{first}/outcomes", severity="", code="", limit=500) == everything
+
+
+def read_csv(response) -> list[dict]:
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "text/csv; charset=utf-8"
+    lines = response.text.splitlines()
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert len(lines) == len(rows) + 1  # a header, then one line per row (no message spans lines)
+    return rows
+
+
+def connections(db) -> int:
+    return db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").fetchone()[0]
+
+
+def test_a_runs_report_as_csv(client, tokens, db):
+    before = connections(db)
+    with warnings.catch_warnings(record=True) as caught:  # psycopg warns of a connection never closed
+        warnings.simplefilter("always", ResourceWarning)
+        downloads(client, tokens)
+        gc.collect()
+    assert not [w for w in caught if "connection" in str(w.message)], [str(w.message) for w in caught]
+    assert connections(db) == before
+
+
+def downloads(client, tokens):
+    from harvester.domain.outcomes import CSV_FIELDS
+
+    for run_id in run_ids(client, tokens):
+        everything = get(client, tokens, f"/harvester/api/runs/{run_id}/outcomes", limit=500)
+        path = f"/harvester/api/runs/{run_id}/outcomes.csv"
+        response = client.get(path, headers=as_(tokens, "viewer"))
+        assert response.headers["content-disposition"] == f'attachment; filename="harvester-run-{run_id}-outcomes.csv"'
+        assert response.text.splitlines()[0] == ",".join(CSV_FIELDS)
+        rows = read_csv(response)
+        assert len(rows) == everything["total"]
+
+        def text(v):
+            return "" if v is None else str(v)
+
+        assert rows == [{k: text(item[k]) for k in CSV_FIELDS} for item in everything["items"]]
+        for severity in ("error", "warning"):
+            mine = read_csv(client.get(path, headers=as_(tokens, "viewer"), params={"severity": severity}))
+            assert [r["severity"] for r in mine] == [severity] * everything["counts"][severity + "s"]
+        for group in everything["groups"]:
+            mine = read_csv(client.get(path, headers=as_(tokens, "viewer"), params={"code": group["code"]}))
+            assert len(mine) == group["count"] and {r["code"] for r in mine} == {group["code"]}
+    # each download streams on its own connection, closed when the stream ends (and on a 404)
+    assert client.get("/harvester/api/runs/999999/outcomes.csv", headers=as_(tokens, "viewer")).status_code == 404
+
+
+def test_a_runs_report_refuses_what_is_not_there(client, tokens, world):
+    first = run_ids(client, tokens)[0]
+    for path in ("/harvester/api/runs/999999/outcomes", "/harvester/api/runs/999999/outcomes.csv"):
+        response = client.get(path, headers=as_(tokens, "admin"))
+        assert response.status_code == 404 and response.json()["detail"] == "no run with id 999999"
+    for suffix in ("", ".csv"):
+        path = f"/harvester/api/runs/{first}/outcomes{suffix}"
+        for params, name, value in (({"severity": "fatal"}, "severity", "fatal"),
+                                    ({"code": "no-such-reason"}, "code", "no-such-reason"),
+                                    ({"severity": "error", "code": "Bad-Date"}, "code", "Bad-Date")):
+            response = client.get(path, headers=as_(tokens, "admin"), params=params)
+            assert response.status_code == 422, (path, params)
+            (detail,) = response.json()["detail"]
+            assert detail["loc"] == ["query", name] and value in detail["msg"]
+    for params in ({"limit": 0}, {"limit": 501}, {"offset": -1}):
+        response = client.get(f"/harvester/api/runs/{first}/outcomes", headers=as_(tokens, "admin"), params=params)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == next(iter(params))
+    assert client.get("/harvester/api/runs/first/outcomes", headers=as_(tokens, "admin")).status_code == 422
+
+
+def test_each_run_of_a_portal_says_how_many_errors_and_warnings(client, tokens, db):
+    page = get(client, tokens, "/harvester/api/portals/test/runs", "viewer")
+    for run in page["items"]:
+        errors, warnings = db.execute(
+            "SELECT count(*) FILTER (WHERE severity = 'error'), count(*) FILTER (WHERE severity = 'warning')"
+            " FROM record_outcomes WHERE run_id = %s", (run["run_id"],)).fetchone()
+        assert (run["errors"], run["warnings"]) == (errors, warnings)
+        report = get(client, tokens, f"/harvester/api/runs/{run['run_id']}/outcomes", limit=1)
+        assert report["counts"] == {"errors": errors, "warnings": warnings}
+    first = page["items"][-1]
+    assert first["errors"] == 2 and first["warnings"] > 0
+
+
+def test_a_run_of_a_portal_gone_from_portals_yaml_keeps_its_report(client, tokens, world, monkeypatch):
+    first = run_ids(client, tokens)[0]
+    before = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", limit=500)
+    other = world["tmp"] / "other-portals.yaml"
+    other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
+    assert [p["name"] for p in get(client, tokens, "/harvester/api/portals")["items"]] == ["other"]
+    after = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", limit=500)
+    assert (after["run"]["portal"], after["run"]["portal_url"], after["run"]["dag_id"],
+            after["run"]["portal_configured"]) == ("test", world["portal_url"], None, False)
+    assert after["run"]["dag_run_url"] is None and after["run"]["dag_run_id"] == before["run"]["dag_run_id"]
+    assert (after["groups"], after["items"], after["counts"]) == (before["groups"], before["items"], before["counts"])
+    assert len(read_csv(client.get(f"/harvester/api/runs/{first}/outcomes.csv", headers=as_(tokens, "admin")))) == after["total"]
 
 
 # -- last: a failed run --------------------------------------------------------------------------------

@@ -3,13 +3,19 @@ Playwright) against a real `airflow api-server` with this project's plugin, on a
 twice through real Airflow runs (the second run retitles datasets, so changes need review).
 
 An admin logs in on Airflow's login page, opens Harvester from Airflow's navigation, sees the
-portals table and the runs chart, opens a change's dataset and its diff, marks a change reviewed
-and sees it leave the queue; a planted title with markup renders as text. A viewer sees no review
-button and gets 403 on the review POST. Every page visited is saved as a screenshot under
+portals table and the runs chart (with each run's errors and warnings), opens the first run's
+report (the catalogue served records the harvester cannot take and records it takes with
+warnings), filters it by severity and downloads it as CSV, opens a change's dataset and its diff,
+marks a change reviewed and sees it leave the queue; a planted title, and a record name quoted in
+a report's message, with markup render as text. A viewer sees no review button and gets 403 on
+the review POST. Every page visited is saved as a screenshot under
 test-artifacts/ui/ (git ignored)."""
 from __future__ import annotations
 
+import copy
+import csv
 import html
+import io
 import json
 import os
 import re
@@ -33,6 +39,8 @@ PORTAL = "test"
 SAMPLE = "data-humdata-org.jsonl"
 XSS_TITLE = "<script>window.__xss=1</script>Evil"
 XSS_NOTES = '<img src=x onerror="window.__xss=2">'
+XSS_NAME = '<img src=x onerror="window.__xss=3">no-id'  # quoted in the message of a record without an id
+NOT_A_DATE = "2020-13-45T99:00:00"
 USERS = {"admin": "admin-" + secrets.token_hex(6), "viewer": "viewer-" + secrets.token_hex(6)}
 
 
@@ -183,7 +191,17 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
         records = samples(SAMPLE)
         planted = edited(records[-1], id=str(uuid.uuid4()), name="planted-markup",
                          title="A planted dataset", notes="Its title and description change to markup.")
-        portal.set_records([*records, planted])
+        # what the report of the first run lists: two records it cannot take (errors), two it
+        # takes with a warning
+        records[20]["notes"] = ""
+        records[21].update(license_id="", license_title="")
+        no_id = copy.deepcopy(records[5])
+        del no_id["id"]
+        no_id.update(name=XSS_NAME, title="A record without an id")
+        bad_date = copy.deepcopy(records[6])
+        bad_date.update(id=str(uuid.uuid4()), name="bad-date", title="A record with a bad date",
+                        metadata_modified=NOT_A_DATE)
+        portal.set_records([no_id, bad_date, *records, planted])
         harvest = Harvest(workdir, mp, name=PORTAL)
         # a title change alone needs review, as in tests/test_history_dag.py
         portals_file = harvest.configure(portal.base_url, significance={"title": 0.5, "review_threshold": 0.5})
@@ -313,6 +331,9 @@ def admin_reviews_a_change(site, browser, shots) -> int:
     table = frame.locator('[data-test="portals-table"]')
     expect(table.locator('[data-test="portal-row"]')).to_have_count(1)
     expect(frame.locator('[data-test="queue-count"]')).to_have_text("4")
+    # the last run's status links to its report
+    (last,) = site.query("SELECT max(run_id) FROM sync_runs")[0]
+    expect(table.locator('[data-test="last-run-link"]')).to_have_attribute("href", f"/harvester/runs/{last}")
 
     table.get_by_role("link", name=PORTAL, exact=True).click()
     chart = frame.locator('[data-test="runs-chart"]')
@@ -320,6 +341,7 @@ def admin_reviews_a_change(site, browser, shots) -> int:
     assert chart.evaluate("e => e.tagName.toLowerCase()") == "svg"
     expect(frame.locator('[data-test="run-row"]')).to_have_count(2)
     shots(page, "admin-portal-runs")
+    read_the_first_runs_report(site, context, page, frame, shots)
 
     rows = open_changes(frame)
     queued = len(site.pending())
@@ -363,6 +385,80 @@ def admin_reviews_a_change(site, browser, shots) -> int:
         assert target.evaluate("() => window.__xss") is None, f"the planted markup ran in {target.url}"
     context.close()
     return queued - 1
+
+
+def read_the_first_runs_report(site, context, page, frame, shots) -> None:
+    """From the portal's page: the chart's errors and warnings per run, the first run's report
+    grouped by reason (as the API counts it), filtered to errors, downloaded as CSV."""
+    runs = site.query("SELECT run_id FROM sync_runs ORDER BY run_id")
+    first = runs[0][0]
+
+    def api(path, **params):
+        response = context.request.get(f"{site.url}/harvester/api{path}", params=params)  # the page's own cookie
+        assert response.ok, (path, response.status, response.text())
+        return response.json()
+
+    listed = {r["run_id"]: r for r in api("/portals/test/runs")["items"]}
+    # the chart: a line of errors and one of warnings, a dot per run (oldest left)
+    chart = frame.locator('[data-test="runs-chart"]')
+    for series, key in (("record errors", "errors"), ("record warnings", "warnings")):
+        dots = chart.locator(f'circle[data-series="{series}"]')
+        expect(dots).to_have_count(len(runs))
+        assert [int(v) for v in dots.evaluate_all("ds => ds.map(d => d.getAttribute('data-value'))")] == [
+            listed[run_id][key] for (run_id,) in runs]
+    run_row = frame.locator(f'[data-test="run-row"][data-run-id="{first}"]')
+    expect(run_row.locator('[data-test="run-errors"]')).to_have_text(f"{listed[first]['errors']} errors")
+    expect(run_row.locator('[data-test="run-warnings"]')).to_have_text(f"{listed[first]['warnings']} warnings")
+    report = api(f"/runs/{first}/outcomes", limit=500)
+    assert report["counts"]["errors"] == 2 and report["counts"]["warnings"] >= 2, report["counts"]
+    stored = dict(site.query("SELECT code, count(*) FROM record_outcomes WHERE run_id = %s GROUP BY code", first))
+    assert {g["code"]: g["count"] for g in report["groups"]} == stored
+
+    frame.locator(f'[data-test="run-row"][data-run-id="{first}"] [data-test="run-report-link"]').click()
+    expect(frame.locator('[data-test="run-title"]')).to_contain_text(f"Run {first}")
+    groups = frame.locator('[data-test="outcome-group"]')
+    expect(groups).to_have_count(len(report["groups"]))
+    for group in report["groups"]:
+        row = frame.locator(f'[data-test="outcome-group"][data-code="{group["code"]}"]')
+        expect(row.locator('[data-test="group-count"]')).to_have_text(str(group["count"]))
+        expect(row.locator('[data-test="group-message"]')).to_have_text(group["message"])
+    expect(frame.locator('[data-test="outcome-row"]')).to_have_count(min(25, report["total"]))
+    # the record's name, markup, quoted in a message: text, never markup
+    expect(frame.locator('[data-test="outcome-group"][data-code="no-identifier"] [data-test="group-message"]')
+           ).to_contain_text(XSS_NAME)
+    expect(frame.locator('[data-test="row-message"]').filter(has_text=XSS_NAME)).to_have_count(1)
+    expect(frame.locator('img[src="x"]')).to_have_count(0)
+    shots(page, "admin-run-report")
+
+    # errors only: the groups and rows re-queried
+    frame.locator('[data-test="severity-error"]').click()
+    expect(frame.locator('[data-test="severity-error"]')).to_have_attribute("aria-selected", "true")
+    errors = [g for g in report["groups"] if g["severity"] == "error"]
+    expect(groups).to_have_count(len(errors))
+    expect(frame.locator('[data-test="outcome-group"][data-severity="warning"]')).to_have_count(0)
+    expect(frame.locator('[data-test="outcome-row"]')).to_have_count(report["counts"]["errors"])
+    expect(frame.locator('[data-test="outcome-row"][data-severity="warning"]')).to_have_count(0)
+    shots(page, "admin-run-report-errors")
+
+    # the download: the current filter's rows
+    with page.expect_download() as info:
+        frame.locator('[data-test="download-csv"]').click()
+    download = info.value
+    assert download.suggested_filename == f"harvester-run-{first}-outcomes.csv"
+    saved = ARTIFACTS / download.suggested_filename
+    download.save_as(str(saved))
+    text = saved.read_text(encoding="utf-8")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(text.splitlines()) == len(rows) + 1 == report["counts"]["errors"] + 1
+    want = [r for r in report["items"] if r["severity"] == "error"]
+    assert [(r["code"], r["source_id"], r["message"]) for r in rows] == [
+        (r["code"], r["source_id"] or "", r["message"]) for r in want]
+
+    # every severity again, then back to the portal by the crumbs
+    frame.locator('[data-test="severity-all"]').click()
+    expect(groups).to_have_count(len(report["groups"]))
+    frame.locator(".crumbs a", has_text="test").click()
+    expect(frame.locator('[data-test="runs-chart"]')).to_be_visible()
 
 
 def viewer_cannot_review(site, browser, shots, queued: int) -> None:

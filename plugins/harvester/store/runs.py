@@ -360,6 +360,12 @@ def page_runs(conn, portal_url: str | None, *, limit: int = 50, offset: int = 0)
     return [dict(zip(RUN_COLUMNS, row)) for row in rows], int(total)
 
 
+def run_item(conn, run_id: int) -> dict | None:
+    """One run as page_runs lists it (RUN_COLUMNS), whatever its portal; None when there is none."""
+    row = conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None else dict(zip(RUN_COLUMNS, row))
+
+
 def overview(conn, portal_urls: list[str]) -> dict[str, dict]:
     """Per portal URL, in one statement: its watermark row (``last_successful_sync``,
     ``last_sync_mode``, ``sync_status``), ``live_datasets``, ``pending_embeddings`` (live datasets

@@ -1,8 +1,8 @@
 """The Harvester app inside the Airflow UI: HTML pages and a JSON API, mounted at /harvester.
 
 The plugin (harvester.ui.plugin) mounts ``app`` in Airflow's api-server. Pages (``/``,
-``/portals/{name}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``) all serve the
-same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
+``/portals/{name}``, ``/runs/{run_id}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``)
+all serve the same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
 OpenAPI description is at ``/docs``. Who may do what: harvester.ui.auth.
 
 Data: portals come from portals.yaml, joined with what the harvester database holds (the Airflow
@@ -20,11 +20,13 @@ from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.background import BackgroundTask
 
-from harvester.ui import auth
+from harvester.ui import auth, validate_api
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,11 @@ Airflow's `POST /auth/token`) or the `_token` cookie Airflow's UI sets at login.
 
 **Lists** take `limit` (default 50, at most 500) and `offset`, and answer
 `{"items": [...], "total": N, "limit": L, "offset": O}`.
+
+**A run's report**: what became of the records a run could not take as they are (failed to parse
+or validate: errors, the record is not stored; stored with warnings; embedding deferred; removal
+withheld), one row per problem of a record, each with a reason code of a closed list (the docs'
+reason codes page), grouped by code and downloadable as CSV.
 """
 
 app = FastAPI(title="Harvester", description=DESCRIPTION, version="1", docs_url=None, redoc_url=None,
@@ -393,6 +400,11 @@ async def page_search(request: Request):
     return await _serve_page(request)
 
 
+@app.get("/runs/{run_id}", include_in_schema=False)
+async def page_run(request: Request, run_id: str):
+    return await _serve_page(request)
+
+
 @app.get("/dags/{dag_id}", include_in_schema=False)
 async def page_dag(request: Request, dag_id: str):
     """The Harvester tab of a DAG in the Airflow UI: its portal's page, for a harvest DAG."""
@@ -447,13 +459,115 @@ def api_portal(request: Request, name: str, user=Reader, conn=Depends(database))
 @app.get("/api/portals/{name}/runs", tags=["portals"], summary="The portal's runs, newest first")
 def api_runs(request: Request, name: str, limit: int = Limit, offset: int = Offset, user=Reader,
              conn=Depends(database)):
-    from harvester.store import runs
+    """Each run with its `stats` and its report's `errors` and `warnings` (rows of
+    `GET /api/runs/{run_id}/outcomes`)."""
+    from harvester.store import outcomes, runs
 
     portal = _portal_named(name)
     rows, total = runs.page_runs(conn, portal.url, limit=limit, offset=offset)
     tasks = _log_tasks(portal.dag_id, [r["dag_run_id"] for r in rows if r["dag_run_id"]])
     root = _airflow_root(request)
-    return _page([_run_item(r, portal.dag_id, root, tasks.get(r["dag_run_id"])) for r in rows], total, limit, offset)
+    reported = outcomes.counts(conn, [r["run_id"] for r in rows])
+    none = {"errors": 0, "warnings": 0}
+    return _page([_run_item(r, portal.dag_id, root, tasks.get(r["dag_run_id"])) | reported.get(r["run_id"], none)
+                  for r in rows], total, limit, offset)
+
+
+# -- a run's report -------------------------------------------------------------------------------------
+SEVERITY_HELP = "only rows of this severity: error (the record was not stored) or warning (it was)"
+CODE_HELP = "only rows of this reason code (the closed list of the docs' reason codes page)"
+
+
+def _outcome_filters(severity: str | None, code: str | None) -> tuple[str | None, str | None]:
+    """The report's filters (blank: none); a 422 naming the parameter and its bad value."""
+    from harvester.domain import outcomes as oc
+
+    severity = severity.strip() if severity and severity.strip() else None
+    code = code.strip() if code and code.strip() else None
+    if severity is not None and severity not in oc.SEVERITIES:
+        raise _invalid("severity", f"{severity!r} is not a severity; valid: {', '.join(oc.SEVERITIES)}")
+    if code is not None and code not in oc.CODES:
+        raise _invalid("code", f"{code!r} is not a reason code; valid: {', '.join(oc.CODES)}")
+    return severity, code
+
+
+def _run_row(conn, run_id: int) -> dict:
+    """The run (runs.RUN_COLUMNS), whatever its portal: a portal gone from portals.yaml keeps its
+    history; 404 naming the run id when there is none."""
+    from harvester.store import runs
+
+    run = runs.run_item(conn, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run with id {run_id}")
+    return run
+
+
+@app.get("/api/runs/{run_id}/outcomes", tags=["runs"],
+         summary="A run's report: its records' errors and warnings, grouped by reason, and one page of them",
+         responses={404: {"description": "no such run"}, 422: {"description": "a bad severity, code, limit or offset"}})
+def api_outcomes(request: Request, run_id: int,
+                 severity: str | None = Query(None, description=SEVERITY_HELP),
+                 code: str | None = Query(None, description=CODE_HELP),
+                 limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
+    """`run`: the run (its portal's name, URL and DAG, mode, status, times, `stats`); `counts`:
+    its rows by severity (`errors`, `warnings`, whatever the filters); `groups`: the rows of the
+    `severity` asked for grouped by reason `code` (errors first, then the most frequent), each
+    with its `count`, a few `examples` (record ids, or `#position` in the listing for a record
+    without one) and the first row's `message`; `items`: one page of the rows matching
+    `severity` and `code` (errors first, then in listing order), each with the record's
+    `position` in the listing, `source_id`, `stage`, `severity`, `code`, `field`, the bad `value`
+    and the `message`. A run of a portal no longer in portals.yaml is still shown."""
+    from harvester.store import outcomes
+
+    severity, code = _outcome_filters(severity, code)
+    run = _run_row(conn, run_id)
+    portal = next((p for p in _portals() if p.url == run["portal_url"]), None)
+    dag_id = portal.dag_id if portal else None
+    task = _log_tasks(dag_id, [run["dag_run_id"]]).get(run["dag_run_id"]) if dag_id and run["dag_run_id"] else None
+    items, total = outcomes.page(conn, run_id, severity=severity, code=code, limit=limit, offset=offset)
+    return {
+        "run": _run_item(run, dag_id, _airflow_root(request), task) | {
+            "portal": portal.name if portal else run["portal_name"], "portal_url": run["portal_url"],
+            "dag_id": dag_id, "portal_configured": portal is not None},
+        "counts": outcomes.counts(conn, [run_id]).get(run_id, {"errors": 0, "warnings": 0}),
+        "groups": outcomes.groups(conn, run_id, severity=severity),
+        "items": jsonable_encoder(items), "total": total, "limit": limit, "offset": offset,
+    }
+
+
+@app.get("/api/runs/{run_id}/outcomes.csv", tags=["runs"], summary="A run's report as CSV: every row",
+         response_class=StreamingResponse,
+         responses={200: {"content": {"text/csv": {}}, "description": "a header, then one line per row"},
+                    404: {"description": "no such run"}, 422: {"description": "a bad severity or code"}})
+def api_outcomes_csv(run_id: int, severity: str | None = Query(None, description=SEVERITY_HELP),
+                     code: str | None = Query(None, description=CODE_HELP), user=Reader):
+    """Every row of the run matching `severity` and `code`, in the order of
+    `GET /api/runs/{run_id}/outcomes` (the same bytes as `harvester report --csv`): `run_id`,
+    `portal_url`, `position`, `source_id`, `stage`, `severity`, `code`, `field`, `value`,
+    `message`. Streamed: a report of any size is never held whole in memory."""
+    from harvester.domain.outcomes import csv_chunks
+    from harvester.store import db, outcomes
+
+    severity, code = _outcome_filters(severity, code)
+    # Its own connection, held while the body streams (a request's connection is closed when the
+    # endpoint returns): closed when the stream ends, and by the background task after the
+    # response when the client went away mid-stream.
+    conn = db.open_task(migrate=False)
+    try:
+        _run_row(conn, run_id)
+    except BaseException:
+        conn.close()
+        raise
+
+    def body():
+        try:
+            yield from csv_chunks(outcomes.iter_rows(conn, run_id, severity=severity, code=code))
+        finally:
+            conn.close()
+
+    return StreamingResponse(body(), media_type="text/csv; charset=utf-8", background=BackgroundTask(conn.close),
+                             headers={"Content-Disposition":
+                                      f'attachment; filename="harvester-run-{run_id}-outcomes.csv"'})
 
 
 @app.get("/api/changes", tags=["changes"], summary="Detected changes, newest first; queue=true: the review queue")
@@ -620,3 +734,7 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
                        "metadata_modified": r["metadata_modified"], "removed": r["removed_at"] is not None}
                       for r in found.items],
             "model": found.model, "note": found.note, "mode": mode, "timings": found.timings}
+
+
+# -- checking a catalogue before harvesting it (harvester.ui.validate_api) ------------------------------
+app.include_router(validate_api.router)

@@ -55,7 +55,7 @@
      spec: {
        labels: [x labels], titles: [tooltip headings] (optional),
        bars: [{name, color, values}], stacked: bool, barAxis: {label, integer, format, tick},
-       lines: [{name, color, values}], lineAxis: {label, integer, format, tick, divisor},
+       lines: [{name, color, values, dash (an SVG stroke-dasharray)}], lineAxis: {label, integer, format, tick, divisor},
        width, height, empty: "text when there is no data", ariaLabel }
      Bars use the left axis; lines the right axis when there are bars, else the left one. */
   function combo(spec) {
@@ -191,10 +191,12 @@
           d += `${pen ? "L" : "M"}${x.toFixed(1)} ${y(v / divisor).toFixed(1)} `;
           pen = true;
         });
-        if (d) g.append(svg("path", { d: d.trim(), fill: "none", stroke: s.color, "stroke-width": 2, class: "hc-line" }));
+        if (d) g.append(svg("path", { d: d.trim(), fill: "none", stroke: s.color, "stroke-width": 2, class: "hc-line",
+          "stroke-dasharray": s.dash || null, "data-series": s.name }));
         s.values.forEach((v, i) => {
           if (!num(v)) return;
-          const dot = svg("circle", { cx: m.left + band * (i + 0.5), cy: y(v / divisor), r: n > 60 ? 2 : 3.5, fill: s.color, class: "hc-dot" });
+          const dot = svg("circle", { cx: m.left + band * (i + 0.5), cy: y(v / divisor), r: n > 60 ? 2 : 3.5, fill: s.color, class: "hc-dot",
+            "data-series": s.name, "data-value": v });
           dot.append(svg("title", {}, `${titles[i]}\n${s.name}: ${fmtLine(v)}`));
           g.append(dot);
         });

@@ -76,6 +76,7 @@
   const enc = encodeURIComponent;
   const portalHref = (name) => `${BASE}/portals/${enc(name)}`;
   const datasetHref = (portal, id) => `${BASE}/datasets/${enc(portal)}/${enc(id)}`;
+  const runHref = (id) => `${BASE}/runs/${enc(id)}`;
 
   // -- formatting -----------------------------------------------------------------------------
 
@@ -268,7 +269,10 @@
     if (run.skipped) notes.push(`${fmtNum(run.skipped)} skipped`);
     if (run.removals_withheld) notes.push(`${fmtNum(run.removals_withheld)} removals withheld`);
     return h("div", {},
-      h("div", {}, h("span", { class: "mode" }, run.mode || "?"), " ", statusPill(run.status)),
+      h("div", {}, h("span", { class: "mode" }, run.mode || "?"), " ",
+        run.run_id !== undefined && run.run_id !== null
+          ? h("a", { href: runHref(run.run_id), class: "plain-link", title: `Run ${run.run_id}: its report`, "data-test": "last-run-link" }, statusPill(run.status))
+          : statusPill(run.status)),
       h("div", { class: "small muted" }, fmtDate(run.started_at), run.duration_seconds !== null && run.duration_seconds !== undefined ? ` · ${fmtDuration(run.duration_seconds)}` : ""),
       notes.length ? h("div", { class: "small warn-text" }, notes.join(", ")) : null,
       run.error ? h("div", { class: "small bad-text", title: run.error }, clip(String(run.error), 120)) : null);
@@ -315,6 +319,11 @@
     { key: "skipped", name: "skipped", color: "#d97706" },
   ];
 
+  const REPORT_SERIES = [
+    { key: "errors", name: "record errors", color: "#991b1b" },
+    { key: "warnings", name: "record warnings", color: "#ca8a04", dash: "5 3" },
+  ];
+
   function runCharts(runs) {
     const ordered = runs.slice().reverse(); // oldest left, newest right
     const labels = ordered.map((r) => shortDate(r.started_at));
@@ -325,10 +334,15 @@
     const width = Math.max(480, Math.min(1400, app.clientWidth - 82));
     const Charts = window.HarvesterCharts;
     if (!Charts) return h("p", { class: "error" }, "charts.js did not load");
+    const reported = (r, key) => (typeof r[key] === "number" ? r[key] : null);
     const counts = Charts.combo({
-      labels, titles, width, height: 260, stacked: true, xLabel: "run started", ariaLabel: "Datasets per run",
+      labels, titles, width, height: 260, stacked: true, xLabel: "run started", ariaLabel: "Datasets, errors and warnings per run",
       bars: RUN_SERIES.map((s) => ({ name: s.name, color: s.color, values: ordered.map((r) => stat(r, s.key)) })),
-      barAxis: { label: "datasets", format: fmtNum }, empty: "No runs yet",
+      barAxis: { label: "datasets", format: fmtNum },
+      // the run's report (its page): record errors and warnings, on their own axis
+      lines: REPORT_SERIES.map((s) => ({ name: s.name, color: s.color, dash: s.dash, values: ordered.map((r) => reported(r, s.key)) })),
+      lineAxis: { label: "errors / warnings", integer: true, format: fmtNum },
+      empty: "No runs yet",
     });
     const durations = Charts.combo({
       labels, titles, width, height: 260, stacked: false, xLabel: "run started", ariaLabel: "Duration and embeddings per run",
@@ -344,7 +358,7 @@
     counts.querySelector("svg").setAttribute("data-test", "runs-chart");
     durations.querySelector("svg").setAttribute("data-test", "duration-chart");
     return h("div", { class: "charts" },
-      h("section", { class: "card" }, h("h2", {}, runs.length ? `Datasets per run (last ${runs.length})` : "Datasets per run"), counts),
+      h("section", { class: "card" }, h("h2", {}, runs.length ? `Datasets, errors and warnings per run (last ${runs.length})` : "Datasets per run"), counts),
       h("section", { class: "card" }, h("h2", {}, "Duration and embeddings per run"), durations));
   }
 
@@ -355,15 +369,29 @@
     if (safeUrl(r.logs_url)) links.push(h("a", { href: safeUrl(r.logs_url), target: "_top", "data-test": "logs-link" }, "logs"));
     const note = r.error || r.reconcile_reason;
     return h("tr", { "data-test": "run-row", "data-run-id": r.run_id },
-      h("td", { class: "nowrap" }, time(r.started_at), h("div", { class: "small muted ellipsis", title: r.dag_run_id || null }, r.dag_run_id || "")),
-      h("td", {}, h("div", { class: "nowrap" }, h("span", { class: "mode" }, r.mode || "?"), " ", statusPill(r.status)),
+      h("td", { class: "nowrap" }, h("a", { href: runHref(r.run_id), "data-test": "run-link", title: `Run ${r.run_id}: its report` }, time(r.started_at)),
+        h("div", { class: "small muted ellipsis", title: r.dag_run_id || null }, r.dag_run_id || "")),
+      h("td", {}, h("div", { class: "nowrap" }, h("span", { class: "mode" }, r.mode || "?"), " ",
+        h("a", { href: runHref(r.run_id), class: "plain-link", "data-test": "run-status-link" }, statusPill(r.status))),
         note ? h("div", { class: `small ellipsis ${r.error ? "bad-text" : "muted"}`, title: note }, String(note)) : null),
       h("td", { class: "num" }, fmtDuration(r.duration_seconds)),
       h("td", { class: "num", title: `${fmtBytes(s.portal_bytes)} in ${fmtNum(s.portal_requests)} portal requests` }, fmtNum(s.fetched)),
       ["created", "updated", "unchanged", "removed", "failed", "skipped"].map((k) =>
         h("td", { class: `num${k === "failed" && s[k] ? " bad-text" : ""}${k === "skipped" && s[k] ? " warn-text" : ""}` }, fmtNum(s[k]))),
       h("td", { class: "num", title: `embedded: ${fmtNum(s.embedded)}, requests / reused vectors` }, `${fmtNum(s.embedding_requests)} / ${fmtNum(s.embeddings_reused)}`),
+      h("td", { class: "nowrap" }, reportLink(r)),
       h("td", { class: "links" }, links.length ? links : h("span", { class: "muted" }, "—")));
+  }
+
+  /* "2 errors · 5 warnings", a link to the run's report. */
+  function reportLink(r) {
+    const errors = typeof r.errors === "number" ? r.errors : 0;
+    const warnings = typeof r.warnings === "number" ? r.warnings : 0;
+    const parts = [];
+    if (errors) parts.push(h("span", { class: "bad-text", "data-test": "run-errors" }, `${fmtNum(errors)} error${errors === 1 ? "" : "s"}`));
+    if (warnings) parts.push(h("span", { class: "warn-text", "data-test": "run-warnings" }, `${fmtNum(warnings)} warning${warnings === 1 ? "" : "s"}`));
+    return h("a", { href: runHref(r.run_id), "data-test": "run-report-link", class: "plain-link" },
+      parts.length ? parts.flatMap((p, i) => (i ? [" · ", p] : [p])) : h("span", { class: "muted" }, "none"));
   }
 
   async function pageRuns(alive, name) {
@@ -396,10 +424,114 @@
           ["Started", "Run", { text: "Duration", cls: "num" }, { text: "Fetched", cls: "num" },
             { text: "Created", cls: "num" }, { text: "Updated", cls: "num" }, { text: "Unchanged", cls: "num" },
             { text: "Removed", cls: "num" }, { text: "Failed", cls: "num" }, { text: "Skipped", cls: "num" },
-            { text: "Embedded / reused", cls: "num" }, "Links"],
+            { text: "Embedded / reused", cls: "num" }, "Report", "Links"],
           (tableRuns.items || []).length ? tableRuns.items.map(runRow)
-            : h("tr", {}, h("td", { colspan: 12, class: "muted" }, "No runs yet."))),
+            : h("tr", {}, h("td", { colspan: 13, class: "muted" }, "No runs yet."))),
         pager(tableRuns.total || 0, PAGE, offset, (o) => navigate({ offset: o }))));
+  }
+
+  // -- One run and its report ------------------------------------------------------------------
+
+  const SEVERITIES = [["", "All"], ["error", "Errors"], ["warning", "Warnings"]];
+  const SEVERITY_KIND = { error: "bad", warning: "warn" };
+
+  async function pageRun(alive, runId) {
+    const q = query();
+    const state = {
+      severity: ["error", "warning"].includes(q.get("severity")) ? q.get("severity") : "",
+      code: q.get("code") || "",
+      offset: Math.max(0, parseInt(q.get("offset") || "0", 10) || 0),
+    };
+    const data = await api(`/runs/${enc(runId)}/outcomes`, { severity: state.severity, code: state.code, limit: PAGE, offset: state.offset });
+    if (!alive()) return;
+    const run = data.run || {};
+    const counts = data.counts || { errors: 0, warnings: 0 };
+    const groups = data.groups || [];
+    const items = data.items || [];
+    const go = (patch) => navigate({ ...state, ...patch });
+    const portalName = run.portal || run.portal_url || "?";
+    // a node lives in one place: a new link each time it is shown
+    const portalLink = () => (run.portal_configured ? h("a", { href: portalHref(portalName) }, portalName) : portalName);
+    const s = run.stats || {};
+
+    const links = [];
+    if (safeUrl(run.dag_run_url)) links.push(h("a", { href: safeUrl(run.dag_run_url), target: "_top", "data-test": "dag-run-link" }, "DAG run"));
+    if (safeUrl(run.logs_url)) links.push(h("a", { href: safeUrl(run.logs_url), target: "_top", "data-test": "logs-link" }, "logs"));
+    const facts = [
+      ["Portal", [portalLink(), run.portal_configured ? null : h("span", { class: "small muted" }, " (no longer in portals.yaml)")]],
+      ["Mode", h("span", { class: "mode" }, run.mode || "?")],
+      ["Status", statusPill(run.status)],
+      ["Started", time(run.started_at)],
+      ["Finished", run.finished_at ? time(run.finished_at) : "—"],
+      ["Duration", fmtDuration(run.duration_seconds)],
+      ["DAG run", run.dag_run_id ? [h("span", { class: "mono small" }, run.dag_run_id), links.length ? [" ", links.flatMap((l, i) => (i ? [" · ", l] : [l]))] : null] : h("span", { class: "muted" }, "— (the CLI)")],
+    ];
+    const STAT_ORDER = ["fetched", "created", "updated", "unchanged", "removed", "failed", "skipped", "removals_withheld",
+      "embedded", "embedding_requests", "embeddings_reused", "portal_requests"];
+    const statKeys = STAT_ORDER.filter((k) => k in s).concat(Object.keys(s).filter((k) => !STAT_ORDER.includes(k)).sort());
+
+    const tab = (value, label) => h("button", { type: "button", role: "tab", class: `tab${state.severity === value ? " active" : ""}`,
+      "aria-selected": state.severity === value ? "true" : "false", "data-test": `severity-${value || "all"}`,
+      on: { click: () => go({ severity: value, code: "", offset: 0 }) } },
+      label, value ? h("span", { class: "count" }, fmtNum(value === "error" ? counts.errors : counts.warnings)) : null);
+    const csv = new URL(`${BASE}/api/runs/${enc(runId)}/outcomes.csv`, location.origin);
+    if (state.severity) csv.searchParams.set("severity", state.severity);
+    if (state.code) csv.searchParams.set("code", state.code);
+
+    const groupRows = groups.map((g) => h("tr", { "data-test": "outcome-group", "data-code": g.code, "data-severity": g.severity },
+      h("td", {}, pill(g.severity, SEVERITY_KIND[g.severity])),
+      h("td", {}, h("button", { type: "button", class: "btn-link mono", title: "Show only these rows", "data-test": "group-code",
+        on: { click: () => go({ code: g.code, offset: 0 }) } }, g.code),
+        h("div", { class: "small muted" }, g.stage || "")),
+      h("td", { class: "num", "data-test": "group-count" }, fmtNum(g.count)),
+      h("td", { class: "examples", "data-test": "group-examples" }, (g.examples || []).map((x) => h("div", { class: "mono small ellipsis", title: x }, x))),
+      h("td", { class: "message", "data-test": "group-message" }, g.message || "")));
+
+    const recordCell = (row) => {
+      const id = row.source_id;
+      // a stored record (a warning) has a page; a failed one was not stored
+      const label = id ? (row.severity === "warning" && run.portal_configured
+        ? h("a", { href: datasetHref(portalName, id), class: "mono" }, id) : h("span", { class: "mono" }, id))
+        : h("span", { class: "muted" }, "(no id)");
+      return h("td", { class: "record-cell" }, h("div", { class: "small muted" }, row.position === null || row.position === undefined ? "" : `#${row.position}`), label);
+    };
+    const rowRows = items.map((row) => h("tr", { "data-test": "outcome-row", "data-code": row.code, "data-severity": row.severity },
+      recordCell(row),
+      h("td", {}, pill(row.severity, SEVERITY_KIND[row.severity]), h("div", { class: "mono small" }, row.code)),
+      h("td", { class: "mono small" }, row.field || "—"),
+      h("td", { class: "val-cell" }, row.value === null || row.value === undefined ? h("span", { class: "muted" }, "—") : h("span", { class: "mono small" }, row.value)),
+      h("td", { class: "message", "data-test": "row-message" }, row.message || "")));
+
+    const filterNote = state.code ? h("p", { class: "small", "data-test": "code-filter" }, "Showing reason ", h("span", { class: "mono strong" }, state.code), " only · ",
+      h("button", { type: "button", class: "btn-link", on: { click: () => go({ code: "", offset: 0 }) } }, "show all reasons")) : null;
+
+    show(app,
+      h("div", { class: "crumbs" }, h("a", { href: `${BASE}/` }, "Portals"), " / ", portalLink(), " / ", `run ${run.run_id ?? runId}`),
+      h("div", { class: "page-head" },
+        h("h1", { "data-test": "run-title" }, `Run ${run.run_id ?? runId}`, " ", statusPill(run.status)),
+        run.portal_url ? extLink(run.portal_url) : null),
+      h("dl", { class: "facts", "data-test": "run-facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v)))),
+      run.error || run.reconcile_reason ? h("p", { class: `small ${run.error ? "bad-text" : "muted"}`, "data-test": "run-note" }, String(run.error || run.reconcile_reason)) : null,
+      statKeys.length ? h("dl", { class: "facts stats", "data-test": "run-stats" },
+        statKeys.map((k) => h("div", { "data-stat": k }, h("dt", {}, k.replace(/_/g, " ")), h("dd", { class: "num" }, typeof s[k] === "number" ? fmtNum(s[k]) : asText(s[k]))))) : null,
+      h("section", { class: "card" },
+        h("div", { class: "card-head" },
+          h("h2", {}, "Report: what became of the records"),
+          h("a", { href: csv.pathname + csv.search, download: `harvester-run-${run.run_id ?? runId}-outcomes.csv`, class: "btn", "data-test": "download-csv" }, "Download CSV")),
+        h("p", { class: "small muted", "data-test": "run-counts" },
+          `${fmtNum(counts.errors)} error${counts.errors === 1 ? "" : "s"} (records not stored) · ${fmtNum(counts.warnings)} warning${counts.warnings === 1 ? "" : "s"} (stored all the same)`),
+        h("div", { class: "tabs", role: "tablist", "aria-label": "Severity", "data-test": "severity-filter" }, SEVERITIES.map(([v, l]) => tab(v, l))),
+        groups.length
+          ? table({ class: "grid outcomes", "data-test": "outcome-groups" },
+            ["Severity", "Reason", { text: "Count", cls: "num" }, "Examples", "Message (first)"], groupRows)
+          : h("p", { class: "empty", "data-test": "outcomes-empty" }, state.severity ? `No ${state.severity}s in this run.` : "Every record was taken as it is: nothing to report.")),
+      h("section", { class: "card" },
+        h("h2", {}, `Rows (${fmtNum(data.total || 0)})`),
+        filterNote,
+        items.length
+          ? table({ class: "grid outcomes", "data-test": "outcome-rows" }, ["Record", "Reason", "Field", "Value", "Message"], rowRows)
+          : h("p", { class: "empty" }, "No rows."),
+        pager(data.total || 0, PAGE, state.offset, (o) => go({ offset: o }))));
   }
 
   // -- Changes --------------------------------------------------------------------------------
@@ -693,6 +825,7 @@
     });
     if (!parts.length) return { nav: "portals", page: pagePortals, args: [] };
     if (parts[0] === "portals" && parts.length === 2) return { nav: "portals", page: pageRuns, args: [parts[1]] };
+    if (parts[0] === "runs" && parts.length === 2) return { nav: "portals", page: pageRun, args: [parts[1]] };
     if (parts[0] === "changes" && parts.length === 1) return { nav: "changes", page: pageChanges, args: [] };
     if (parts[0] === "datasets" && parts.length >= 3) return { nav: "changes", page: pageDataset, args: [parts[1], parts.slice(2).join("/")] };
     if (parts[0] === "search" && parts.length === 1) return { nav: "search", page: pageSearch, args: [] };
