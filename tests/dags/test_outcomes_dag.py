@@ -99,6 +99,28 @@ def check_run_verdict(harvest_state: str, db, bad: int, total: int) -> tuple[int
     return run_id, stats
 
 
+def table_counts(db) -> dict[str, int]:
+    """Rows of every table of the harvester database."""
+    tables = [r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()]
+    return {t: db.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
+
+
+def check_validate_says_what_the_harvest_did(db, run_id: int, path, kind: str, capsys) -> None:
+    """`harvester validate` of the sample's file prints the groups the harvest wrote (a first run
+    writes every record's problems), and writes nothing to the database."""
+    from harvester.cli.main import main
+    from harvester.store import outcomes
+
+    before = table_counts(db)
+    capsys.readouterr()
+    code = main(["validate", str(path), "--type", kind, "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    harvested = outcomes.groups(db, run_id)
+    assert printed["groups"] == harvested
+    assert code == (1 if any(g["severity"] == "error" for g in harvested) else 0)
+    assert table_counts(db) == before
+
+
 def check_warned_records_are_stored(db, run_id: int, stored: int) -> None:
     """Warnings never drop a record: every record with warning rows (and no error) is a live
     dataset, and the run stored every record that had no error."""
@@ -129,7 +151,8 @@ def test_the_lists_name_every_broken_sample():
 
 # -- DCAT-US --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", BROKEN_US)
-def test_a_broken_dcat_us_sample_leaves_the_error_rows_its_schema_and_rules_say(name, harvest, catalogue, db, gemini):
+def test_a_broken_dcat_us_sample_leaves_the_error_rows_its_schema_and_rules_say(name, harvest, catalogue, db, gemini,
+                                                                                capsys):
     path = US / name
     document = json.loads(path.read_bytes())
     expected = expected_outcomes(document)
@@ -148,6 +171,7 @@ def test_a_broken_dcat_us_sample_leaves_the_error_rows_its_schema_and_rules_say(
     named = {identifier_of(entries[p - 1]) for p in codes_by_position(errors)} - {None}
     assert named <= {r["source_id"] for r in errors}
     check_warned_records_are_stored(db, run_id, len(expected) - bad)
+    check_validate_says_what_the_harvest_did(db, run_id, path, "dcat-json", capsys)
 
 
 # -- DCAT-AP --------------------------------------------------------------------------------------
@@ -166,7 +190,7 @@ def row_key(row: dict) -> tuple:
 
 
 @pytest.mark.parametrize("name", AP_SAMPLES)
-def test_a_dcat_ap_sample_leaves_the_rows_its_rules_say(name, harvest, catalogue, db, gemini):
+def test_a_dcat_ap_sample_leaves_the_rows_its_rules_say(name, harvest, catalogue, db, gemini, capsys):
     path = AP / name
     url = catalogue.url("/catalog" + path.suffix)
     graph = rdf_graph(path, url)
@@ -186,6 +210,7 @@ def test_a_dcat_ap_sample_leaves_the_rows_its_rules_say(name, harvest, catalogue
     assert got_warnings == want_warnings
     assert set(want_warnings) == live_ids(db)
     check_warned_records_are_stored(db, run_id, len(verdicts) - bad)
+    check_validate_says_what_the_harvest_did(db, run_id, path, "dcat-rdf", capsys)
 
 
 # -- not a catalogue ------------------------------------------------------------------------------
