@@ -639,6 +639,28 @@ def downloads(client, tokens):
     assert client.get("/harvester/api/runs/999999/outcomes.csv", headers=as_(tokens, "viewer")).status_code == 404
 
 
+def test_the_cli_report_says_what_the_api_says(client, tokens, world, tmp_path, capsys):
+    """`harvester report` on the same database: the same run, counts and groups as the API, and its
+    --csv the same bytes as the API's CSV, for every run of the module and each severity."""
+    from harvester.cli.main import main
+
+    for run_id in run_ids(client, tokens):
+        for severity in (None, "error", "warning"):
+            params = {"severity": severity} if severity else {}
+            api = get(client, tokens, f"/harvester/api/runs/{run_id}/outcomes", **params)
+            capsys.readouterr()
+            assert main(["report", str(run_id), "--json", *(["--severity", severity] if severity else [])]) == 0
+            cli = json.loads(capsys.readouterr().out)
+            assert cli["groups"] == api["groups"] and cli["counts"] == api["counts"], (run_id, severity)
+            assert cli["run"]["run_id"] == api["run"]["run_id"] == run_id
+            target = tmp_path / f"{run_id}-{severity}.csv"
+            assert main(["report", str(run_id), "--csv", str(target), *(["--severity", severity] if severity else [])
+                         ]) == 0
+            response = client.get(f"/harvester/api/runs/{run_id}/outcomes.csv", params=params,
+                                  headers=as_(tokens, "admin"))
+            assert target.read_bytes() == response.content, (run_id, severity)
+
+
 def test_a_runs_report_refuses_what_is_not_there(client, tokens, world):
     first = run_ids(client, tokens)[0]
     for path in ("/harvester/api/runs/999999/outcomes", "/harvester/api/runs/999999/outcomes.csv"):
