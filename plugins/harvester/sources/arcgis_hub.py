@@ -43,9 +43,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 from harvester.config.portals import ARCGIS_HUB
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
                                       parse_timestamp, sha256_hex)
-from harvester.domain.outcomes import Problem, problem
 from harvester.http import Retryable, scrub_url
-from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
+                                    SourceError, coded, to_ms)
 
 log = logging.getLogger(__name__)
 
@@ -118,19 +118,6 @@ def feature_id(feature: Any) -> str | None:
     return None
 
 
-class BadRecord(ValueError):
-    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
-
-    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
-        super().__init__(message)
-        self.problem = problem(code, message, field, value)
-
-
-def _coded(exc: ValueError) -> list[Problem]:
-    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
-    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
-
-
 def to_package(feature: Mapping, site: str) -> dict:
     """A Hub search feature as a CKAN-shaped package. Raises BadRecord naming the item when it
     has no id or no title."""
@@ -180,7 +167,7 @@ def normalize(feature: Any, site: str) -> DatasetRecord:
             raise BadRecord("not-an-object", f"feature is {type(feature).__name__}, not a JSON object")
         pkg = to_package(feature, site)
     except ValueError as exc:
-        return failed(ident, feature, _coded(exc), prefix=f"{site}: ")
+        return failed(ident, feature, coded(exc), prefix=f"{site}: ")
     title, description = clean_text(pkg["title"]), clean_text(pkg["notes"])
     org = pkg["organization"]
     return package_record(pkg, source_id=pkg["id"], url=pkg["url"], url_hash=sha256_hex(normalize_url(pkg["url"])),

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Iterator, Protocol
 
 from harvester.domain.dataset import DatasetRecord
+from harvester.domain.outcomes import Problem, problem
 
 
 class SourceError(Exception):
@@ -41,6 +42,20 @@ class SourceUnavailable(SourceError):
 class FilterRejected(SourceError):
     """The portal refused (or ignored) the modified-since filter of a listing: terminal for that
     listing; the pipeline falls back to a full one (and no other error may make it do so)."""
+
+
+class BadRecord(ValueError):
+    """A record a source's mapping cannot use, with the coded problem saying why (domain/outcomes.py)."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, value=None):
+        super().__init__(message)
+        self.problem = problem(code, message, field, value)
+
+
+def coded(exc: ValueError) -> list[Problem]:
+    """The problems of a refused record: a BadRecord's own, or (any other ValueError a mapping
+    raised) ``invalid-record`` with its message."""
+    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
 
 
 def to_ms(dt: datetime) -> datetime:

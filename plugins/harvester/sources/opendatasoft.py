@@ -43,9 +43,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from harvester.config.portals import OPENDATASOFT
 from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
-from harvester.domain.outcomes import Problem, problem
 from harvester.http import Retryable, scrub_url
-from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
+                                    SourceError, coded, to_ms)
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +139,6 @@ def resources(root: str, ds: Mapping, ident: str) -> list[dict]:
     return out
 
 
-class BadRecord(ValueError):
-    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
-
-    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
-        super().__init__(message)
-        self.problem = problem(code, message, field, value)
-
-
-def _coded(exc: ValueError) -> list[Problem]:
-    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
-    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
-
-
 def to_package(item: Any, root: str) -> dict:
     """A catalogue result as a CKAN-shaped package. Raises ``BadRecord`` naming the dataset when it
     cannot be used (no dataset_id, no title)."""
@@ -198,7 +185,7 @@ def normalize(item: Any, root: str) -> DatasetRecord:
     try:
         pkg = to_package(item, root)
     except ValueError as exc:
-        return failed(dataset_id(unwrap(item)), item, _coded(exc))
+        return failed(dataset_id(unwrap(item)), item, coded(exc))
     org = pkg["organization"]
     return package_record(pkg, source_id=pkg["id"], name=pkg["name"], url=pkg["url"], title=clean_text(pkg["title"]),
                           description=clean_text(pkg["notes"]), tags=sorted({t["name"] for t in pkg["tags"]}),

@@ -65,9 +65,10 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 from harvester.config.portals import SOCRATA
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
                                       parse_timestamp, sha256_hex, slug)
-from harvester.domain.outcomes import Problem, problem
+from harvester.domain.outcomes import problem
 from harvester.http import scrub_url
-from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
+                                    SourceError, coded, to_ms)
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +117,6 @@ def result_id(result: Any) -> str | None:
     if not isinstance(result, Mapping) or not isinstance(result.get("resource"), Mapping):
         return None
     return _text(result["resource"].get("id"))
-
-
-class BadRecord(ValueError):
-    """A record ``to_package`` cannot use, with the coded problem saying why (domain/outcomes.py)."""
-
-    def __init__(self, code: str, message: str, field: str | None = None, value: Any = None):
-        super().__init__(message)
-        self.problem = problem(code, message, field, value)
-
-
-def _coded(exc: ValueError) -> list[Problem]:
-    """The problem of a refused record: its own, or (any other ValueError) ``invalid-record``."""
-    return [exc.problem if isinstance(exc, BadRecord) else problem("invalid-record", str(exc))]
 
 
 def to_package(result: Mapping, domain: str | None = None) -> dict:
@@ -200,7 +188,7 @@ def normalize(result: Any, catalog_url: str, domain: str | None = None) -> Datas
     try:
         pkg = to_package(result, domain)
     except ValueError as exc:
-        return failed(result_id(result), result, _coded(exc), prefix=f"{scrub_url(catalog_url)}: ")
+        return failed(result_id(result), result, coded(exc), prefix=f"{scrub_url(catalog_url)}: ")
     if pkg["url"] and pkg["url"].lower().startswith(("http://", "https://")):
         url, url_hash = pkg["url"], None
     else:
