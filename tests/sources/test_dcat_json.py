@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import threading
 import tracemalloc
 import zlib
@@ -22,24 +21,13 @@ from harvester.domain.dataset import content_hash, embedding_text, normalize_url
 from harvester.sources.base import Listing, SourceError, SourceUnavailable
 from harvester.sources.dcat_json import (DcatJsonSource, InvalidCatalogue, iter_entries, iter_records, normalize, to_package)
 from harvester.http import HttpFetcher
+from harvester.testing.samples import dcat_samples_dir, existing, load_json
 
-ROOT = Path(__file__).resolve().parents[2]
-DCAT = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
+DCAT = dcat_samples_dir()
 AR = DCAT / "datos-gob-ar"
 US = DCAT / "dcat-us"
 CATALOG = "https://catalog.example.org/data.json"
-
-
-def sample(path: Path) -> Path:
-    if not path.exists():
-        pytest.fail(f"sample {path} is missing: tests read ../shared/dcat-samples (or $HARVESTER_DCAT_SAMPLES_DIR)")
-    return path
-
-
-def load_json(path: Path):
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(sample(path), "rb") as handle:
-        return json.load(handle)
+sample = existing
 
 
 def parse(path: Path, url: str = CATALOG) -> list:

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -25,26 +24,15 @@ import pytest
 from harvester.domain.outcomes import CODES, ERROR, WARNING
 from harvester.sources.dcat_json import (DCAT_US_1_1, DCAT_US_3_0, MAX_SCHEMA_PROBLEMS, DcatJsonSource, conformance,
                                          iter_records)
+from harvester.testing.samples import dcat_samples_dir, existing, load_json
 from harvester.testing.expected_outcomes import (POD_1_1, SCHEMAS, expected_outcomes, path_text, schema_fields,
                                                  validator_1_1, validator_3_0)
 
-ROOT = Path(__file__).resolve().parents[2]
-DCAT = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
+DCAT = dcat_samples_dir()
 US = DCAT / "dcat-us"
 AR = DCAT / "datos-gob-ar"
 CATALOG = "https://catalog.example.org/data.json"
-
-
-def sample(path: Path) -> Path:
-    if not path.exists():
-        pytest.fail(f"sample {path} is missing: tests read ../shared/dcat-samples (or $HARVESTER_DCAT_SAMPLES_DIR)")
-    return path
-
-
-def load_json(path: Path):
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(sample(path), "rb") as handle:
-        return json.load(handle)
+sample = existing
 
 
 def records_of(document) -> list:

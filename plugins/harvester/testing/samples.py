@@ -29,6 +29,23 @@ def sample_path(name: str, folder: Path | None = None) -> Path:
     return path
 
 
+def existing(path: Path) -> Path:
+    """``path``, a sample file that must be there (SamplesMissing naming it otherwise)."""
+    if not path.exists():
+        raise SamplesMissing(f"sample file {path} is missing: tests read ../shared (or $HARVESTER_SAMPLES_DIR, "
+                             "$HARVESTER_DCAT_SAMPLES_DIR) beside the repository")
+    return path
+
+
+def load_json(path: Path):
+    """A JSON sample document (gzip-compressed when its name ends .gz)."""
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(existing(path), "rb") as handle:
+        return json.load(handle)
+
+
 def load_samples(name: str) -> list[dict]:
     """The records of one JSON-lines sample file."""
     with sample_path(name).open(encoding="utf-8") as handle:
