@@ -182,6 +182,21 @@ def test_the_purge_prunes_rows_older_than_the_retention(db, reader, portal, port
     assert _rows(db, run_id) == []
 
 
+def test_the_task_log_names_the_first_failed_records_and_counts_the_rest(db, reader, portal, portal_server, samples,
+                                                                        provider, caplog):
+    good = samples(BIRMINGHAM)
+    broken = [{**{k: v for k, v in good[i % len(good)].items() if k != "id"}, "name": f"no-id-{i}",
+               "metadata_modified": f"2021-01-01T00:00:{i:02d}"} for i in range(pipeline.LOGGED_FAILURES + 15)]
+    portal_server.set_records(good + broken)
+    with caplog.at_level("WARNING", logger="harvester.pipeline.steps"):
+        run_id = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)["run_id"]
+    named = [r for r in caplog.records if r.getMessage().startswith("record failed:")]
+    assert len(named) == pipeline.LOGGED_FAILURES
+    assert any(r.getMessage().startswith("more records failed") and f"harvester report {run_id}" in r.getMessage()
+               for r in caplog.records)
+    assert outcomes.counts(db, [run_id])[run_id]["errors"] == len(broken)  # every one reported all the same
+
+
 def test_bad_filters_name_the_bad_value(db):
     with pytest.raises(ValueError, match="severity 'fatal'"):
         outcomes.page(db, 1, severity="fatal")

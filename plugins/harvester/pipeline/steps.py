@@ -49,14 +49,25 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
     return {"run_id": run.run_id, "mode": run.mode}
 
 
-def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord]) -> tuple[int, int]:
-    """COPY normalized records into staging from ``seq`` on, logging the ones that cannot be used;
-    returns (how many were staged, how many of them failed)."""
+# Failed records a step names in the task log; the rest are counted (every one is a row of the
+# run's report: `harvester report`, the run's page).
+LOGGED_FAILURES = 20
+
+
+def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged: list[int]) -> tuple[int, int]:
+    """COPY normalized records into staging from ``seq`` on, logging the first LOGGED_FAILURES of
+    the step's records that cannot be used (``logged``: how many the step logged so far, a
+    one-item list); returns (how many were staged, how many of them failed)."""
     staging.write(conn, run_id, seq, records)
     runs.touch(conn, run_id)
     bad = [r for r in records if not r.ok]
     for rec in bad:
-        log.warning("record failed: %s", rec.error)
+        if logged[0] < LOGGED_FAILURES:
+            log.warning("record failed: %s", rec.error)
+        elif logged[0] == LOGGED_FAILURES:
+            log.warning("more records failed: they are counted, not logged one by one; every one is in the run's "
+                        "report (`harvester report %s`, the run's page on the Harvester page)", run_id)
+        logged[0] += 1
     return len(records), len(bad)
 
 
@@ -68,11 +79,12 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
     staging.clear(conn, run_id)
     progress = Progress(f"fetch_modified {portal.name}", None, log)
     seq = failed = 0
+    logged = [0]
     with read_ahead(source.iter_records(since, portal.page_size, listing, validators), depth=1,
                     name=f"harvester-listing-{run_id}") as pages:
         for page in pages:
             progress.total = getattr(source, "total", None) or progress.total
-            staged, bad = _stage(conn, run_id, seq, page)
+            staged, bad = _stage(conn, run_id, seq, page, logged)
             seq, failed = seq + staged, failed + bad
             progress.advance(staged)
             del page  # not held while the next one is awaited
@@ -229,6 +241,7 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     listing.clear(conn, run_id)
     seq = listing.next_seq(conn, run_id)
     unusable = whole_records = 0
+    logged = [0]
     progress = Progress(f"reconcile {portal.name}: listing identifiers", None, log)
     for page in source.list_ids(portal.page_size):
         progress.total = source.total or progress.total
@@ -239,7 +252,7 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
             if not whole_records:
                 log.warning("reconcile: %s ignored %s and sends whole records; reconciling from them as from "
                             "a full listing (same outcome, more bytes)", portal.name, page.ignored or "the narrowing")
-            staged, _ = _stage(conn, run_id, seq, page.records)
+            staged, _ = _stage(conn, run_id, seq, page.records, logged)
             seq, whole_records = seq + staged, whole_records + staged
         progress.advance(len(page.ids) + page.unusable)
     if unusable:
@@ -253,7 +266,7 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
     for ids in listing.iter_to_fetch(conn, run_id):
         for page in source.fetch_by_ids(ids, per_request=ids_per_request):
-            staged, _ = _stage(conn, run_id, seq, page)
+            staged, _ = _stage(conn, run_id, seq, page, logged)
             seq, fetched = seq + staged, fetched + staged
             progress.advance(staged)
     if not whole_records and fetched < to_fetch:
