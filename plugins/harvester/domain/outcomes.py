@@ -48,7 +48,6 @@ CODES: dict[str, Code] = {
     "bad-date": Code(ERROR, VALIDATE, "a date Harvester needs (the modification date) cannot be read as a date"),
     "schema-violation": Code(ERROR, VALIDATE, "the record breaks the JSON Schema its catalogue conforms to "
                                               "(DCAT-US 1.1 or 3.0): the message names the field and the rule"),
-    "missing-mandatory": Code(ERROR, VALIDATE, "a property the profile makes mandatory (DCAT-AP) is missing"),
     "bad-range": Code(ERROR, VALIDATE, "a property's value is outside its range in the profile (DCAT-AP): a literal "
                                        "where a resource is required, a date that is not a date, ..."),
     "invalid-record": Code(ERROR, VALIDATE, "the portal's record cannot be used (the message says why); the kinds of "

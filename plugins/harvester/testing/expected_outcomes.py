@@ -216,7 +216,7 @@ def expected_outcomes(document, profile: str = "non-federal") -> list[Counter]:
 # -- DCAT-AP: the rules, as triple lookups ---------------------------------------------------------
 # The codes the DCAT-AP rules give (the content warnings of domain/quality.py aside).
 RULE_CODES = {"no-identifier", "no-title", "bad-range", "range-tolerated", "recommended-missing",
-              "distribution-incomplete", "bad-optional-date", "missing-mandatory"}
+              "distribution-incomplete", "bad-optional-date"}
 DATE = re.compile(r"^\d{4}(-(0[1-9]|1[0-2]))?$")  # a year, a year and month
 
 
