@@ -223,6 +223,8 @@ def main(argv=None) -> int:
         airflow(env, "dags", "test", "harvest_demo")
         say("both runs (harvester runs -p demo)")
         harvester(env, "runs", "-p", "demo", "--limit", "2")
+        say("the records run 1 took with warnings, by reason (harvester report 1)")
+        harvester(env, "report", "1")
         say("a few of the datasets (harvester datasets -p demo --limit 8)")
         harvester(env, "datasets", "-p", "demo", "--limit", "8")
         say("hybrid search, full text and vectors (harvester search \"council purchase card spending\" -p demo --limit 5)")
