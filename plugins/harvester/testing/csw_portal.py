@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from urllib.parse import parse_qsl, urlsplit
 
 from harvester.domain.dataset import parse_timestamp
-from harvester.testing.local_http import LocalServer, QuietHandler
+from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler
 
 NS = {
     "csw": "http://www.opengis.net/cat/csw/2.0.2",
@@ -141,7 +141,7 @@ class CswServer(LocalServer):
         self.stuck_next: int | None = None
         self.ignore_element_set = False  # answer full records whatever elementSetName asks
         self.canned: tuple[int, bytes] | None = None  # (status, body) answered to every request
-        self._fail: list[list] = []
+        self._fail = FailureQueue()
         self._lock = threading.Lock()
         super().__init__()
 
@@ -160,24 +160,13 @@ class CswServer(LocalServer):
 
     def fail_next(self, n: int = 1, status: int = 503, *, retry_after: str | None = None,
                   truncated: bool = False) -> None:
-        with self._lock:
-            self._fail.append([n, status, retry_after, truncated])
+        self._fail.add(n, status, retry_after, truncated)
 
     def getrecords_requests(self) -> list[dict[str, str]]:
         with self._lock:
             return [r for r in self.requests if r.get("request", "").lower() == "getrecords"]
 
     # -- answers
-    def _take_failure(self):
-        with self._lock:
-            if not self._fail:
-                return None
-            entry = self._fail[0]
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self._fail.pop(0)
-            return entry[1:]
-
     def _since(self, params: dict) -> datetime | None | str:
         constraint = params.get("constraint")
         if not constraint:
@@ -262,7 +251,7 @@ class CswServer(LocalServer):
                     self.end_headers()
                     self.wfile.write(b"not found")
                     return
-                failure = server._take_failure()
+                failure = server._fail.take()
                 status, body = server.canned or server.answer(params)
                 if failure:
                     fail_status, retry_after, truncated = failure

@@ -28,6 +28,35 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class FailureQueue:
+    """Failures queued for a local server's next requests, in order: ``add(n, *details)`` makes the
+    next ``n`` requests that ask (``take()``) get ``details`` (the server decides what they mean).
+    Thread-safe: handler threads take while a test adds."""
+
+    def __init__(self):
+        self._entries: list[list] = []
+        self._lock = threading.Lock()
+
+    def add(self, n: int, *details) -> None:
+        with self._lock:
+            self._entries.append([n, *details])
+
+    def take(self) -> list | None:
+        """The details of the next queued failure (its count used up), or None."""
+        with self._lock:
+            if not self._entries:
+                return None
+            entry = self._entries[0]
+            entry[0] -= 1
+            if entry[0] <= 0:
+                self._entries.pop(0)
+            return entry[1:]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
 class LocalServer:
     """A threaded HTTP server on 127.0.0.1 (a free port) serving the handler class ``_handler()``
     builds, in a daemon thread between ``start()`` and ``stop()`` (or as a context manager)."""
@@ -72,7 +101,7 @@ class LocalAPIServer(LocalServer):
 
     def __init__(self):
         self.requests: list[tuple[str, dict, object]] = []
-        self._fail: list[list] = []
+        self._fail = FailureQueue()
         self._lock = threading.Lock()
         super().__init__()
 
@@ -87,19 +116,11 @@ class LocalAPIServer(LocalServer):
         return body
 
     def _queue_failure(self, n: int, *details) -> None:
-        with self._lock:
-            self._fail.append([n, *details])
+        self._fail.add(n, *details)
 
     def _next_failure(self):
         """The details of the next queued failure (its count used up), or None."""
-        with self._lock:
-            if not self._fail:
-                return None
-            entry = self._fail[0]
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self._fail.pop(0)
-            return entry[1:]
+        return self._fail.take()
 
     def _answer(self, path: str, headers: dict, raw: bytes):  # pragma: no cover - subclasses answer
         raise NotImplementedError

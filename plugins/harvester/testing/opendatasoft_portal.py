@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from harvester.testing.local_http import LocalServer
+from harvester.testing.local_http import FailureQueue, LocalServer
 
 CATALOG = "/api/explore/v2.1/catalog/datasets"
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "data" / "opendatasoft"
@@ -87,7 +87,7 @@ class OpenDataSoftPortal(LocalServer):
         self.ignore_keyset = False
         self.ignore_select = False
         self.ignore_ids = False
-        self._fail: list[list] = []
+        self._fail = FailureQueue()
         self._lock = threading.Lock()
         for ds in datasets or []:
             self.put(ds)
@@ -108,25 +108,13 @@ class OpenDataSoftPortal(LocalServer):
             del self.datasets[ident]
 
     def fail_next(self, n: int = 1, status: int = 503, retry_after: str | None = None) -> None:
-        with self._lock:
-            self._fail.append([n, "status", status, retry_after])
+        self._fail.add(n, "status", status, retry_after)
 
     def truncate_next(self, n: int = 1) -> None:
-        with self._lock:
-            self._fail.append([n, "truncate", None, None])
+        self._fail.add(n, "truncate", None, None)
 
     def catalog_requests(self) -> list[dict]:
         return [q for path, q in self.requests if path == CATALOG]
-
-    def _next_failure(self):
-        with self._lock:
-            if not self._fail:
-                return None
-            entry = self._fail[0]
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self._fail.pop(0)
-            return entry[1:]
 
     # -- answering
     def _select(self, query: dict) -> dict:
@@ -212,7 +200,7 @@ class OpenDataSoftPortal(LocalServer):
                     portal.requests.append((parts.path, {k: v[-1] for k, v in query.items()}))
                 if parts.path.rstrip("/") != CATALOG:
                     return self._send(404, {"error_code": "NotFound", "message": f"{parts.path} not found"})
-                failure = portal._next_failure()
+                failure = portal._fail.take()
                 if failure and failure[0] == "status":
                     _, status, retry_after = failure
                     return self._send(status, {"error_code": "ServiceUnavailable", "message": "try later"},

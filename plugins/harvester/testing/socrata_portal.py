@@ -25,7 +25,7 @@ import json
 import threading
 from urllib.parse import parse_qs, urlsplit
 
-from harvester.testing.local_http import LocalServer, QuietHandler
+from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler
 
 CATALOG_PATH = "/api/catalog/v1"
 MAX_WINDOW = 10_000
@@ -47,7 +47,7 @@ class SocrataServer(LocalServer):
         self.ignore_order = False
         self.ignore_offset = False
         self.ignore_scroll = False
-        self._fail: list[list] = []
+        self._fail = FailureQueue()
         self._lock = threading.Lock()
         super().__init__()
         for result in results or []:
@@ -79,24 +79,13 @@ class SocrataServer(LocalServer):
                   truncated: bool = False) -> None:
         """The next ``n`` catalogue requests answer ``status`` (with ``Retry-After``), or, with
         ``truncated``, a 200 whose body stops halfway (the connection closed early)."""
-        with self._lock:
-            self._fail.append([n, status, retry_after, truncated])
+        self._fail.add(n, status, retry_after, truncated)
 
     def catalog_requests(self) -> list[dict]:
         with self._lock:
             return [q for path, q in self.requests if path == CATALOG_PATH]
 
     # -- answering -------------------------------------------------------------------------------
-    def _next_failure(self):
-        with self._lock:
-            if not self._fail:
-                return None
-            entry = self._fail[0]
-            entry[0] -= 1
-            if entry[0] <= 0:
-                self._fail.pop(0)
-            return entry[1:]
-
     def _answer(self, query: dict) -> tuple[int, dict]:
         with self._lock:
             records = list(self.records.values())
@@ -157,7 +146,7 @@ class SocrataServer(LocalServer):
                 if parts.path.rstrip("/") != CATALOG_PATH:
                     self._send(404, json.dumps({"error": f"{parts.path} not found"}).encode())
                     return
-                failure = server._next_failure()
+                failure = server._fail.take()
                 if failure is not None:
                     status, retry_after, truncated = failure
                     if truncated:
