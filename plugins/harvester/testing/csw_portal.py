@@ -29,24 +29,9 @@ from datetime import datetime, timezone
 from urllib.parse import parse_qsl, urlsplit
 
 from harvester.domain.dataset import parse_timestamp
+from harvester.sources.csw import NS  # the same namespaces, with the same prefixes, as the client reads
 from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler
 
-NS = {
-    "csw": "http://www.opengis.net/cat/csw/2.0.2",
-    "gmd": "http://www.isotc211.org/2005/gmd",
-    "gmi": "http://www.isotc211.org/2005/gmi",
-    "gco": "http://www.isotc211.org/2005/gco",
-    "gmx": "http://www.isotc211.org/2005/gmx",
-    "srv": "http://www.isotc211.org/2005/srv",
-    "gml": "http://www.opengis.net/gml",
-    "xlink": "http://www.w3.org/1999/xlink",
-    "xsi": "http://www.w3.org/2001/XMLSchema-instance",
-    "dc": "http://purl.org/dc/elements/1.1/",
-    "dct": "http://purl.org/dc/terms/",
-    "ows": "http://www.opengis.net/ows",
-    "ogc": "http://www.opengis.net/ogc",
-    "geonet": "http://www.fao.org/geonetwork",
-}
 for _prefix, _uri in NS.items():
     ET.register_namespace(_prefix, _uri)
 DC_RECORD = f"{{{NS['csw']}}}Record"
