@@ -62,24 +62,23 @@ def write_csv(path: str, rows: Iterable[Mapping]) -> int:
 
 # -- report -------------------------------------------------------------------------------------------
 def _run_of(conn, args) -> dict:
+    """The run asked for (runs.RUN_COLUMNS): by id, or the portal's newest."""
     from harvester.store import runs
 
     if args.run_id is not None:
         if args.portal or args.last:
             raise ValueError("give a run id, or --portal P --last, not both")
-        row = runs.get(conn, args.run_id)  # LookupError naming it when there is none
-        return {"run_id": row.run_id, "portal_name": row.portal_name, "portal_url": row.portal_url,
-                "mode": row.mode, "status": row.status, "started_at": row.started_at, "error": row.error,
-                "stats": row.stats}
+        run = runs.run_item(conn, args.run_id)
+        if run is None:
+            raise LookupError(f"no run with run_id {args.run_id}")
+        return run
     if not (args.portal and args.last):
         raise ValueError("give a run id (see harvester runs), or --portal P --last for the portal's newest run")
     portal = options.portal(args.portal)
     found, _ = runs.page_runs(conn, portal.url, limit=1)
     if not found:
         raise LookupError(f"portal {portal.name} ({portal.url}) has no runs yet")
-    row = found[0]
-    return {key: row.get(key) for key in ("run_id", "portal_name", "portal_url", "mode", "status", "started_at",
-                                          "error", "stats")}
+    return found[0]
 
 
 def cmd_report(args) -> int:
