@@ -166,6 +166,20 @@ def test_deferred_embeddings_and_withheld_removals_are_rows_of_the_run(db, reade
     assert "removal guard" in withheld[0]["message"]
 
 
+def test_a_record_a_reconciliation_fetches_and_fails_is_reported(db, reader, portal, portal_server, samples,
+                                                                  provider):
+    # A record an incremental listing never shows (its date is not one: no range filter matches it),
+    # found missing by the reconciliation, fetched by id, and refused: its error is a row of the run.
+    good = samples(BIRMINGHAM)
+    portal_server.set_records(good)
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
+    portal_server.upsert_record({**good[0], "id": "undated-1", "name": "undated-1", "metadata_modified": "soon"})
+    stats = pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, reconcile=True)
+    assert (stats["reconcile_missing"], stats["reconcile_fetched"], stats["failed"]) == (1, 1, 1)
+    (row,) = [r for r in _rows(db, stats["run_id"]) if r["severity"] == "error"]
+    assert (row["source_id"], row["code"], row["value"]) == ("undated-1", "bad-date", "soon")
+
+
 def test_the_purge_prunes_rows_older_than_the_retention(db, reader, portal, portal_server, samples, provider):
     good = samples(UK)
     portal_server.set_records(good + _broken(good))

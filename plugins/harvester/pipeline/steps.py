@@ -140,7 +140,7 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
         _settle_mode(conn, portal, run, mode, listing)
     runs.add_stats(conn, run_id, counts)
     # The Failed records' errors are the run's report from now on, whether it commits or fails.
-    outcomes.record_staged(conn, run_id, portal.url, warnings=False)
+    outcomes.record_errors(conn, run_id, portal.url)
     if counts["failed"] and not counts["fetched"] and (listing.complete or mode == FULL):
         raise NothingUsable(_nothing_usable(conn, portal, run_id, counts["failed"]))
     log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
@@ -272,6 +272,8 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     if not whole_records and fetched < to_fetch:
         log.info("reconcile: %d of the ids to fetch were no longer shown by the portal (deleted or hidden since "
                  "the listing); the next reconciliation sees them again", to_fetch - fetched)
+    if fetched or whole_records:
+        outcomes.record_errors(conn, run_id, portal.url)  # the records it staged that failed, too
     return {"reconcile_listed": found["listed"], "reconcile_missing": found["missing"],
             "reconcile_stale": found["stale"], "reconcile_fetched": fetched + whole_records,
             "reconcile_unusable": unusable}
@@ -314,8 +316,9 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
     counts = datasets.classify(conn, run_id, portal.url)
     runs.add_stats(conn, run_id, counts)
     # Now the records are classified: the report gets the warnings of those the run takes in.
-    reported = outcomes.record_staged(conn, run_id, portal.url, warnings=True)
-    out = {"run_id": run_id, **counts, "record_errors": reported["errors"], "record_warnings": reported["warnings"]}
+    warned = outcomes.record_warnings(conn, run_id, portal.url)
+    reported = outcomes.counts(conn, [run_id]).get(run_id, {"errors": 0})
+    out = {"run_id": run_id, **counts, "record_errors": reported["errors"], "record_warnings": warned}
     detected = history.compute_changes(conn, reader, run_id, portal.url, portal.significance)
     out["review"] = detected.get("review", 0)
     if model is not None:

@@ -32,15 +32,27 @@ ROW_COLUMNS = ("run_id", "portal_url", "position", "source_id", "ordinal", "stag
 _ORDER = "position NULLS LAST, source_id, ordinal"
 
 
-def record_staged(conn, run_id: int, portal_url: str, *, warnings: bool) -> dict[str, int]:
-    """The staged records' problems as the run's rows (parse and validate stages), replacing any
-    this run wrote before. ``warnings``: the staged records are classified (hash_compare), so the
-    warnings of those the run takes in are written too; before that, errors only."""
-    params = {"run": run_id, "portal": portal_url}
-    taken = "OR s.outcome IN ('created', 'updated', 'reidentified')" if warnings else ""
+def record_errors(conn, run_id: int, portal_url: str) -> int:
+    """The Failed staged records' errors as the run's rows (parse and validate stages), replacing
+    the errors this run wrote before (a retried step, a reconciliation that staged more records);
+    returns how many."""
+    return _record_staged(conn, run_id, portal_url, "error", "s.error IS NOT NULL")
+
+
+def record_warnings(conn, run_id: int, portal_url: str) -> int:
+    """Once the staged records are classified (hash_compare): the warnings of those the run takes
+    in (created, updated, re-identified), replacing the warnings this run wrote before; returns
+    how many."""
+    return _record_staged(conn, run_id, portal_url, "warning",
+                          "s.error IS NULL AND s.outcome IN ('created', 'updated', 'reidentified')")
+
+
+def _record_staged(conn, run_id: int, portal_url: str, severity: str, records: str) -> int:
+    params = {"run": run_id, "portal": portal_url, "severity": severity}
     with conn.transaction():
-        conn.execute("DELETE FROM record_outcomes WHERE run_id = %(run)s AND stage IN ('parse', 'validate')", params)
-        conn.execute(
+        conn.execute("DELETE FROM record_outcomes WHERE run_id = %(run)s AND stage IN ('parse', 'validate')"
+                     " AND severity = %(severity)s", params)
+        return conn.execute(
             f"""
             INSERT INTO record_outcomes (run_id, portal_url, position, source_id, ordinal, stage, severity, code,
                                          field, value, message)
@@ -48,11 +60,9 @@ def record_staged(conn, run_id: int, portal_url: str, *, warnings: bool) -> dict
                    p.item->>'severity', p.item->>'code', p.item->>'field', p.item->>'value', p.item->>'message'
             FROM staging_records s
             CROSS JOIN LATERAL jsonb_array_elements(s.problems) WITH ORDINALITY AS p(item, n)
-            WHERE s.run_id = %(run)s AND s.problems IS NOT NULL
-              AND (s.error IS NOT NULL {taken})
-              AND (s.error IS NOT NULL OR p.item->>'severity' = 'warning')
-            """, params)
-    return counts(conn, [run_id]).get(run_id, {"errors": 0, "warnings": 0})
+            WHERE s.run_id = %(run)s AND s.problems IS NOT NULL AND {records}
+              AND p.item->>'severity' = %(severity)s
+            """, params).rowcount
 
 
 def record_deferred(conn, run_id: int, portal_url: str, model: str) -> int:
