@@ -5,7 +5,9 @@ A DCAT data.json catalogue (served over HTTP by the local catalogue server of th
 entries without an identifier or a landing page, which every version of Harvester refuses. The
 same full sync runs on two checkouts, each in a process of its own with a fresh embedded
 PostgreSQL: this one, and ``--base`` (a git revision, checked out in a temporary worktree: the
-code before per-record outcomes). Prints each step's time and the difference; asserts nothing.
+code before per-record outcomes). The catalogue is served by this process; each checkout's sync runs
+in a child, whose peak RSS (the kernel's VmHWM) is then the harvest's. Prints each step's wall
+time, the run's, the peak RSS and the difference; asserts nothing.
 
     .venv/bin/python bench/outcomes_bench.py --failed 100000 --ok 1000 --base 4df1f61
 """
@@ -45,8 +47,10 @@ def catalogue(ok: int, failed: int) -> bytes:
     return json.dumps({"title": base.get("title"), "dataset": entries}).encode()
 
 
-def child(ok: int, failed: int) -> None:
-    """One full sync on the checkout whose plugins/ is first on sys.path; prints JSON timings."""
+def child(catalogue_url: str) -> None:
+    """One full sync of ``catalogue_url`` on the checkout whose plugins/ is first on sys.path;
+    prints JSON timings and the process's peak RSS (the catalogue is served by the parent, so the
+    peak is the harvest's alone)."""
     import logging
 
     logging.disable(logging.WARNING)  # the per-record warnings are the same on both sides; not the point
@@ -55,7 +59,6 @@ def child(ok: int, failed: int) -> None:
     from harvester.pipeline import steps as pipeline
     from harvester.store import db
     from harvester.store.embedded.server import EmbeddedServer
-    from harvester.testing.dcat_portal import DcatServer
     from harvester.testing.gemini import FakeGemini
 
     home = Path(tempfile.mkdtemp(prefix="harvester-outcomes-bench-"))
@@ -64,10 +67,8 @@ def child(ok: int, failed: int) -> None:
     os.environ["HARVESTER_EMBED_RETRY_DELAY_SECS"] = "0"
     times: dict[str, float] = {}
     try:
-        with DcatServer() as portal_server, FakeGemini(valid_keys={"AIza-bench"}) as fake:
-            portal_server.set_document("/data.json", catalogue(ok, failed))
-            portal = Portal(name="bench", url=portal_server.url("/data.json"), type="dcat-json", politeness_delay=0,
-                            page_size=1000)
+        with FakeGemini(valid_keys={"AIza-bench"}) as fake:
+            portal = Portal(name="bench", url=catalogue_url, type="dcat-json", politeness_delay=0, page_size=1000)
             provider = GeminiProvider(api_key="AIza-bench", base_url=fake.base_url)
             with db.prepare(db.connect_url(url)) as conn, db.prepare(db.connect_url(url)) as reader:
                 source = pipeline.source_for(portal)
@@ -85,14 +86,19 @@ def child(ok: int, failed: int) -> None:
                 stats = timed("upsert", lambda: pipeline.upsert(conn, portal, run_id, provider.model))
                 has_table = conn.execute("SELECT to_regclass('record_outcomes') IS NOT NULL").fetchone()[0]
                 rows = conn.execute("SELECT count(*) FROM record_outcomes").fetchone()[0] if has_table else None
-        print(json.dumps({"times": times, "failed": stats["failed"], "created": stats["created"], "rows": rows}))
+        # The kernel's high-water mark of this process's resident set (VmHWM: reset by exec, unlike
+        # getrusage's maxrss, which a child inherits from the parent that forked it).
+        status = Path("/proc/self/status").read_text()
+        peak_mb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+        print(json.dumps({"times": times, "failed": stats["failed"], "created": stats["created"], "rows": rows,
+                          "peak_mb": peak_mb}))
     finally:
         server.stop()
 
 
-def run_tree(plugins: Path, ok: int, failed: int) -> dict:
+def run_tree(plugins: Path, catalogue_url: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(plugins)}
-    out = subprocess.run([sys.executable, __file__, "--child", "--ok", str(ok), "--failed", str(failed)],
+    out = subprocess.run([sys.executable, __file__, "--child", catalogue_url],
                          env=env, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"the run on {plugins} failed:\n{out.stderr[-3000:]}")
@@ -104,28 +110,34 @@ def main() -> int:
     parser.add_argument("--ok", type=int, default=1000)
     parser.add_argument("--failed", type=int, default=100000)
     parser.add_argument("--base", default="4df1f61", help="the git revision to compare with")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.ok, args.failed)
+        child(args.child)
         return 0
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from harvester.testing.dcat_portal import DcatServer
+
+    portal_server = DcatServer().start()
+    portal_server.set_document("/data.json", catalogue(args.ok, args.failed))
     work = Path(tempfile.mkdtemp(prefix="harvester-base-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(work / "tree"), args.base],
                    check=True, capture_output=True, timeout=120)
     try:
         results = {}
         for label, plugins in ((f"base {args.base}", work / "tree" / "plugins"), ("this checkout", ROOT / "plugins")):
-            results[label] = run_tree(plugins, args.ok, args.failed)
+            results[label] = run_tree(plugins, portal_server.url("/data.json"))
             r = results[label]
             print(f"{label:18s} " + "  ".join(f"{s}={r['times'][s]:6.2f}s" for s in STEPS)
                   + f"  total={sum(r['times'].values()):6.2f}s  failed={r['failed']} created={r['created']}"
-                  + f" outcome rows={r['rows']}")
+                  + f" outcome rows={r['rows']} peak RSS={r['peak_mb']:.0f} MB")
         base, new = results.values()
         extra = sum(new["times"].values()) - sum(base["times"].values())
         print(f"extra cost of writing the outcomes of {args.failed} failed records: {extra:+.2f}s "
               f"(fetch_modified {new['times']['fetch_modified'] - base['times']['fetch_modified']:+.2f}s, "
               f"hash_compare {new['times']['hash_compare'] - base['times']['hash_compare']:+.2f}s)")
     finally:
+        portal_server.stop()
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
                        capture_output=True, timeout=120)
     return 0
