@@ -21,7 +21,7 @@ from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_sha
 from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
-from harvester.store import claims, datasets, history, listing, outcomes, review, runs, staging, vectors
+from harvester.store import claims, datasets, duplicates, history, listing, outcomes, review, runs, staging, vectors
 
 log = logging.getLogger(__name__)
 
@@ -473,6 +473,9 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
                 conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
                 force=force_removals, removed_significance=portal.significance.removed,
                 review_threshold=portal.significance.review_threshold)
+        # Cross-portal duplicates (store/duplicates.py): what this run touched, regrouped with the
+        # run's commit, so a group never reflects a run that did not commit.
+        grouped = duplicates.regroup_run(conn, run_id, portal.url)
         to_review = review.count_needing_review(conn, run_id)
         stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": to_review,
                  "versions": written.get("versions", 0)}
@@ -494,6 +497,9 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     log.info("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
              ", reconciled" if run.reconcile_reason else "",
              summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
+    if grouped["touched"]:
+        log.info("duplicates: %d datasets re-keyed, %d examined with their neighbours in %.2fs: %d in %d groups",
+                 grouped["touched"], grouped["examined"], grouped["seconds"], grouped["grouped"], grouped["groups"])
     _log_report(conn, run_id)
     return {"run_id": run_id, **final}
 

@@ -1,0 +1,378 @@
+"""Duplicate groups in PostgreSQL (sql/018_duplicates.sql): each dataset's evidence keys, the groups
+domain/duplicates.py works out from them, and operators' overrides.
+
+``regroup_run`` runs inside an upsert's commit transaction: it re-keys the datasets the run created,
+changed, re-identified, removed or restored (every dataset of a portal never scanned before) and
+regroups their neighbourhood: those datasets, the datasets sharing a key with them, and every
+member of the groups any of these are in. A run that changed nothing examines nothing. All SQL is
+set-based: one statement per step, whatever the number of datasets.
+
+Groups of several portals are written by one transaction at a time (an advisory lock, bounded by
+the session's lock_timeout), so two portals' runs that commit together cannot split a group
+between them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from harvester.domain import duplicates as dd
+
+log = logging.getLogger(__name__)
+
+# Any constant: only grouping takes it.
+_LOCK_KEY = 0x48445550  # "HDUP"
+
+
+class DuplicateError(LookupError):
+    """An override names a dataset that does not exist, or a dataset with itself."""
+
+
+def lock(conn) -> None:
+    """The groups' lock, until the caller's transaction ends."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+
+
+# -- keys ------------------------------------------------------------------------------------------
+def refresh_keys(conn, ids: list[int]) -> int:
+    """Rewrite the evidence keys of the datasets ``ids`` from their rows; returns the keys written."""
+    if not ids:
+        return 0
+    conn.execute("DELETE FROM dataset_keys WHERE dataset_id = ANY(%s)", (ids,))
+    cur = conn.execute(
+        """
+        INSERT INTO dataset_keys (dataset_id, key, portal_url, evidence, claimed, live)
+        SELECT d.id, k.key, d.portal_url, k.evidence, k.claimed, d.removed_at IS NULL
+        FROM datasets d CROSS JOIN LATERAL harvester_dataset_keys(d) k
+        WHERE d.id = ANY(%s)
+        ON CONFLICT DO NOTHING
+        """, (ids,))
+    return cur.rowcount
+
+
+def _run_touched(conn, run_id: int, portal_url: str) -> list[int]:
+    """The datasets a run changed: its change rows (new, edits, removals, restores) and its staged
+    created / updated / re-identified records (a hash change no change row shows)."""
+    rows = conn.execute(
+        """
+        SELECT dataset_id FROM dataset_changes WHERE run_id = %(run)s
+        UNION
+        SELECT d.id FROM staging_records s JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
+        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
+        """, {"run": run_id, "portal": portal_url}).fetchall()
+    return [r[0] for r in rows]
+
+
+# -- grouping --------------------------------------------------------------------------------------
+def _neighbourhood(conn, ids: list[int]) -> list[int]:
+    """``ids``, the datasets sharing a key with them, and the members of all their groups."""
+    rows = conn.execute(
+        """
+        WITH seed AS (SELECT unnest(%(ids)s::bigint[]) AS id),
+        near AS (
+            SELECT id FROM seed
+            UNION
+            SELECT o.dataset_id FROM dataset_keys k JOIN seed ON k.dataset_id = seed.id
+            JOIN dataset_keys o ON o.key = k.key AND o.portal_url <> k.portal_url
+        )
+        SELECT id FROM near
+        UNION
+        SELECT m2.dataset_id FROM near JOIN duplicate_members m ON m.dataset_id = near.id
+        JOIN duplicate_members m2 ON m2.group_id = m.group_id
+        """, {"ids": ids}).fetchall()
+    return [r[0] for r in rows]
+
+
+def _edges(conn, ids: list[int]) -> list[dd.Edge]:
+    """Evidence edges between datasets of ``ids`` (of different portals), leaving out keys that two
+    live datasets of one portal hold."""
+    rows = conn.execute(
+        """
+        WITH l AS (SELECT unnest(%(ids)s::bigint[]) AS id),
+        k AS MATERIALIZED (SELECT dk.* FROM dataset_keys dk JOIN l ON dk.dataset_id = l.id),
+        ambiguous AS (
+            SELECT o.key FROM dataset_keys o WHERE o.key IN (SELECT key FROM k) AND o.live
+            GROUP BY o.key, o.portal_url HAVING count(*) > 1
+        )
+        SELECT a.dataset_id, b.dataset_id, a.evidence, b.evidence, a.claimed, b.claimed
+        FROM k a JOIN k b ON b.key = a.key AND b.portal_url <> a.portal_url AND a.dataset_id < b.dataset_id
+        WHERE a.key NOT IN (SELECT key FROM ambiguous)
+        """, {"ids": ids}).fetchall()
+    edges = []
+    for a, b, ev_a, ev_b, claimed_a, claimed_b in rows:
+        evidence = min((ev_a, ev_b), key=dd.EVIDENCE.index)
+        copy = a if claimed_a and not claimed_b else b if claimed_b and not claimed_a else None
+        edges.append(dd.Edge(a, b, evidence, copy))
+    return edges
+
+
+def _members(conn, ids: list[int]) -> dict[int, dd.Member]:
+    rows = conn.execute("SELECT id, portal_url, first_seen_at, removed_at IS NULL FROM datasets WHERE id = ANY(%s)",
+                        (ids,)).fetchall()
+    return {r[0]: dd.Member(*r) for r in rows}
+
+
+def _overrides(conn, ids: list[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    rows = conn.execute("SELECT a, b, decision FROM duplicate_overrides WHERE a = ANY(%(ids)s) OR b = ANY(%(ids)s)",
+                        {"ids": ids}).fetchall()
+    return [(a, b) for a, b, d in rows if d == "same"], [(a, b) for a, b, d in rows if d == "different"]
+
+
+def _expand(conn, ids: list[int]) -> list[int]:
+    """The neighbourhood, plus the datasets operators tied to it ('same')."""
+    found = set(_neighbourhood(conn, ids))
+    while True:
+        same, _ = _overrides(conn, sorted(found))
+        more = {i for pair in same for i in pair} - found
+        if not more:
+            return sorted(found)
+        found |= set(_neighbourhood(conn, sorted(more)))
+
+
+def regroup(conn, ids: list[int]) -> dict:
+    """Regroup the neighbourhood of ``ids`` (inside the caller's transaction, which holds ``lock``).
+    Group ids are kept: a group keeps the id most of its members had."""
+    if not ids:
+        return {"examined": 0, "groups": 0, "grouped": 0}
+    scope = _expand(conn, ids)
+    members = _members(conn, scope)
+    same, different = _overrides(conn, scope)
+    grouping = dd.group(members, _edges(conn, scope), same, different)
+    old = dict(conn.execute("SELECT dataset_id, group_id FROM duplicate_members WHERE dataset_id = ANY(%s)",
+                            (scope,)).fetchall())
+    ids_of_groups, taken = [], set()
+    for group_members in grouping.groups:
+        votes: dict[int, int] = {}
+        for i in group_members:
+            if i in old:
+                votes[old[i]] = votes.get(old[i], 0) + 1
+        choice = next((g for g, _ in sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])) if g not in taken), None)
+        ids_of_groups.append(choice)
+        if choice is not None:
+            taken.add(choice)
+    fresh = sum(1 for g in ids_of_groups if g is None)
+    if fresh:
+        new_ids = iter(r[0] for r in conn.execute(
+            "SELECT nextval('duplicate_group_ids') FROM generate_series(1, %s)", (fresh,)).fetchall())
+        ids_of_groups = [g if g is not None else next(new_ids) for g in ids_of_groups]
+    conn.execute("DELETE FROM duplicate_members WHERE dataset_id = ANY(%s)", (scope,))
+    if grouping.members:
+        m = grouping.members
+        conn.execute(
+            """
+            INSERT INTO duplicate_members (dataset_id, group_id, portal_url, is_canonical, evidence, confidence,
+                                           matched_id, copy_of)
+            SELECT u.id, u.g, d.portal_url, u.canonical, u.evidence, u.confidence, u.matched, u.copy_of
+            FROM unnest(%s::bigint[], %s::bigint[], %s::boolean[], %s::text[], %s::real[], %s::bigint[],
+                        %s::boolean[]) AS u(id, g, canonical, evidence, confidence, matched, copy_of)
+            JOIN datasets d ON d.id = u.id
+            """, ([x.dataset_id for x in m], [ids_of_groups[x.group] for x in m], [x.is_canonical for x in m],
+                  [x.evidence for x in m], [x.confidence for x in m], [x.matched_id for x in m],
+                  [x.copy_of for x in m]))
+    return {"examined": len(scope), "groups": len(grouping.groups), "grouped": len(grouping.members)}
+
+
+def regroup_run(conn, run_id: int, portal_url: str) -> dict:
+    """After a run's merge, removals and history, inside its commit transaction: re-key what the run
+    touched and regroup around it. A portal never scanned has all its datasets examined."""
+    started = time.perf_counter()
+    lock(conn)
+    scanned = conn.execute("SELECT 1 FROM duplicate_scans WHERE portal_url = %s", (portal_url,)).fetchone()
+    if scanned:
+        touched = _run_touched(conn, run_id, portal_url)
+    else:
+        touched = [r[0] for r in conn.execute("SELECT id FROM datasets WHERE portal_url = %s", (portal_url,))]
+        conn.execute("INSERT INTO duplicate_scans (portal_url) VALUES (%s) ON CONFLICT DO NOTHING", (portal_url,))
+    keys = refresh_keys(conn, touched)
+    out = regroup(conn, touched)
+    out.update(touched=len(touched), keys=keys, seconds=round(time.perf_counter() - started, 3))
+    return out
+
+
+# -- overrides -------------------------------------------------------------------------------------
+def _pair(a: int, b: int) -> tuple[int, int]:
+    if a == b:
+        raise DuplicateError(f"dataset {a} cannot be a duplicate of itself")
+    return (a, b) if a < b else (b, a)
+
+
+def _require(conn, ids: list[int]) -> None:
+    found = {r[0] for r in conn.execute("SELECT id FROM datasets WHERE id = ANY(%s)", (ids,))}
+    missing = sorted(set(ids) - found)
+    if missing:
+        raise DuplicateError(f"no dataset with id {', '.join(map(str, missing))}")
+
+
+def _decide(conn, pairs: list[tuple[int, int]], decision: str, by: str, note: str | None) -> None:
+    conn.execute(
+        """
+        INSERT INTO duplicate_overrides (a, b, decision, decided_by, note)
+        SELECT a, b, %s, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS u(a, b)
+        ON CONFLICT (a, b) DO UPDATE SET decision = EXCLUDED.decision, decided_by = EXCLUDED.decided_by,
+                                         decided_at = now(), note = EXCLUDED.note
+        """, (decision, by, note, [p[0] for p in pairs], [p[1] for p in pairs]))
+
+
+def split(conn, dataset_id: int, *, by: str, note: str | None = None, from_ids: list[int] | None = None) -> dict:
+    """Take ``dataset_id`` out of its group (or only apart from ``from_ids``): an override
+    'different' with each other member, kept across runs. Returns the dataset's group afterwards."""
+    with conn.transaction():
+        lock(conn)
+        _require(conn, [dataset_id] + list(from_ids or []))
+        others = list(from_ids) if from_ids else [r[0] for r in conn.execute(
+            "SELECT m2.dataset_id FROM duplicate_members m JOIN duplicate_members m2 ON m2.group_id = m.group_id"
+            " WHERE m.dataset_id = %s AND m2.dataset_id <> m.dataset_id", (dataset_id,))]
+        if not others:
+            raise DuplicateError(f"dataset {dataset_id} is in no duplicate group")
+        _decide(conn, [_pair(dataset_id, o) for o in others], "different", by, note)
+        regroup(conn, [dataset_id] + others)
+    return group_of(conn, dataset_id)
+
+
+def merge(conn, dataset_id: int, other_id: int, *, by: str, note: str | None = None) -> dict:
+    """Put two datasets in one group: an override 'same', kept across runs."""
+    with conn.transaction():
+        lock(conn)
+        pair = _pair(dataset_id, other_id)
+        _require(conn, list(pair))
+        _decide(conn, [pair], "same", by, note)
+        regroup(conn, list(pair))
+    return group_of(conn, dataset_id)
+
+
+def forget(conn, dataset_id: int) -> int:
+    """Drop every override about ``dataset_id``; the evidence alone decides again. Returns how many."""
+    with conn.transaction():
+        lock(conn)
+        _require(conn, [dataset_id])
+        pairs = conn.execute("DELETE FROM duplicate_overrides WHERE a = %(id)s OR b = %(id)s RETURNING a, b",
+                             {"id": dataset_id}).fetchall()
+        regroup(conn, sorted({dataset_id} | {i for p in pairs for i in p}))
+    return len(pairs)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+_MEMBER_COLUMNS = """d.id, d.portal_url, coalesce(p.portal_name, d.portal_url), d.source_id, d.title, d.url,
+                     d.removed_at, m.is_canonical, m.evidence, m.confidence, m.matched_id, m.copy_of, m.group_id"""
+
+
+def _member_dict(row: tuple) -> dict:
+    return {"dataset_id": row[0], "portal_url": row[1], "portal_name": row[2], "source_id": row[3], "title": row[4],
+            "url": row[5], "live": row[6] is None, "removed_at": row[6], "is_canonical": row[7],
+            "evidence": row[8], "confidence": round(float(row[9]), 2), "matched_id": row[10], "copy_of": row[11]}
+
+
+def group_of(conn, dataset_id: int) -> dict:
+    """The group of a dataset: {group_id, members: [...] canonical first}; group_id None when alone.
+    Each member also lists the operators' overrides about it."""
+    rows = conn.execute(
+        f"""
+        SELECT {_MEMBER_COLUMNS}
+        FROM duplicate_members me JOIN duplicate_members m ON m.group_id = me.group_id
+        JOIN datasets d ON d.id = m.dataset_id
+        LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+        WHERE me.dataset_id = %s
+        ORDER BY m.is_canonical DESC, d.removed_at IS NOT NULL, d.first_seen_at, d.id
+        """, (dataset_id,)).fetchall()
+    overrides = [{"a": a, "b": b, "decision": d, "decided_by": by, "decided_at": at, "note": note}
+                 for a, b, d, by, at, note in conn.execute(
+                     "SELECT a, b, decision, decided_by, decided_at, note FROM duplicate_overrides"
+                     " WHERE a = %(id)s OR b = %(id)s ORDER BY decided_at, a, b", {"id": dataset_id})]
+    return {"dataset_id": dataset_id, "group_id": rows[0][12] if rows else None,
+            "members": [_member_dict(r) for r in rows], "overrides": overrides}
+
+
+def groups_for(conn, ids: list[int]) -> dict[int, dict]:
+    """For search: each dataset of ``ids`` that is in a group -> {group_id, canonical_id, members:
+    [live members as dicts, canonical first]}."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        f"""
+        SELECT me.dataset_id, {_MEMBER_COLUMNS}
+        FROM duplicate_members me JOIN duplicate_members m ON m.group_id = me.group_id
+        JOIN datasets d ON d.id = m.dataset_id
+        LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+        WHERE me.dataset_id = ANY(%s)
+        ORDER BY me.dataset_id, m.is_canonical DESC, d.removed_at IS NOT NULL, d.first_seen_at, d.id
+        """, (ids,)).fetchall()
+    out: dict[int, dict] = {}
+    for row in rows:
+        entry = out.setdefault(row[0], {"group_id": row[13], "canonical_id": None, "members": []})
+        member = _member_dict(row[1:])
+        if member["is_canonical"]:
+            entry["canonical_id"] = member["dataset_id"]
+        entry["members"].append(member)
+    return out
+
+
+def portal_copies(conn, portal_url: str) -> dict:
+    """How many of a portal's live datasets are copies of other portals' (by the canonical member's
+    portal), and how many of its datasets other portals copy."""
+    copies = conn.execute(
+        """
+        SELECT c.portal_url, coalesce(p.portal_name, c.portal_url), count(*)
+        FROM duplicate_members m
+        JOIN datasets d ON d.id = m.dataset_id AND d.removed_at IS NULL
+        JOIN duplicate_members c ON c.group_id = m.group_id AND c.is_canonical
+        LEFT JOIN portal_sync_status p ON p.portal_url = c.portal_url
+        WHERE m.portal_url = %s AND NOT m.is_canonical
+        GROUP BY 1, 2 ORDER BY 3 DESC, 2
+        """, (portal_url,)).fetchall()
+    copied = conn.execute(
+        """
+        SELECT m.portal_url, coalesce(p.portal_name, m.portal_url), count(DISTINCT c.dataset_id)
+        FROM duplicate_members c
+        JOIN duplicate_members m ON m.group_id = c.group_id AND NOT m.is_canonical
+        JOIN datasets d ON d.id = m.dataset_id AND d.removed_at IS NULL
+        LEFT JOIN portal_sync_status p ON p.portal_url = m.portal_url
+        WHERE c.portal_url = %s AND c.is_canonical
+        GROUP BY 1, 2 ORDER BY 3 DESC, 2
+        """, (portal_url,)).fetchall()
+    return {"copies_of": [{"portal_url": u, "portal_name": n, "datasets": c} for u, n, c in copies],
+            "copied_by": [{"portal_url": u, "portal_name": n, "datasets": c} for u, n, c in copied],
+            "copies": sum(c for _, _, c in copies)}
+
+
+def list_groups(conn, portal_url: str | None = None, *, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
+    """Groups (with a member on ``portal_url``), largest and newest first, and how many there are."""
+    where = "WHERE group_id IN (SELECT group_id FROM duplicate_members WHERE portal_url = %(portal)s)" \
+        if portal_url else ""
+    total = conn.execute(f"SELECT count(DISTINCT group_id) FROM duplicate_members {where}",
+                         {"portal": portal_url}).fetchone()[0]
+    rows = conn.execute(
+        f"""
+        WITH g AS (
+            SELECT group_id, count(*) AS members, max(grouped_at) AS grouped_at FROM duplicate_members {where}
+            GROUP BY group_id ORDER BY members DESC, grouped_at DESC, group_id LIMIT %(limit)s OFFSET %(offset)s
+        )
+        SELECT g.group_id, g.members, {_MEMBER_COLUMNS}
+        FROM g JOIN duplicate_members m ON m.group_id = g.group_id
+        JOIN datasets d ON d.id = m.dataset_id
+        LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+        ORDER BY g.members DESC, g.grouped_at DESC, g.group_id, m.is_canonical DESC, d.first_seen_at, d.id
+        """, {"portal": portal_url, "limit": limit, "offset": offset}).fetchall()
+    groups: dict[int, dict] = {}
+    for row in rows:
+        groups.setdefault(row[0], {"group_id": row[0], "members": []})["members"].append(_member_dict(row[2:]))
+    return list(groups.values()), total
+
+
+def find_dataset_id(conn, portal_url: str, source_id: str) -> int:
+    row = conn.execute("SELECT id FROM datasets WHERE portal_url = %s AND source_id = %s",
+                       (portal_url, source_id)).fetchone()
+    if row is None:
+        raise DuplicateError(f"no dataset {source_id!r} on {portal_url}")
+    return row[0]
+
+
+@dataclass(frozen=True)
+class Summary:
+    groups: int
+    grouped: int
+
+
+def summary(conn) -> Summary:
+    row = conn.execute("SELECT count(DISTINCT group_id), count(*) FROM duplicate_members").fetchone()
+    return Summary(row[0], row[1])
