@@ -13,6 +13,11 @@ from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF
 from harvester.domain.dataset import clean_text, landing_page
 
 
+def dataset_iri(n: int, record: dict, base: str = "https://aggregator.example") -> str:
+    """The aggregator's IRI of the ``n``-th record it republishes."""
+    return f"{base.rstrip('/')}/set/data/{n:05d}-{(record.get('name') or record['id'])[:40]}"
+
+
 def catalogue(records: Iterable[dict], source_portal_url: str, *, base: str = "https://aggregator.example",
               identifier: str = "id", point_back: bool = True, language: str = "en") -> bytes:
     """Turtle of a dcat:Catalog holding one dcat:Dataset per CKAN record. ``identifier``: which of
@@ -27,7 +32,7 @@ def catalogue(records: Iterable[dict], source_portal_url: str, *, base: str = "h
     g.add((cat, RDF.type, DCAT.Catalog))
     g.add((cat, DCTERMS.title, Literal("Aggregator", lang=language)))
     for n, rec in enumerate(records):
-        ds = URIRef(agg[f"set/data/{n:05d}-{(rec.get('name') or rec['id'])[:40]}"])
+        ds = URIRef(dataset_iri(n, rec, base))
         g.add((cat, DCAT.dataset, ds))
         g.add((ds, RDF.type, DCAT.Dataset))
         g.add((ds, DCTERMS.title, Literal(clean_text(rec.get("title")) or rec.get("name") or rec["id"], lang=language)))
