@@ -188,3 +188,20 @@ def test_a_database_from_before_duplicates_is_grouped_by_each_portals_next_run(w
     assert _groups(db) == {}             # (the aggregator's datasets have no keys yet)
     world.harvest(world.aggregator)
     assert {frozenset(m) for m in _groups(db).values()} == world.expected()
+
+
+def test_purging_a_removed_member_leaves_no_group_of_one(world, db):
+    from harvester.store import history
+
+    for p in (world.national, world.aggregator):
+        world.harvest(p, full_sync=True)
+    gone = world.copied[1]
+    world.national_server.set_records([r for r in world.records if r["id"] != gone["id"]])
+    world.harvest(world.national, full_sync=True)
+    copy_id = duplicates.find_dataset_id(db, world.aggregator.url, aggregator.dataset_iri(1, gone))
+    assert len(duplicates.group_of(db, copy_id)["members"]) == 2
+    out = history.purge(db, world.national.url, datetime.now(timezone.utc) + timedelta(days=1))
+    assert out["datasets"] == 1
+    assert duplicates.group_of(db, copy_id)["group_id"] is None
+    assert {frozenset(m) for m in _groups(db).values()} == {
+        g for g in world.expected() if (world.national.url, gone["id"]) not in g}

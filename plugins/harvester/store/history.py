@@ -44,7 +44,7 @@ from typing import Iterator
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
 from harvester.pipeline.readahead import read_ahead
-from harvester.store import outcomes
+from harvester.store import duplicates, outcomes
 from harvester.store.staging import as_jsonb
 
 log = logging.getLogger(__name__)
@@ -434,7 +434,20 @@ def purge(conn, portal_url: str, removed_before: datetime, *, dry_run: bool = Fa
             FROM datasets d WHERE {where}
             """, params).fetchone()
         if not dry_run and datasets:
+            # the duplicate groups the purged datasets were in lose them: their other members are
+            # regrouped (a group of one is no group; a purged canonical member is replaced)
+            survivors = [r[0] for r in conn.execute(
+                f"""
+                SELECT DISTINCT o.dataset_id FROM datasets d
+                JOIN duplicate_members m ON m.dataset_id = d.id
+                JOIN duplicate_members o ON o.group_id = m.group_id
+                JOIN datasets od ON od.id = o.dataset_id
+                WHERE {where} AND NOT ({where.replace("d.", "od.")})
+                """, params)]
             conn.execute(f"DELETE FROM datasets d WHERE {where}", params)
+            if survivors:
+                duplicates.lock(conn)
+                duplicates.regroup(conn, survivors)
         pruned = outcomes.prune(conn, portal_url, outcomes_before, dry_run=dry_run) if outcomes_before else 0
     return {"datasets": int(datasets), "versions": int(versions), "changes": int(changes), "outcomes": pruned,
             "dry_run": dry_run}
