@@ -1,16 +1,18 @@
 -- The same dataset on several portals (store/duplicates.py): the evidence each dataset carries,
 -- the duplicate groups worked out from it, and the operators' overrides.
 
--- A link-like value as a key: an http(s) URL without its scheme, "www." or a trailing slash, the
--- host lower-cased; a URN, a DOI or a UUID lower-cased. NULL for anything else: a bare identifier
+-- A link-like value as a key: an http(s) URL without its scheme, "www.", a default port or a
+-- trailing slash, the host lower-cased (NULL for a bare host); a URN, a DOI or a UUID lower-cased. NULL for anything else: a bare identifier
 -- such as "population-2020" names different datasets on different portals, so it is no evidence.
 CREATE FUNCTION harvester_link_key(value text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
 $$
     SELECT CASE
+        -- a site's home page (no path, no query) is where many datasets live, not one of them
         WHEN v ~* '^https?://[^/?#\s]+' THEN
-            regexp_replace(lower(substring(v FROM '^https?://([^/?#\s]+)')), '^www\.|:(80|443)$', '', 'g')
-            || rtrim(coalesce(substring(v FROM '^https?://[^/?#\s]+([^\s]*)$'), ''), '/')
+            nullif(regexp_replace(lower(substring(v FROM '^https?://([^/?#\s]+)')), '^www\.|:(80|443)$', '', 'g')
+                   || rtrim(coalesce(substring(v FROM '^https?://[^/?#\s]+([^\s]*)'), ''), '/'),
+                   regexp_replace(lower(substring(v FROM '^https?://([^/?#\s]+)')), '^www\.|:(80|443)$', '', 'g'))
         WHEN v ~* '^(urn|doi):\S+$' THEN lower(v)
         WHEN v ~ '^10\.[0-9]{4,9}/\S+$' THEN 'doi:' || lower(v)
         WHEN v ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN lower(v)
