@@ -52,3 +52,10 @@ def test_a_live_member_is_canonical_before_a_removed_first_hand_one():
 def test_the_strongest_edge_of_a_pair_is_kept():
     edges = best_edges([Edge(1, 2, "content"), Edge(2, 1, "landing_page", copy=1), Edge(1, 2, "landing_page")])
     assert edges == [Edge(2, 1, "landing_page", copy=1)]
+
+
+def test_a_copy_joins_the_live_dataset_rather_than_its_removed_predecessor():
+    # 1 removed and re-created as 2 on portal A (same landing page); 3 on B points at that page
+    members = _members({1: "A", 2: "A", 3: "B"}, live={2, 3})
+    result = group(members, [Edge(1, 3, "landing_page", copy=3), Edge(2, 3, "landing_page", copy=3)])
+    assert _sets(result) == {frozenset({2, 3})}

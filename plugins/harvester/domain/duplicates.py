@@ -112,7 +112,12 @@ def group(members: dict[int, Member], edges: list[Edge], same: list[tuple[int, i
 
     links: dict[int, list[Edge]] = {}
     forced = [Edge(a, b, "override") for a, b in same if a in members and b in members]
-    for edge in forced + best_edges([e for e in edges if e.a in members and e.b in members]):
+    # strongest first; at equal strength a link between live datasets first (a dataset re-created
+    # under a new id on its portal is grouped, not its removed predecessor), then a directed one
+    ordered = sorted(best_edges([e for e in edges if e.a in members and e.b in members]),
+                     key=lambda e: (-e.confidence, not (members[e.a].live and members[e.b].live), e.copy is None,
+                                    min(e.a, e.b), max(e.a, e.b)))
+    for edge in forced + ordered:
         ra, rb = find(edge.a), find(edge.b)
         if ra == rb:
             links.setdefault(edge.a, []).append(edge)
