@@ -8,6 +8,7 @@ CASES = [
     # (value, key or None)
     ("https://www.Example.ORG/dataset/abc/", "example.org/dataset/abc"),
     ("http://example.org:80/dataset/abc", "example.org/dataset/abc"),
+    ("HTTPS://WWW.Example.org:443/Dataset/ABC", "example.org/Dataset/ABC"),  # paths keep their case
     ("https://example.org/dataset/abc?x=1", "example.org/dataset/abc?x=1"),
     ("https://example.org/catalog.ttl#ds-1", "example.org/catalog.ttl#ds-1"),
     ("  https://example.org/a  ", "example.org/a"),
@@ -37,7 +38,7 @@ def _keys(db, raw: dict, *, portal="https://national.example", source_id=None, u
         (portal, source_id or raw["id"], url or f"{portal}/dataset/{raw.get('name') or raw['id']}", content_hash,
          organization, json.dumps(raw)))
     rows = db.execute(
-        """SELECT k.key, k.evidence, k.claimed FROM datasets d CROSS JOIN LATERAL harvester_dataset_keys(d) k
+        """SELECT k.key, k.evidence, k.claimed FROM datasets d CROSS JOIN LATERAL harvester_keys_of(ARRAY[d.id]) k
            WHERE d.source_id = %s""", (source_id or raw["id"],)).fetchall()
     assert len({r[0] for r in rows}) == len(rows)  # one row per key
     return {(r[1], r[2]) for r in rows}, {r[0] for r in rows}

@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 # Any constant: only grouping takes it.
 _LOCK_KEY = 0x48445550  # "HDUP"
+# A run that writes this many keys (or groups this many datasets) analyzes the table it wrote: about
+# 0.1 s, against a plan gone wrong on stale statistics.
+ANALYZE_AFTER = 10_000
 
 
 class DuplicateError(LookupError):
@@ -43,11 +46,9 @@ def refresh_keys(conn, ids: list[int]) -> int:
     cur = conn.execute(
         """
         INSERT INTO dataset_keys (dataset_id, key, portal_url, evidence, claimed, live)
-        SELECT d.id, k.key, d.portal_url, k.evidence, k.claimed, d.removed_at IS NULL
-        FROM datasets d CROSS JOIN LATERAL harvester_dataset_keys(d) k
-        WHERE d.id = ANY(%s)
-        ON CONFLICT DO NOTHING
-        """, (ids,))
+        SELECT k.dataset_id, k.key, d.portal_url, k.evidence, k.claimed, d.removed_at IS NULL
+        FROM harvester_keys_of(%(ids)s) k JOIN datasets d ON d.id = k.dataset_id
+        """, {"ids": ids})
     return cur.rowcount
 
 
@@ -185,7 +186,14 @@ def regroup_run(conn, run_id: int, portal_url: str) -> dict:
         touched = [r[0] for r in conn.execute("SELECT id FROM datasets WHERE portal_url = %s", (portal_url,))]
         conn.execute("INSERT INTO duplicate_scans (portal_url) VALUES (%s) ON CONFLICT DO NOTHING", (portal_url,))
     keys = refresh_keys(conn, touched)
+    if keys >= ANALYZE_AFTER:
+        # Fresh statistics before the self-joins on dataset_keys: without them (a new or migrated
+        # database, a first scan) PostgreSQL plans a nested loop over every key per dataset, and a
+        # 100,000-dataset first scan never ends; with them, hash joins (bench/duplicates_bench.py).
+        conn.execute("ANALYZE dataset_keys")
     out = regroup(conn, touched)
+    if out["grouped"] >= ANALYZE_AFTER:
+        conn.execute("ANALYZE duplicate_members")
     out.update(touched=len(touched), keys=keys, seconds=round(time.perf_counter() - started, 3))
     return out
 
@@ -281,6 +289,11 @@ def group_of(conn, dataset_id: int) -> dict:
                      " WHERE a = %(id)s OR b = %(id)s ORDER BY decided_at, a, b", {"id": dataset_id})]
     return {"dataset_id": dataset_id, "group_id": rows[0][12] if rows else None,
             "members": [_member_dict(r) for r in rows], "overrides": overrides}
+
+
+def any_groups(conn) -> bool:
+    """Whether any dataset is in a duplicate group (one index probe)."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM duplicate_members)").fetchone()[0]
 
 
 def groups_for(conn, ids: list[int]) -> dict[int, dict]:
