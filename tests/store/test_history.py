@@ -2,8 +2,6 @@
 history commands, driven by the real pipeline steps against the local CKAN portal over HTTP."""
 import argparse
 import copy
-import csv
-import io
 import json
 import logging
 from datetime import datetime, timedelta, timezone
@@ -426,27 +424,6 @@ def test_diff_command(database_url, history_of_three_runs, portal, capsys):
     assert "has only version 1" in capsys.readouterr().out
     with pytest.raises(LookupError, match="has no version 6 or 7 \\(versions 1 to 2 exist\\)"):
         cli("diff", "-p", PORTAL, "-u", url, "--to", "7")
-
-
-def test_export_changes(database_url, history_of_three_runs, portal, tmp_path, capsys):
-    target = tmp_path / "changes.csv"
-    assert cli("export", "changes", "--format", "csv", "--portal", PORTAL, "--output", str(target)) == 0
-    assert capsys.readouterr().err.strip() == f"exported 13 changes to {target}"
-    rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
-    assert len(rows) == 13 and tuple(rows[0]) == history_cli.EXPORT_FIELDS
-    assert [r["change_type"] for r in rows[:10]] == ["new"] * 10 and rows[-1]["change_type"] == "removed"
-    big = next(r for r in rows if r["change_type"] == "content_updated")
-    assert (big["requires_review"], big["significance"], big["old_version"], big["new_version"]) == \
-        ("true", "0.9", "1", "2")
-    assert set(json.loads(big["changed_fields"])) == {"title", "description"}
-
-    assert cli("export", "changes", "--format", "jsonl") == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(lines) == 13 and lines[-1]["change_type"] == "removed" and lines[-1]["portal_name"] == PORTAL
-    assert lines == sorted(lines, key=lambda r: (r["detected_at"], r["id"]))
-    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
-    assert cli("export", "changes", "--format", "jsonl", "--since", tomorrow) == 0
-    assert capsys.readouterr().out == ""
 
 
 def test_purge_command(db, history_of_three_runs, portal, capsys):

@@ -1,4 +1,5 @@
-"""`harvester changes | versions | diff | export changes | review | purge`: dataset history from the shell.
+"""`harvester changes | versions | diff | review | purge`: dataset history from the shell (`harvester export
+changes` is in export.py).
 
 ``register(subparsers)`` adds the commands to the ``harvester`` parser. ``-p``/``--portal`` takes a
 portal's name in portals.yaml. A dataset that is not found raises LookupError (the CLI prints it
@@ -6,17 +7,10 @@ and exits 2).
 """
 from __future__ import annotations
 
-import csv
-import json
 import os
-import sys
 
 from harvester.cli import options, output
-from harvester.cli.output import jsonable, print_json, short, when
-
-EXPORT_FIELDS = ("id", "detected_at", "portal_url", "portal_name", "source_id", "dataset_id", "title", "url",
-                 "run_id", "change_type", "significance", "requires_review", "old_version", "new_version",
-                 "summary", "changed_fields")
+from harvester.cli.output import print_json, short, when
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -147,42 +141,6 @@ def cmd_diff(args) -> int:
     return 0
 
 
-# -- export -----------------------------------------------------------------------------------
-def _export_row(row: dict) -> dict:
-    return {key: row.get(key) if key != "significance" else row["significance"] for key in EXPORT_FIELDS}
-
-
-def cmd_export_changes(args) -> int:
-    from harvester.store import history
-
-    url = _portal_url(args.portal) if args.portal else None
-    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
-    n = 0
-    try:
-        with _open() as conn:
-            rows = history.iter_changes(conn, url, since=args.since)
-            if args.format == "csv":
-                writer = csv.DictWriter(out, fieldnames=EXPORT_FIELDS)
-                writer.writeheader()
-                for row in rows:
-                    item = _export_row(row)
-                    item["detected_at"] = item["detected_at"].isoformat()
-                    item["changed_fields"] = json.dumps(item["changed_fields"], sort_keys=True, ensure_ascii=False)
-                    item["requires_review"] = "true" if item["requires_review"] else "false"
-                    writer.writerow(item)
-                    n += 1
-            else:
-                for row in rows:
-                    out.write(json.dumps(_export_row(row), ensure_ascii=False, default=jsonable) + "\n")
-                    n += 1
-    finally:
-        if args.output:
-            out.close()
-    if args.output:
-        print(f"exported {n} changes to {args.output}", file=sys.stderr)
-    return 0
-
-
 # -- purge ------------------------------------------------------------------------------------
 def cmd_purge(args) -> int:
     from harvester.store import history
@@ -284,7 +242,7 @@ def _dataset_args(p) -> None:
 
 
 def register(subparsers) -> None:
-    """Add changes, versions, diff, export, review and purge to the ``harvester`` subparsers."""
+    """Add changes, versions, diff, review and purge to the ``harvester`` subparsers."""
     p = subparsers.add_parser("changes", help="detected dataset changes, newest first")
     p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
     p.add_argument("--review", action="store_true", help="only changes that require review")
@@ -304,15 +262,6 @@ def register(subparsers) -> None:
     p.add_argument("--to", type=int, metavar="M", help="default: the current version")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_diff)
-
-    p = subparsers.add_parser("export", help="export history for other tools")
-    what = p.add_subparsers(dest="export_what", required=True)
-    e = what.add_parser("changes", help="detected changes, oldest first")
-    e.add_argument("--format", choices=["csv", "jsonl"], required=True)
-    e.add_argument("--portal", help="the portal's name in portals.yaml (default: every portal)")
-    e.add_argument("--since", type=options.date_from)
-    e.add_argument("--output", "-o", help="write to FILE (default: standard output)")
-    e.set_defaults(func=cmd_export_changes)
 
     p = subparsers.add_parser("review", help="mark a change reviewed or dismiss it; --queue: what waits for review")
     p.add_argument("change_id", nargs="?", type=int, help="the change's id (harvester review --queue lists them)")

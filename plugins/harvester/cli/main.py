@@ -13,14 +13,14 @@ import sys
 from typing import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
-    from harvester.cli import datasets, db, demo, embeddings, harvest, history, portals, report
+    from harvester.cli import datasets, db, demo, duplicates, embeddings, export, harvest, history, portals, report
 
     parser = argparse.ArgumentParser(prog="harvester", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     # one module per command family, in the order `harvester --help` lists their commands
-    for family in (db, portals, harvest, datasets, embeddings, history, report, demo):
+    for family in (db, portals, harvest, datasets, duplicates, embeddings, history, export, report, demo):
         family.register(sub)
     return parser
 
