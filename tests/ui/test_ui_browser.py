@@ -8,7 +8,9 @@ report (the catalogue served records the harvester cannot take and records it ta
 warnings), filters it by severity and downloads it as CSV, opens a change's dataset and its diff,
 marks a change reviewed and sees it leave the queue; a planted title, and a record name quoted in
 a report's message, with markup render as text. A viewer sees no review button and gets 403 on
-the review POST. Every page visited is saved as a screenshot under
+the review POST. A DCAT aggregator republishes a few of the portal's datasets (harvested outside
+Airflow): search shows each of those once, "also on" the aggregator, with an "all copies" toggle,
+and the copy's page shows its group. Every page visited is saved as a screenshot under
 test-artifacts/ui/ (git ignored)."""
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ XSS_NOTES = '<img src=x onerror="window.__xss=2">'
 XSS_NAME = '<img src=x onerror="window.__xss=3">no-id'  # quoted in the message of a record without an id
 NOT_A_DATE = "2020-13-45T99:00:00"
 USERS = {"admin": "admin-" + secrets.token_hex(6), "viewer": "viewer-" + secrets.token_hex(6)}
+AGGREGATOR = "aggregator"
+COPIED = slice(10, 13)  # the records the aggregator republishes (not retitled, not planted)
 
 
 def find_chromium() -> str | None:
@@ -205,6 +209,7 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
         harvest = Harvest(workdir, mp, name=PORTAL)
         # a title change alone needs review, as in tests/test_history_dag.py
         portals_file = harvest.configure(portal.base_url, significance={"title": 0.5, "review_threshold": 0.5})
+        harvest_an_aggregator(portals_file, database_url, portal.base_url, records[COPIED])
         run = harvest.run(full_sync=True)
         assert run.state == "success", harvest.task_states(run)
         for record in records[:3]:
@@ -231,6 +236,31 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
         mp.undo()
         with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def harvest_an_aggregator(portals_file: Path, database_url: str, source_url: str, copied: list[dict]) -> None:
+    """A DCAT aggregator republishing ``copied`` (testing/aggregator.py), added to portals.yaml and
+    harvested once, outside Airflow, before the portal's own runs (whose first one groups them)."""
+    import yaml
+
+    from harvester.config.portals import load_portals
+    from harvester.embeddings.local import LocalProvider
+    from harvester.pipeline import steps as pipeline
+    from harvester.store import db as store_db
+    from harvester.testing import aggregator
+    from harvester.testing.dcat_portal import DcatServer
+
+    with DcatServer() as dcat:
+        dcat.set_document("/catalog.ttl", aggregator.catalogue(copied, source_url), "text/turtle")
+        document = yaml.safe_load(portals_file.read_text())
+        document["portals"].append({"name": AGGREGATOR, "url": dcat.url("/catalog.ttl"), "type": "dcat-rdf",
+                                    "schedule": None, "politeness_delay": 0, "max_retries": 0})
+        portals_file.write_text(yaml.safe_dump(document))
+        (agg,) = [p for p in load_portals(portals_file) if p.name == AGGREGATOR]
+        with store_db.prepare(store_db.connect_url(database_url)) as conn, \
+                store_db.prepare(store_db.connect_url(database_url)) as reader:
+            stats = pipeline.harvest(conn, reader, agg, pipeline.source_for(agg), LocalProvider(), full_sync=True)
+        assert stats["failed"] == 0 and stats["created"] == len(copied), stats
 
 
 # -- the browser ------------------------------------------------------------------------------------
@@ -318,6 +348,7 @@ def test_harvester_page_in_a_browser(shots, site, browser):
     try:
         queued = admin_reviews_a_change(site, browser, shots)
         viewer_cannot_review(site, browser, shots, queued)
+        search_shows_a_dataset_once(site, browser, shots)
     except BaseException:
         shots.failure()
         raise
@@ -329,11 +360,12 @@ def admin_reviews_a_change(site, browser, shots) -> int:
     context, page = login(browser, site, "admin", shots)
     frame = open_harvester(page, shots, "admin")
     table = frame.locator('[data-test="portals-table"]')
-    expect(table.locator('[data-test="portal-row"]')).to_have_count(1)
+    expect(table.locator('[data-test="portal-row"]')).to_have_count(2)  # the portal and the aggregator
     expect(frame.locator('[data-test="queue-count"]')).to_have_text("4")
     # the last run's status links to its report
-    (last,) = site.query("SELECT max(run_id) FROM sync_runs")[0]
-    expect(table.locator('[data-test="last-run-link"]')).to_have_attribute("href", f"/harvester/runs/{last}")
+    (last,) = site.query("SELECT max(run_id) FROM sync_runs WHERE portal_name = %s", PORTAL)[0]
+    expect(table.locator(f'[data-test="portal-row"][data-portal="{PORTAL}"] [data-test="last-run-link"]')
+           ).to_have_attribute("href", f"/harvester/runs/{last}")
 
     table.get_by_role("link", name=PORTAL, exact=True).click()
     chart = frame.locator('[data-test="runs-chart"]')
@@ -390,7 +422,7 @@ def admin_reviews_a_change(site, browser, shots) -> int:
 def read_the_first_runs_report(site, context, page, frame, shots) -> None:
     """From the portal's page: the chart's errors and warnings per run, the first run's report
     grouped by reason (as the API counts it), filtered to errors, downloaded as CSV."""
-    runs = site.query("SELECT run_id FROM sync_runs ORDER BY run_id")
+    runs = site.query("SELECT run_id FROM sync_runs WHERE portal_name = %s ORDER BY run_id", PORTAL)  # not the aggregator's
     first = runs[0][0]
 
     def api(path, **params):
@@ -475,4 +507,33 @@ def viewer_cannot_review(site, browser, shots, queued: int) -> None:
     assert response.status == 403, (response.status, response.text())
     assert "may not review" in response.json()["detail"], response.text()
     assert len(site.pending()) == queued
+    context.close()
+
+
+def search_shows_a_dataset_once(site, browser, shots) -> None:
+    """A dataset the aggregator republishes: one result, "also on" the aggregator with a link to
+    its copy; "all copies" shows both; the copy's page shows the group, canonical first."""
+    record = site.records[COPIED][0]
+    context, page = login(browser, site, "viewer", shots)
+    frame = open_harvester(page, shots, "viewer")
+    frame.locator('nav a[data-nav="search"]').click()
+    frame.locator('[data-test="search-box"]').fill(record["title"])
+    frame.locator('[data-test="search-button"]').click()
+    results = frame.locator('[data-test="search-result"]')
+    mine = results.filter(has=frame.get_by_role("link", name=record["title"], exact=True))
+    expect(mine).to_have_count(1)
+    expect(mine.locator('[data-test="also-on"]')).to_have_text(f"also on: {AGGREGATOR}")
+    shots(page, "viewer-search-also-on")
+    frame.locator('[data-test="search-all-copies"]').check()
+    expect(mine).to_have_count(2)
+    shots(page, "viewer-search-all-copies")
+    frame.locator('[data-test="search-all-copies"]').uncheck()
+    expect(mine).to_have_count(1)
+    mine.locator('[data-test="also-on"]').get_by_role("link", name=AGGREGATOR).click()
+    members = frame.locator('[data-test="group-member"]')
+    expect(members).to_have_count(2)
+    expect(members.first).to_contain_text(PORTAL)
+    expect(members.first.locator('[data-test="canonical"]')).to_be_visible()
+    expect(frame.locator('[data-test="split-button"]')).to_have_count(0)  # a viewer may not split
+    shots(page, "viewer-dataset-group")
     context.close()

@@ -35,8 +35,13 @@ def cmd_search(args) -> int:
     except ValueError as exc:
         return error(str(exc))
     with db.open_cli() as conn:
-        found = search.search(conn, args.query, mode=args.mode, filters=filters, limit=args.limit, settings=settings)
+        found = search.search(conn, args.query, mode=args.mode, filters=filters, limit=args.limit, settings=settings,
+                              all_copies=args.all_copies)
         names = {p.url: p.name for p in portal_config.load_portals()} if found.items else {}
+
+    def also_on(copies: list[dict]) -> list[dict]:
+        return [{**c, "portal": names.get(c["portal_url"], c["portal_name"])} for c in copies]
+
     if found.note:
         print(f"note: {found.note}", file=sys.stderr)
     results = [{"rank": r["rank"], "score": r["score"], "matched": r["matched"],
@@ -44,15 +49,24 @@ def cmd_search(args) -> int:
                 "title": r["title"], "url": r["url"], "organization": r["organization"], "snippet": r["snippet"],
                 "id": r["source_id"], "source_id": r["source_id"], "similarity": r["similarity"],
                 "text_rank": r["text_rank"], "metadata_modified": r["metadata_modified"],
-                "removed": r["removed_at"] is not None} for r in found.items]
+                "removed": r["removed_at"] is not None, "dataset_id": r["dataset_id"], "group_id": r["group_id"],
+                "canonical": r["canonical"], "also_on": also_on(r["also_on"]), "copies": r["copies"]}
+               for r in found.items]
     if args.json:
         print_json(results)
         return 0
     table(f"Search: {args.query!r} ({args.mode}{', ' + found.model if found.model else ''})",
           ["#", "score", "matched", "portal", "title", "snippet", "url"],
-          [(r["rank"], f"{r['score']:.4f}", "+".join(r["matched"]), r["portal"], r["title"][:70],
+          [(r["rank"], f"{r['score']:.4f}", "+".join(r["matched"]), r["portal"], _title_cell(r),
             r["snippet"][:160], r["url"]) for r in results])
     return 0
+
+
+def _title_cell(result: dict) -> str:
+    """The title, and under it the other portals a grouped result is on."""
+    title = (result["title"] or "")[:70]
+    portals = list(dict.fromkeys(c["portal"] for c in result["also_on"]))
+    return f"{title}\nalso on: {', '.join(portals)}" if portals else title
 
 
 def register(subparsers) -> None:
@@ -75,6 +89,8 @@ def register(subparsers) -> None:
     p.add_argument("--since", type=options.date_from, help="modified on or after (YYYY-MM-DD or ISO date and time, UTC)")
     p.add_argument("--until", type=options.date_until, help="modified on or before (a date: that whole day)")
     p.add_argument("--include-removed", action="store_true", help="datasets removed from their portal too")
+    p.add_argument("--all-copies", action="store_true",
+                   help="each portal's copy of a dataset as its own result (default: one result per duplicate group)")
     p.add_argument("--limit", type=options.positive_int, default=10)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_search)

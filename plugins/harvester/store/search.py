@@ -21,6 +21,19 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
   whose title is the query (case, accents and punctuation aside) counts as ranked first by one more
   list, one whose title holds the query's words in a row as ranked second: a pasted title finds
   its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone.
+
+One dataset on several portals (a duplicate group, store/duplicates.py) is one result: each
+side's hits are collapsed by group before the ranks are taken (a group's rank on a side is its
+best member's), each side fetching twice its ``candidates`` while the database holds any group,
+so that collapsing still fills ``limit`` (cut back to ``candidates`` after collapsing: the ranks
+are those of a search without collapsing when no hit is grouped). The result shows the group's canonical member when that one matched
+(and passed the filters), else its best-ranked member that did: a portal filter finds a group
+through its member on that portal. Every item carries ``dataset_id``, ``group_id`` (None when
+alone), ``canonical`` (True when alone), ``also_on`` (the group's other live members:
+dataset_id, portal_url, portal_name, source_id, title, url) and ``copies`` (how many).
+``all_copies=True``: every member is its own result, as without groups, still with those fields.
+One query (duplicates.groups_for on every hit) finds the groups; a database with no group answers
+a cheaper one (duplicates.any_groups) instead.
 """
 from __future__ import annotations
 
@@ -408,17 +421,56 @@ def _items(conn, ids: list[int], tsquery: str | None) -> dict[int, dict]:
             for r in rows}
 
 
+def _fuse(vector_hits: list[tuple], text_hits: list[tuple], groups: dict[int, dict], n: int, k: int,
+          collapse: bool) -> dict:
+    """Reciprocal rank fusion of the two sides' (dataset id, value) hits, best first. ``collapse``:
+    the members of a duplicate group (``groups``: duplicates.groups_for) are one entry, ranked on
+    each side by its best member, and each side keeps its best ``n`` entries. Each entry: score,
+    matched (sides), similarity / text_rank (of its best member on that side), ranks, members
+    (every member that matched -> its own fused score) and shown (the member to show: the
+    canonical one if it matched, else the best-scored one)."""
+    def key(dataset_id: int) -> tuple:
+        group = groups.get(dataset_id) if collapse else None
+        return ("group", group["group_id"]) if group else ("dataset", dataset_id)
+
+    fused: dict[tuple, dict] = {}
+    for side, hits in (("vector", vector_hits), ("text", text_hits)):
+        seen: dict[tuple, int] = {}
+        for position, (dataset_id, value) in enumerate(hits, 1):
+            entry_key = key(dataset_id)
+            if entry_key not in seen:
+                if len(seen) == n:
+                    continue  # beyond this side's n entries; a member of a ranked entry still counts below
+                seen[entry_key] = len(seen) + 1
+                entry = fused.setdefault(entry_key, {"score": 0.0, "matched": [], "similarity": None,
+                                                     "text_rank": None, "ranks": {}, "members": {}})
+                rank = seen[entry_key]
+                entry["score"] += 1.0 / (k + rank)
+                entry["matched"].append(side)
+                entry["ranks"][side] = rank
+                entry["similarity" if side == "vector" else "text_rank"] = value
+            members = fused[entry_key]["members"]
+            members[dataset_id] = members.get(dataset_id, 0.0) + 1.0 / (k + position)
+    for entry in fused.values():
+        members = entry["members"]
+        canonical = next((groups[i]["canonical_id"] for i in members if i in groups), None) if collapse else None
+        entry["shown"] = canonical if canonical in members else \
+            min(members, key=lambda i: (-members[i], i))
+    return fused
+
+
 def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | None = None, limit: int = 10,
            settings: SearchSettings | None = None, query_vector=None, provider=None,
-           portal_url: str | None = None) -> SearchResult:
-    """The best ``limit`` datasets for ``query``. ``query_vector``: the query already embedded
-    (with the model search would choose): no embedding call. ``portal_url``: shorthand for
-    ``filters.portal_url``. Raises ValueError for a bad mode or limit; EmbeddingError when the
-    provider fails in ``vector`` mode; in ``hybrid`` mode the text side answers alone then, with a
-    note. TerminalEmbeddingError in both modes when the provider is misconfigured or the stored
-    vectors do not fit its model (an operator must act; hiding it would leave search degraded)."""
+           portal_url: str | None = None, all_copies: bool = False) -> SearchResult:
+    """The best ``limit`` datasets for ``query``, a duplicate group once (``all_copies``: each of its
+    members). ``query_vector``: the query already embedded (with the model search would choose):
+    no embedding call. ``portal_url``: shorthand for ``filters.portal_url``. Raises ValueError for
+    a bad mode or limit; EmbeddingError when the provider fails in ``vector`` mode; in ``hybrid``
+    mode the text side answers alone then, with a note. TerminalEmbeddingError in both modes when
+    the provider is misconfigured or the stored vectors do not fit its model (an operator must
+    act; hiding it would leave search degraded)."""
     from harvester.embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
-    from harvester.store import vectors
+    from harvester.store import duplicates, vectors
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -429,6 +481,9 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         filters = SearchFilters(**{**filters.__dict__, "portal_url": portal_url})
     settings = settings or SearchSettings.from_env()
     n = max(settings.candidates, limit)
+    # collapsing groups leaves fewer: each side fetches more, when the database holds any group
+    grouped = not all_copies and duplicates.any_groups(conn)
+    fetch = 2 * n if grouped else n
     timings = {"embed_ms": 0.0, "sql_ms": 0.0}
     where, params = filter_sql(filters)
     model, notes = None, []
@@ -457,7 +512,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             query_vector = None
         if query_vector is not None:
             started = time.perf_counter()
-            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, n,
+            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, fetch,
                                        narrowing=_narrowing(filters))
             timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
@@ -467,7 +522,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
         for stage in tq.stages:
-            text_hits += _text_side(conn, stage, where, params, n - len(text_hits),
+            text_hits += _text_side(conn, stage, where, params, fetch - len(text_hits),
                                     exclude=[i for i, _ in text_hits])
             if len(text_hits) >= limit:
                 break
@@ -475,37 +530,35 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         notes.append("the query has no words to search the text for")
 
     k = settings.rrf_k
-    fused: dict[int, dict] = {}
-    for side, hits in (("vector", vector_hits), ("text", text_hits)):
-        for rank, (dataset_id, value) in enumerate(hits, 1):
-            entry = fused.setdefault(dataset_id, {"score": 0.0, "matched": [], "similarity": None,
-                                                  "text_rank": None, "ranks": {}})
-            entry["score"] += 1.0 / (k + rank)
-            entry["matched"].append(side)
-            entry["ranks"][side] = rank
-            entry["similarity" if side == "vector" else "text_rank"] = value
+    groups = duplicates.groups_for(conn, list(dict.fromkeys(i for i, _ in vector_hits + text_hits))) \
+        if all_copies or grouped else {}
+    fused = _fuse(vector_hits, text_hits, groups, n, k, collapse=not all_copies)
     # A pasted title: the dataset with exactly that title (case, accents and punctuation aside)
     # counts as ranked first by one more list; one whose title holds the query's words in a row
-    # (two words or more), as ranked second.
+    # (two words or more), as ranked second. A group counts its members' best.
     wanted = _title_key(query)
     if wanted and fused and mode != "vector":
+        entry_of = {member: entry for entry in fused.values() for member in entry["members"]}
         for dataset_id, title in conn.execute("SELECT id, title FROM datasets WHERE id = ANY(%s)",
-                                              (list(fused),)).fetchall():
-            key = _title_key(title)
-            if key == wanted:
-                fused[dataset_id]["score"] += 1.0 / (k + 1)
-                fused[dataset_id]["title_match"] = "exact"
-            elif " " in wanted and f" {wanted} " in f" {key} ":
-                fused[dataset_id]["score"] += 1.0 / (k + 2)
-                fused[dataset_id]["title_match"] = "words"
-    order = sorted(fused, key=lambda i: (-fused[i]["score"], fused[i]["ranks"].get("text", n + 1),
-                                         fused[i]["ranks"].get("vector", n + 1), i))[:limit]
-    details = _items(conn, order, tq.stages[-1] if tq.stages else None) if order else {}
+                                              (list(entry_of),)).fetchall():
+            key, entry = _title_key(title), entry_of[dataset_id]
+            if key == wanted and entry.get("title_match") != "exact":
+                entry["score"] += 1.0 / (k + 1) - (1.0 / (k + 2) if entry.get("title_match") == "words" else 0.0)
+                entry["title_match"] = "exact"
+            elif " " in wanted and f" {wanted} " in f" {key} " and not entry.get("title_match"):
+                entry["score"] += 1.0 / (k + 2)
+                entry["title_match"] = "words"
+    order = sorted(fused.values(), key=lambda e: (-e["score"], e["ranks"].get("text", n + 1),
+                                                  e["ranks"].get("vector", n + 1), e["shown"]))[:limit]
+    details = _items(conn, [e["shown"] for e in order], tq.stages[-1] if tq.stages else None) if order else {}
     timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
     items = []
-    for rank, dataset_id in enumerate(order, 1):
-        entry, row = fused[dataset_id], details[dataset_id]
+    for rank, entry in enumerate(order, 1):
+        dataset_id = entry["shown"]
+        row, group = details[dataset_id], groups.get(dataset_id)
+        also_on = [{key: m[key] for key in ("dataset_id", "portal_url", "portal_name", "source_id", "title", "url")}
+                   for m in (group["members"] if group else []) if m["live"] and m["dataset_id"] != dataset_id]
         items.append({
             "rank": rank, "score": round(entry["score"], 6), "matched": sorted(entry["matched"]),
             "portal_url": row["portal_url"], "title": row["title"], "url": row["url"],
@@ -514,5 +567,8 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             "text_rank": None if entry["text_rank"] is None else round(entry["text_rank"], 4),
             "title_match": entry.get("title_match"),
             "metadata_modified": row["metadata_modified"], "removed_at": row["removed_at"],
+            "dataset_id": dataset_id, "group_id": group["group_id"] if group else None,
+            "canonical": group is None or group["canonical_id"] == dataset_id,
+            "also_on": also_on, "copies": len(also_on),
         })
     return SearchResult(model=model, items=items, note="; ".join(notes) or None, mode=mode, timings=timings)

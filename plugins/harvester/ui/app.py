@@ -45,7 +45,8 @@ changes and their review, dataset versions, search.
 Airflow's `POST /auth/token`) or the `_token` cookie Airflow's UI sets at login. Without one: 401.
 
 **Permissions**: reading needs access to the custom view `Harvester` of Airflow's auth manager
-(403 otherwise); reviewing a change needs edit access (PUT) to its portal's DAG, `harvest_<portal>`.
+(403 otherwise); reviewing a change needs edit access (PUT) to its portal's DAG, `harvest_<portal>`;
+splitting or merging duplicate groups needs it for the portal of every dataset the request names.
 
 **Lists** take `limit` (default 50, at most 500) and `offset`, and answer
 `{"items": [...], "total": N, "limit": L, "offset": O}`.
@@ -453,7 +454,19 @@ def api_portals(request: Request, limit: int = Limit, offset: int = Offset, user
 
 @app.get("/api/portals/{name}", tags=["portals"], summary="One portal with its state")
 def api_portal(request: Request, name: str, user=Reader, conn=Depends(database)):
-    return _portal_items(conn, [_portal_named(name)], request)[0]
+    """`duplicates`: how many of its live datasets are copies of other portals' (`copies_of`, by
+    the portal of each group's canonical member) and how many of its datasets other portals copy
+    (`copied_by`)."""
+    from harvester.store import duplicates
+
+    portal = _portal_named(name)
+    item = _portal_items(conn, [portal], request)[0]
+    copies = duplicates.portal_copies(conn, portal.url)
+    by_url = {p.url: p.name for p in _portals()}
+    for key in ("copies_of", "copied_by"):
+        copies[key] = [{**c, "portal": by_url.get(c["portal_url"], c["portal_name"])} for c in copies[key]]
+    item["duplicates"] = copies
+    return item
 
 
 @app.get("/api/portals/{name}/runs", tags=["portals"], summary="The portal's runs, newest first")
@@ -673,7 +686,11 @@ def _dataset(conn, portal_name: str, source_id: str) -> dict:
 @app.get("/api/datasets/{portal}/{source_id:path}", tags=["datasets"],
          summary="A dataset with its versions (newest first) and changes")
 def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn=Depends(database)):
-    from harvester.store import history
+    """`group`: the dataset's duplicate group (`group_id` null and no members when alone): its
+    members, canonical first, each with the evidence and confidence of its link to the group and
+    its page here, and the operators' overrides about this dataset. `can_edit_group`: whether the
+    user may split or merge it (edit access to the portal's DAG)."""
+    from harvester.store import duplicates, history
 
     dataset = _dataset(conn, portal, source_id)
     versions = history.list_versions(conn, dataset["id"])
@@ -687,11 +704,14 @@ def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn
                                         "is_current", "content_hash", "metadata_hash", "changed_fields",
                                         "significance")} for v in versions],
         "changes": _change_items(changes, user, request),
+        "group": _group_item(duplicates.group_of(conn, dataset["id"]), request),
+        "can_edit_group": auth.can_review(user, _portal_named(portal).dag_id),
     }
 
 
 @app.get("/api/search", tags=["search"], summary="Search the datasets: full text and vectors, fused")
-def api_search(q: str = Query(..., min_length=1, max_length=1000, description="what to look for"),
+def api_search(request: Request,
+               q: str = Query(..., min_length=1, max_length=1000, description="what to look for"),
                mode: Literal["hybrid", "vector", "text"] = Query(
                    "hybrid", description="hybrid: full text and vectors fused by reciprocal rank; or one side"),
                portal: str | None = Query(None, description="only this portal (its name in portals.yaml)"),
@@ -702,18 +722,25 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
                since: str | None = Query(None, description="modified on or after (ISO date or time; UTC unless given)"),
                until: str | None = Query(None, description="modified on or before (a date: that whole day)"),
                include_removed: bool = Query(False, description="datasets removed from their portal too"),
+               all_copies: bool = Query(False, description="each portal's copy of a dataset as its own item "
+                                                           "(default: one item per duplicate group)"),
                limit: int = Query(10, ge=1, le=100), user=Reader, conn=Depends(database)):
     """Full text (PostgreSQL, in each portal's language, accents ignored) and vector similarity
     (the query embedded with the active provider, or the model that covers the datasets during a
     model switch), each side's best fused by reciprocal rank fusion; ``mode`` picks one side
     alone. Items carry ``score`` (the fused score), ``matched`` (the sides that found the
-    dataset) and ``snippet`` (matching words between ``**``)."""
+    dataset) and ``snippet`` (matching words between ``**``). A dataset on several portals (a
+    duplicate group) is one item, its canonical copy when that one matched, else its best-ranked
+    copy that did (so a portal filter finds it through its copy there); ``group_id`` (null when
+    alone), ``canonical``, ``also_on`` (the group's other live copies, each with its ``portal``
+    and ``dataset_page``) and ``copies`` say so. ``all_copies=true``: every copy is an item."""
     from harvester.store import search
     from harvester.embeddings import EmbeddingError
 
     if not q.strip():
         raise _invalid("q", "the query is empty")
     by_url = {p.url: p.name for p in _portals()}
+    root = _airflow_root(request)
     url = _portal_named(portal, "portal").url if portal else None
     filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
                                    format=format or None, license=license or None,
@@ -724,16 +751,145 @@ def api_search(q: str = Query(..., min_length=1, max_length=1000, description="w
     except ValueError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is misconfigured: {exc}") from None
     try:
-        found = search.search(conn, q, mode=mode, filters=filters, limit=limit, settings=settings)
+        found = search.search(conn, q, mode=mode, filters=filters, limit=limit, settings=settings,
+                              all_copies=all_copies)
     except EmbeddingError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is unavailable: {exc}") from None
     return {"items": [{"rank": r["rank"], "score": round(float(r["score"]), 6),
                        "portal": by_url.get(r["portal_url"], r["portal_url"]), "title": r["title"], "url": r["url"],
                        "source_id": r["source_id"], "matched": r["matched"], "organization": r["organization"],
                        "snippet": r["snippet"], "similarity": r["similarity"], "text_rank": r["text_rank"],
-                       "metadata_modified": r["metadata_modified"], "removed": r["removed_at"] is not None}
+                       "metadata_modified": r["metadata_modified"], "removed": r["removed_at"] is not None,
+                       "group_id": r["group_id"], "canonical": r["canonical"],
+                       "also_on": [_member_link(m, by_url, root) for m in r["also_on"]], "copies": r["copies"]}
                       for r in found.items],
             "model": found.model, "note": found.note, "mode": mode, "timings": found.timings}
+
+
+# -- duplicate groups: one dataset on several portals (store/duplicates.py) -------------------------------
+def _member_link(member: dict, by_url: dict[str, str], root: str) -> dict:
+    """A group member with its portal's name in portals.yaml (else the name its runs recorded) and
+    its page here."""
+    name = by_url.get(member["portal_url"], member.get("portal_name") or member["portal_url"])
+    return {**member, "portal": name,
+            "dataset_page": f"{root}{PREFIX}/datasets/{quote(name, safe='')}/{quote(member['source_id'], safe='')}"}
+
+
+def _group_item(group: dict, request: Request) -> dict:
+    by_url = {p.url: p.name for p in _portals()}
+    root = _airflow_root(request)
+    return {**group, "members": [_member_link(m, by_url, root) for m in group["members"]]}
+
+
+def _dataset_ref(conn, portal_name: str, source_id: str) -> tuple[int, object]:
+    """(dataset id, portal) of a dataset named by its portal and source id; 404 naming it."""
+    from harvester.store import duplicates
+
+    portal = _portal_named(portal_name)
+    try:
+        return duplicates.find_dataset_id(conn, portal.url, source_id), portal
+    except duplicates.DuplicateError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            f"no dataset with id {source_id!r} in portal {portal_name}") from None
+
+
+def _may_edit_groups(user, portals: list) -> None:
+    """403 unless the user may edit the DAG of every portal concerned (as reviewing a change)."""
+    allowed = auth.reviewable(user, {p.dag_id for p in portals})
+    refused = {p.name: p.dag_id for p in portals if p.dag_id not in allowed}
+    if refused:
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            f"{user.get_name()} may not split or merge duplicates of {', '.join(sorted(refused))}: "
+                            f"that needs edit access to the DAG {', '.join(sorted(set(refused.values())))}")
+
+
+class DatasetRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    portal: str = Field(description="the portal's name in portals.yaml")
+    source_id: str = Field(min_length=1, description="the dataset's id on that portal")
+
+
+class SplitBody(DatasetRef):
+    note: str | None = Field(None, max_length=2000, description="why (optional)")
+    from_: list[DatasetRef] | None = Field(None, alias="from", max_length=100,
+                                           description="only apart from these members (default: from all of them)")
+
+
+class MergeBody(DatasetRef):
+    other_portal: str = Field(description="the other dataset's portal")
+    other_source_id: str = Field(min_length=1, description="the other dataset's id on that portal")
+    note: str | None = Field(None, max_length=2000, description="why (optional)")
+
+
+GROUP_RESPONSES = {401: {"description": "not authenticated"},
+                   403: {"description": "may not edit the DAG of a portal concerned"},
+                   404: {"description": "no such portal or dataset"},
+                   409: {"description": "the dataset is in no group (split)"},
+                   422: {"description": "a dataset with itself, or a bad body"}}
+
+
+@app.get("/api/duplicates", tags=["duplicates"], summary="Duplicate groups, largest and newest first")
+def api_duplicates(request: Request, portal: str | None = Query(None, description="only groups with a member on "
+                                                                                  "this portal"),
+                   limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
+    """Each group: `group_id` and its members (canonical first), as `GET /api/datasets/...` shows them."""
+    from harvester.store import duplicates
+
+    url = _portal_named(portal, "portal").url if portal else None
+    groups, total = duplicates.list_groups(conn, url, limit=limit, offset=offset)
+    return _page([_group_item(g, request) for g in groups], total, limit, offset)
+
+
+@app.post("/api/duplicates/split", tags=["duplicates"], summary="Take a dataset out of its duplicate group",
+          responses=GROUP_RESPONSES)
+def api_split(request: Request, body: SplitBody, user=Reader, conn=Depends(database)):
+    """Kept across runs (an override 'different' with each other member, or only with `from`),
+    decided by the Airflow user. Answers with the dataset's group afterwards."""
+    from harvester.store import duplicates
+
+    dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
+    others = [_dataset_ref(conn, o.portal, o.source_id) for o in body.from_ or []]
+    if dataset_id in {i for i, _ in others}:
+        raise _invalid("from", f"dataset {body.source_id!r} of {body.portal} cannot be split from itself", "body")
+    _may_edit_groups(user, [portal] + [p for _, p in others])
+    try:
+        group = duplicates.split(conn, dataset_id, by=user.get_name(), note=body.note,
+                                 from_ids=[i for i, _ in others] or None)
+    except duplicates.DuplicateError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"dataset {body.source_id!r} of {body.portal}: {exc}") from None
+    return _group_item(group, request)
+
+
+@app.post("/api/duplicates/merge", tags=["duplicates"], summary="Put two datasets in one duplicate group",
+          responses=GROUP_RESPONSES)
+def api_merge(request: Request, body: MergeBody, user=Reader, conn=Depends(database)):
+    """Kept across runs (an override 'same'), decided by the Airflow user. Answers with the
+    dataset's group afterwards."""
+    from harvester.store import duplicates
+
+    dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
+    other_id, other_portal = _dataset_ref(conn, body.other_portal, body.other_source_id)
+    if dataset_id == other_id:
+        raise _invalid("other_source_id", f"dataset {body.source_id!r} of {body.portal} cannot be merged with "
+                                          "itself", "body")
+    _may_edit_groups(user, [portal, other_portal])
+    group = duplicates.merge(conn, dataset_id, other_id, by=user.get_name(), note=body.note)
+    return _group_item(group, request)
+
+
+@app.post("/api/duplicates/forget", tags=["duplicates"],
+          summary="Drop the operators' overrides about a dataset: the evidence alone decides again",
+          responses=GROUP_RESPONSES)
+def api_forget(request: Request, body: DatasetRef, user=Reader, conn=Depends(database)):
+    """Answers with `forgotten` (how many overrides were dropped) and the dataset's group afterwards."""
+    from harvester.store import duplicates
+
+    dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
+    _may_edit_groups(user, [portal])
+    forgotten = duplicates.forget(conn, dataset_id)
+    return {"forgotten": forgotten, "group": _group_item(duplicates.group_of(conn, dataset_id), request)}
 
 
 # -- checking a catalogue before harvesting it (harvester.ui.validate_api) ------------------------------

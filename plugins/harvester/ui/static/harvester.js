@@ -417,6 +417,7 @@
           portal.badge ? [" ", h("span", { class: `badge badge-${portal.badge === "failed" ? "failed" : "degraded"}`, "data-test": "badge" }, portal.badge)] : null),
         portal.url ? extLink(portal.url) : null),
       h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v)))),
+      duplicatesNote(portal.duplicates),
       runCharts(chartRuns.items || []),
       h("section", { class: "card" },
         h("h2", {}, "Runs"),
@@ -428,6 +429,18 @@
           (tableRuns.items || []).length ? tableRuns.items.map(runRow)
             : h("tr", {}, h("td", { colspan: 13, class: "muted" }, "No runs yet."))),
         pager(tableRuns.total || 0, PAGE, offset, (o) => navigate({ offset: o }))));
+  }
+
+  /* "N of its datasets are copies of X's" / "M of its datasets are copied by Y", one line each. */
+  function duplicatesNote(dup) {
+    if (!dup || (!(dup.copies_of || []).length && !(dup.copied_by || []).length)) return null;
+    const its = (n) => `${fmtNum(n)} of its dataset${n === 1 ? " is a copy" : "s are copies"} of `;
+    const by = (n) => `${fmtNum(n)} of its dataset${n === 1 ? " is" : "s are"} copied by `;
+    return h("section", { class: "card duplicates-note", "data-test": "portal-duplicates" },
+      h("h2", {}, "Same datasets on other portals"),
+      h("ul", { class: "plain" },
+        (dup.copies_of || []).map((c) => h("li", { "data-test": "copies-of" }, its(c.datasets), h("a", { href: portalHref(c.portal) }, c.portal), "'s")),
+        (dup.copied_by || []).map((c) => h("li", { "data-test": "copied-by" }, by(c.datasets), h("a", { href: portalHref(c.portal) }, c.portal)))));
   }
 
   // -- One run and its report ------------------------------------------------------------------
@@ -750,6 +763,7 @@
         h("section", { class: "card" }, h("h2", {}, "Compare versions"),
           versions.length ? h("div", { class: "filters" }, h("label", {}, "From", fromSel), h("label", {}, "To", toSel)) : null,
           diffBox)),
+      groupCard(ds, portal, sourceId, onReviewed),
       h("section", { class: "card" }, h("h2", {}, "Changes"),
         statusMessage(),
         (ds.changes || []).length ? changesTable(ds.changes, { portal: false, dataset: false, onReviewed, test: "dataset-changes" })
@@ -779,28 +793,98 @@
     }
   }
 
+  // -- Duplicate groups: one dataset on several portals -------------------------------------------
+
+  /* POST a decision about the group (split / merge / forget), then show the page again with a message. */
+  function groupAction(path, body, message, problem, onDone) {
+    return async (event) => {
+      if (event) event.preventDefault();
+      const button = event && event.currentTarget && event.currentTarget.tagName === "BUTTON" ? event.currentTarget : null;
+      if (button) button.disabled = true;
+      show(problem);
+      try {
+        await api(`/duplicates/${path}`, null, { body });
+        onDone(message);
+      } catch (err) {
+        if (button) button.disabled = false;
+        show(problem, errorBox(err));
+      }
+    };
+  }
+
+  function groupCard(ds, portal, sourceId, onDone) {
+    const group = ds.group || { group_id: null, members: [], overrides: [] };
+    const self = { portal: ds.portal || portal, source_id: ds.source_id || sourceId };
+    const problem = h("div", { "data-test": "group-problem" });
+    const editable = !!ds.can_edit_group;
+    const members = group.members || [];
+    const byId = Object.fromEntries(members.map((m) => [m.dataset_id, m]));
+    const isSelf = (m) => m.portal === self.portal && m.source_id === self.source_id;
+    const memberRow = (m) => h("tr", { "data-test": "group-member", class: isSelf(m) ? "picked" : null },
+      h("td", {}, h("a", { href: portalHref(m.portal) }, m.portal)),
+      h("td", { class: "title-cell" }, isSelf(m) ? h("strong", {}, m.title || m.source_id) : h("a", { href: datasetHref(m.portal, m.source_id), "data-test": "group-member-link" }, m.title || m.source_id || "(untitled)"),
+        m.live ? null : [" ", pill(`removed ${fmtDate(m.removed_at)}`, "bad")]),
+      h("td", {}, m.is_canonical ? pill("canonical", "ok", { "data-test": "canonical" }) : m.copy_of ? pill("copy", "neutral") : h("span", { class: "muted" }, "—")),
+      h("td", {}, m.evidence || "—"),
+      h("td", { class: "num" }, typeof m.confidence === "number" ? m.confidence.toFixed(2) : "—"),
+      editable ? h("td", { class: "actions" }, isSelf(m) ? null : h("button", { type: "button", class: "btn", "data-test": "split-from",
+        title: "Keep this dataset and that one apart", on: { click: groupAction("split", { ...self, from: [{ portal: m.portal, source_id: m.source_id }] },
+          `${self.source_id} is kept apart from ${m.source_id} of ${m.portal}.`, problem, onDone) } }, "Not the same")) : null);
+    const who = (id) => (byId[id] ? `${byId[id].portal} ${byId[id].source_id}` : `dataset ${id}`);
+    const overrides = group.overrides || [];
+    const mergePortal = h("input", { type: "text", name: "portal", placeholder: "Portal", "aria-label": "Other portal", "data-test": "merge-portal" });
+    const mergeId = h("input", { type: "text", name: "source_id", placeholder: "Dataset id on that portal", "aria-label": "Other dataset id", "data-test": "merge-source-id" });
+    const mergeForm = editable ? h("form", { class: "filters", "data-test": "merge-form", on: { submit: (event) => groupAction("merge",
+      { ...self, other_portal: mergePortal.value.trim(), other_source_id: mergeId.value.trim() },
+      `${self.source_id} is now grouped with ${mergeId.value.trim()} of ${mergePortal.value.trim()}.`, problem, onDone)(event) } },
+      h("label", {}, "Same dataset as", mergePortal), mergeId,
+      h("button", { type: "submit", class: "btn", "data-test": "merge-button" }, "Merge")) : null;
+    return h("section", { class: "card", "data-test": "dataset-group" },
+      h("h2", {}, group.group_id === null ? "Other portals" : `Same dataset on ${members.length - 1} other portal${members.length === 2 ? "" : "s"}`),
+      group.group_id === null ? h("p", { class: "empty", "data-test": "group-alone" }, "Not found on any other portal.")
+        : table({ class: "grid", "data-test": "group-members" },
+          ["Portal", "Dataset", "Role", "Evidence", { text: "Confidence", cls: "num" }, editable ? "" : null].filter((x) => x !== null),
+          members.map(memberRow)),
+      overrides.length ? h("div", {}, h("h3", {}, "Decisions"),
+        h("ul", { class: "plain", "data-test": "group-overrides" }, overrides.map((o) => h("li", {},
+          pill(o.decision, o.decision === "same" ? "ok" : "neutral"), ` ${who(o.a)} and ${who(o.b)} — ${o.decided_by || "?"}, ${fmtDate(o.decided_at)}`,
+          o.note ? h("span", { class: "small note" }, ` (${o.note})`) : null)))) : null,
+      editable ? h("div", { class: "group-actions" },
+        group.group_id !== null ? h("button", { type: "button", class: "btn", "data-test": "split-button",
+          on: { click: groupAction("split", self, `${self.source_id} is taken out of its group.`, problem, onDone) } }, "Split: not the same dataset") : null,
+        overrides.length ? h("button", { type: "button", class: "btn btn-link", "data-test": "forget-button",
+          on: { click: groupAction("forget", self, `The decisions about ${self.source_id} are dropped: the evidence decides again.`, problem, onDone) } }, "Forget decisions") : null,
+        mergeForm) : null,
+      problem);
+  }
+
   // -- Search ---------------------------------------------------------------------------------
 
   async function pageSearch(alive) {
     const q = query();
     const text = q.get("q") || "";
     const portal = q.get("portal") || "";
+    const allCopies = q.get("all_copies") === "true";
     const portals = await portalList();
     if (!alive()) return;
     const box = h("input", { type: "search", name: "q", value: text, placeholder: "Search datasets by words or meaning…", "data-test": "search-box", "aria-label": "Search", autocomplete: "off" });
     const select = portalSelect(portals, portal, { name: "portal", "data-test": "search-portal", "aria-label": "Portal" });
+    const copies = h("input", { type: "checkbox", name: "all_copies", checked: allCopies, "data-test": "search-all-copies" });
     const results = h("div", { class: "results-box" });
+    const go = () => navigate({ q: box.value.trim(), portal: select.value, all_copies: copies.checked ? "true" : null });
+    copies.addEventListener("change", () => { if (box.value.trim()) go(); });
     show(app, 
       h("div", { class: "page-head" }, h("h1", {}, "Search")),
-      h("form", { class: "search-form", role: "search", on: { submit: (e) => { e.preventDefault(); navigate({ q: box.value.trim(), portal: select.value }); } } },
-        box, select, h("button", { type: "submit", class: "btn btn-primary", "data-test": "search-button" }, "Search")),
+      h("form", { class: "search-form", role: "search", on: { submit: (e) => { e.preventDefault(); go(); } } },
+        box, select, h("label", { class: "toggle", title: "Show each portal's copy of a dataset as its own result" }, copies, " all copies"),
+        h("button", { type: "submit", class: "btn btn-primary", "data-test": "search-button" }, "Search")),
       results);
     if (!text) {
       box.focus();
       return;
     }
     show(results, h("p", { class: "muted" }, "Searching…"));
-    const data = await api("/search", { q: text, portal, limit: 20 });
+    const data = await api("/search", { q: text, portal, limit: 20, all_copies: allCopies ? "true" : null });
     if (!alive()) return;
     const items = data.items || [];
     show(results, 
@@ -812,7 +896,9 @@
           h("div", { class: "small muted" }, r.portal, r.organization ? ` · ${r.organization}` : "", " · score ",
             typeof r.score === "number" ? r.score.toFixed(4) : "—", r.matched ? ` · ${r.matched.join(" + ")}` : ""),
           r.snippet ? h("div", { class: "small" }, r.snippet.replace(/\*\*/g, "")) : null,
-          r.url ? h("div", { class: "small" }, extLink(r.url)) : null))))
+          r.url ? h("div", { class: "small" }, extLink(r.url)) : null,
+          (r.also_on || []).length ? h("div", { class: "small also-on", "data-test": "also-on" }, "also on: ",
+            r.also_on.map((c, i) => [i ? ", " : "", h("a", { href: datasetHref(c.portal, c.source_id), title: c.title || c.source_id }, c.portal)])) : null))))
         : h("p", { class: "empty" }, "No results."));
   }
 
@@ -827,7 +913,16 @@
     if (parts[0] === "portals" && parts.length === 2) return { nav: "portals", page: pageRuns, args: [parts[1]] };
     if (parts[0] === "runs" && parts.length === 2) return { nav: "portals", page: pageRun, args: [parts[1]] };
     if (parts[0] === "changes" && parts.length === 1) return { nav: "changes", page: pageChanges, args: [] };
-    if (parts[0] === "datasets" && parts.length >= 3) return { nav: "changes", page: pageDataset, args: [parts[1], parts.slice(2).join("/")] };
+    if (parts[0] === "datasets" && parts.length >= 3) {
+      // the id is all that follows /datasets/<portal>/, as written: an IRI's "//" stays when the
+      // address bar shows it unescaped
+      const id = rest.match(/^\/datasets\/[^/]+\/(.+)$/);
+      let sourceId = parts.slice(2).join("/");
+      if (id) {
+        try { sourceId = decodeURIComponent(id[1]); } catch (_) { /* keep the joined parts */ }
+      }
+      return { nav: "changes", page: pageDataset, args: [parts[1], sourceId] };
+    }
     if (parts[0] === "search" && parts.length === 1) return { nav: "search", page: pageSearch, args: [] };
     return { nav: null, page: null, args: [] };
   }
