@@ -121,30 +121,6 @@ def world(pg_server, template_db, airflow_db, tmp_path_factory, samples):
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="module")
-def client(world):
-    from fastapi.testclient import TestClient
-
-    from airflow.api_fastapi.app import create_app, purge_cached_app
-
-    purge_cached_app()
-    with TestClient(create_app()) as test_client:
-        yield test_client
-    purge_cached_app()
-
-
-@pytest.fixture(scope="module")
-def tokens(client):
-    """Real tokens from Airflow's own login endpoint."""
-    out = {}
-    for user, password in PASSWORDS.items():
-        response = client.post("/auth/token", json={"username": user, "password": password})
-        assert response.status_code == 201, response.text
-        out[user] = response.json()["access_token"]
-    assert client.post("/auth/token", json={"username": "admin", "password": "wrong"}).status_code == 401
-    return out
-
-
 @pytest.fixture
 def db(world):
     from harvester.store import db as store_db

@@ -91,28 +91,6 @@ def _aggregator_ids(url: str, agg_url: str, copied: list[dict]) -> list[str]:
     return ids
 
 
-@pytest.fixture(scope="module")
-def client(world):
-    from fastapi.testclient import TestClient
-
-    from airflow.api_fastapi.app import create_app, purge_cached_app
-
-    purge_cached_app()
-    with TestClient(create_app()) as test_client:
-        yield test_client
-    purge_cached_app()
-
-
-@pytest.fixture(scope="module")
-def tokens(client):
-    out = {}
-    for user, password in PASSWORDS.items():
-        response = client.post("/auth/token", json={"username": user, "password": password})
-        assert response.status_code == 201, response.text
-        out[user] = response.json()["access_token"]
-    return out
-
-
 def as_(tokens, user):
     return {"Authorization": f"Bearer {tokens[user]}"}
 
