@@ -137,9 +137,12 @@ def regroup(conn, ids: list[int]) -> dict:
     if not ids:
         return {"examined": 0, "groups": 0, "grouped": 0}
     scope = _expand(conn, ids)
-    members = _members(conn, scope)
     same, different = _overrides(conn, scope)
-    grouping = dd.group(members, _edges(conn, scope), same, different)
+    edges = _edges(conn, scope)
+    # only datasets with a link (or an operator's 'same') can be grouped: the others of the scope are
+    # alone, and a portal's first scan with no other portal holds none in memory
+    linked = sorted({i for e in edges for i in (e.a, e.b)} | {i for pair in same for i in pair})
+    grouping = dd.group(_members(conn, linked), edges, same, different)
     old = dict(conn.execute("SELECT dataset_id, group_id FROM duplicate_members WHERE dataset_id = ANY(%s)",
                             (scope,)).fetchall())
     ids_of_groups, taken = [], set()
