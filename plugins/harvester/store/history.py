@@ -39,7 +39,6 @@ import logging
 from collections import Counter
 from datetime import datetime
 from decimal import Decimal
-from typing import Iterator
 
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
@@ -346,19 +345,6 @@ def list_changes(conn, portal_url: str | None = None, *, review_only: bool = Fal
         LIMIT %(limit)s
         """, {"portal": portal_url, "review": review_only, "since": since, "limit": limit}).fetchall()
     return [_change_dict(r) for r in rows]
-
-
-def iter_changes(conn, portal_url: str | None = None, *, since: datetime | None = None) -> Iterator[dict]:
-    """Every change oldest first, streamed (for exports)."""
-    with conn.cursor() as cur:
-        for row in cur.stream(
-                f"""
-                SELECT {', '.join(_CHANGE_COLUMNS)} FROM recent_dataset_changes
-                WHERE (%(portal)s::text IS NULL OR portal_url = %(portal)s)
-                  AND (%(since)s::timestamptz IS NULL OR detected_at >= %(since)s)
-                ORDER BY detected_at, id
-                """, {"portal": portal_url, "since": since}):
-            yield _change_dict(row)
 
 
 def find_dataset(conn, portal_url: str, *, url: str | None = None, source_id: str | None = None) -> dict | None:
