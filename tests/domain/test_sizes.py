@@ -54,3 +54,23 @@ def test_the_embedded_server_refuses_a_bad_size_naming_its_setting(monkeypatch):
         shared_buffers()
     assert str(caught.value) == ("HARVESTER_EMBEDDED_SHARED_BUFFERS='2gb' must be a size such as 256MB or 2GB"
                                  " (units kB, MB, GB, TB)")
+
+
+def test_an_hnsw_graph_is_its_vectors_and_720_bytes_each():
+    from harvester.domain.sizes import hnsw_graph_bytes
+
+    # pgvector's own notice, maintenance_work_mem = 16MB: "no longer fits ... after 7454 tuples" (768 halfvec)
+    assert 7400 * hnsw_graph_bytes(1, 768) < 16 * MB < 7500 * hnsw_graph_bytes(1, 768)
+    assert hnsw_graph_bytes(1_000_000, 768) == 1_000_000 * (2 * 768 + 720)
+    assert hnsw_graph_bytes(10, 8, "vector") == 10 * (4 * 8 + 720)
+    assert hnsw_graph_bytes(0, 768) == 0
+
+
+def test_a_build_gets_a_tenth_more_than_its_graph_between_the_floor_and_the_cap():
+    from harvester.domain.sizes import build_memory
+
+    assert build_memory(2000 * MB, GB, 4 * GB) == 2200 * MB
+    assert build_memory(10 * MB, GB, 4 * GB) == GB          # the floor
+    assert build_memory(10 * GB, GB, 4 * GB) == 4 * GB      # the cap
+    assert build_memory(10 * MB, 2 * GB, GB) == 2 * GB      # a cap below the floor: the floor
+    assert build_memory(MB + 1, 0, GB) == 2 * MB            # whole MB, rounded up

@@ -111,3 +111,28 @@ def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
     assert indexes(db) == {vectors.index_name(model): model}
     assert "halfvec" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                                    (vectors.index_name(model),)).fetchone()[0]
+
+
+def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
+    """3,000 vectors of 384 dimensions: a graph of 3,000 x (768 + 720) bytes, 4.3 MB; a tenth more
+    is 5MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does pgvector."""
+    model, other = "sizing/model-a", "sizing/model-b"
+    for m in (model, other):
+        vectors.write(db, m, 384, [f"{m}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=len(m)))
+    roomy = vectors.IndexSettings(build_memory="1MB", build_memory_max="64MB")
+    caplog.set_level("INFO", logger="harvester.store.vectors")
+    assert vectors.ensure_index(db, model, 384, roomy)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("3000 vectors of 384 dimensions (halfvec), a graph of about 4 MB; maintenance_work_mem 5MB" in m
+               for m in said), said
+    assert not [m for m in said if "does not fit" in m or "no longer fits" in m]
+    # the session's own setting is back as it was
+    assert db.execute("SELECT current_setting('maintenance_work_mem')").fetchone()[0] != "5MB"
+
+    caplog.clear()
+    tight = vectors.IndexSettings(build_memory="1MB", build_memory_max="1MB")
+    assert vectors.ensure_index(db, other, 384, tight)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("does not fit in HARVESTER_INDEX_BUILD_MEMORY_MAX=1MB" in m for m in said), said
+    assert any("hnsw graph no longer fits into maintenance_work_mem after" in m and "(maintenance_work_mem 1MB)" in m
+               for m in said), said

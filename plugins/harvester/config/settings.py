@@ -294,8 +294,12 @@ _ALL = (
             "index, which is built once afterwards)", "index", 0, 10**9),
     Setting("HARVESTER_INDEX_BULK_SHARE", "float", 0.25, "The share of the model's vectors after the run that a "
             "bulk load's new vectors must be, too", "index", 0, 1),
-    Setting("HARVESTER_INDEX_BUILD_MEMORY", "size", "1GB", "maintenance_work_mem of an index build (the graph "
-            "should fit: about 4 bytes per dimension per vector, plus a tenth)", "index"),
+    Setting("HARVESTER_INDEX_BUILD_MEMORY", "size", "1GB", "The least maintenance_work_mem of an index build; "
+            "more when its graph needs it (2 bytes per dimension plus 720 per vector, and a tenth), up to "
+            "HARVESTER_INDEX_BUILD_MEMORY_MAX", "index"),
+    Setting("HARVESTER_INDEX_BUILD_MEMORY_MAX", "size", "4GB", "The most maintenance_work_mem an index build is "
+            "given (a graph larger than this is built several times slower; a million 768-dimension vectors "
+            "need about 2.5GB)", "index"),
     Setting("HARVESTER_INDEX_BUILD_WORKERS", "int", 2, "max_parallel_maintenance_workers of an index build",
             "index", 0, 64),
     Setting("HARVESTER_INDEX_BUILD_TIMEOUT_SECS", "float", 4 * 3600.0, "The longest an index build may take",

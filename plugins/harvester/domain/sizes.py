@@ -32,3 +32,24 @@ def format_size(size: int) -> str:
         if size and size % UNITS[unit] == 0:
             return f"{size // UNITS[unit]}{unit}"
     return f"{size // 1024}kB"
+
+
+# What pgvector's HNSW build (m = 16) holds in memory per vector besides the vector itself: measured
+# from its notice "hnsw graph no longer fits into maintenance_work_mem after N tuples" with
+# maintenance_work_mem = 16MB (384 and 768 dimensions, halfvec and vector: 715-718 bytes each).
+HNSW_ELEMENT_OVERHEAD = 720
+_BYTES_PER_DIMENSION = {"halfvec": 2, "vector": 4}
+
+
+def hnsw_graph_bytes(vectors: int, dimension: int, kind: str = "halfvec") -> int:
+    """The memory an HNSW build of ``vectors`` vectors of ``dimension`` (stored as ``kind``) needs
+    to hold its whole graph: 1,000,000 of 768 halfvec dimensions, about 2.2 GB."""
+    return max(0, vectors) * (_BYTES_PER_DIMENSION[kind] * dimension + HNSW_ELEMENT_OVERHEAD)
+
+
+def build_memory(graph: int, floor: int, cap: int) -> int:
+    """maintenance_work_mem for a build whose graph takes ``graph`` bytes: a tenth more than the
+    graph, rounded up to a MB, at least ``floor`` and at most ``cap`` (a build whose graph does not
+    fit still ends, an order of magnitude slower, rather than exhaust the server's memory)."""
+    wanted = -(-int(graph * 1.1) // UNITS["MB"]) * UNITS["MB"]
+    return min(max(wanted, floor), max(cap, floor))

@@ -14,12 +14,15 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Iterator, Sequence
 
 import numpy as np
 from psycopg import sql
 
 from harvester.config.settings import fields_from_env
+from harvester.domain.run import format_duration
+from harvester.domain.sizes import build_memory, format_size, hnsw_graph_bytes, parse_size
 
 INDEX_KIND = "halfvec"
 
@@ -34,15 +37,17 @@ class IndexSettings:
     switch), is a bulk load: its vectors, and those of any other run meanwhile, are written with no
     index, and it is built once, concurrently, by the upsert of the last bulk load still running:
     building costs about a quarter of inserting row by row into a live graph. A model that has its
-    index takes every run's vectors into it, however many. ``build_memory`` (maintenance_work_mem) and
-    ``build_workers`` (max_parallel_maintenance_workers) are set for the build only; the graph
-    should fit in ``build_memory`` (about 4 bytes per dimension per vector, plus a tenth).
+    index takes every run's vectors into it, however many. A build's maintenance_work_mem is what
+    its graph needs (domain.sizes.hnsw_graph_bytes, plus a tenth), at least ``build_memory`` and at
+    most ``build_memory_max``; it and ``build_workers`` (max_parallel_maintenance_workers) are set
+    for the build only.
     ``build_timeout`` bounds a build (it is concurrent: nobody waits for it but the upsert that
     started it), ``build_wait`` how long that upsert waits for it after its commit before leaving
     it to finish in the server."""
     bulk_min: int = 10000
     bulk_share: float = 0.25
     build_memory: str = "1GB"
+    build_memory_max: str = "4GB"
     build_workers: int = 2
     build_timeout: float = 4 * 3600.0   # seconds a build may take (its statement_timeout)
     build_wait: float = 1800.0          # seconds an upsert waits for the build it started, after its commit
@@ -241,13 +246,29 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
              ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
     import psycopg
 
+    vectors_held = held(conn, model)
+    graph = hnsw_graph_bytes(vectors_held, dimension, index_kind(dimension))
+    memory = format_size(build_memory(graph, parse_size(settings.build_memory), parse_size(settings.build_memory_max)))
+    log.info("building the HNSW index %s of %s: %d vectors of %d dimensions (%s), a graph of about %s; "
+             "maintenance_work_mem %s, %d parallel workers at most, statement_timeout %s", name, model, vectors_held,
+             dimension, index_kind(dimension), _mb(graph), memory, settings.build_workers,
+             format_duration(timedelta(seconds=settings.build_timeout)))
+    if graph * 1.1 > parse_size(memory):
+        log.warning("the HNSW graph of %s (about %s) does not fit in HARVESTER_INDEX_BUILD_MEMORY_MAX=%s: the build "
+                    "will be several times slower; raise it if the database server has the memory", model,
+                    _mb(graph), settings.build_memory_max)
     settings_sql = ("SELECT set_config('maintenance_work_mem', %s, false),"
                     " set_config('max_parallel_maintenance_workers', %s, false),"
                     " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)")
     before = conn.execute("SELECT current_setting('maintenance_work_mem'), current_setting('max_parallel_maintenance_workers'),"
                           " current_setting('lock_timeout'), current_setting('statement_timeout')").fetchone()
-    conn.execute(settings_sql, (settings.build_memory, str(settings.build_workers), "0",
+    conn.execute(settings_sql, (memory, str(settings.build_workers), "0",
                                 f"{int(settings.build_timeout * 1000)}ms"))
+    def notice(diag) -> None:  # pgvector says when the graph outgrew maintenance_work_mem: the slow path
+        log.warning("PostgreSQL, building the HNSW index %s: %s (maintenance_work_mem %s)", name,
+                    diag.message_primary, memory)
+
+    conn.add_notice_handler(notice)
     try:
         conn.execute(statement)
     except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
@@ -262,10 +283,15 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
                               f"{str(exc).strip()} (HARVESTER_INDEX_BUILD_TIMEOUT_SECS={settings.build_timeout:g}); "
                               "the next run's upsert builds it again, searches use exact scans until then") from exc
     finally:
+        conn.remove_notice_handler(notice)
         if not conn.closed:
             with contextlib.suppress(psycopg.Error):
                 conn.execute(settings_sql, before)
     return index_state(conn, model) == "ready"
+
+
+def _mb(size: float) -> str:
+    return f"{size / 2 ** 30:.1f} GB" if size >= 2 ** 30 else f"{size / 2 ** 20:.0f} MB"
 
 
 def held(conn, model: str) -> int:
