@@ -22,8 +22,11 @@ records of about 9 KB each, derived from ../shared/ckan-samples by harvest_bench
 After (b) it prints recall@10 of the HNSW index the sync built, against exact search (index scans
 off), at the ef_search search uses (SearchSettings), with both latencies.
 
-Every Airflow run is its own `airflow dags test` process; its peak RSS is that of its whole
-process tree, polled every 0.2 s. The local servers (portal, embedding servers) run in processes
+Every Airflow run is its own `airflow dags test` process. Its peak RSS is given twice: exactly, as
+the kernel counts it (ru_maxrss of the largest process of the run, from wait4 in a small launcher
+process, so that nothing of this bench's own memory is inherited), and as the largest sum over its
+process tree, polled every 0.2 s (a poll misses short peaks; a sum sees processes side by side).
+The targets are checked against the larger of the two. The local servers (portal, embedding servers) run in processes
 of their own and PostgreSQL is the embedded server, so none of them counts in a run's RSS; their
 CPU time during each stage is printed beside the run's own, to show where time goes on a 2-core
 machine that hosts all of them. Requests and counts come from the run's sync_runs.stats, task
@@ -78,6 +81,26 @@ TARGET_ABOVE_FLOOR = 1.0        # (d) seconds above (e), at most
 SERIAL_RATE = 250.0             # texts/s of one request of 100 texts at a time with 0.4 s latency
 TARGET_SPEEDUP = 4.0            # (f) at least this many times SERIAL_RATE
 TARGET_RSS_MB = 400.0           # every run
+
+# Runs a command as its grandchild and writes the command's exact peak RSS (KiB; ru_maxrss of the
+# largest process it or its descendants were, as wait4 reports it) to the file named first. This
+# small process forks (not vfork: a vforked child would inherit this bench's high-water mark), so
+# what the child inherits is this launcher's few MB, and exec starts its own count.
+LAUNCHER = """
+import os, resource, sys
+out, cmd = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(cmd[0], cmd)
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+largest = max(usage.ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+with open(out, "w") as f:
+    f.write(str(largest))
+sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+"""
 
 # (e): harvest_<portal>'s shape with nothing in it. Written next to a copy of the real DAG file:
 # `airflow dags test -f` takes only files inside the dags folder.
@@ -225,9 +248,9 @@ class PeakRss(threading.Thread):
     """Samples the resident set size of a process (and its descendants, with ``tree``) every
     ``every`` seconds until stopped; ``peak`` is the largest sum seen, in MiB."""
 
-    def __init__(self, pid: int, tree: bool = True, every: float = 0.2):
+    def __init__(self, pid: int, tree: bool = True, every: float = 0.2, root: bool = True):
         super().__init__(name="peak-rss", daemon=True)
-        self.pid, self.tree, self.every = pid, tree, every
+        self.pid, self.tree, self.every, self.root = pid, tree, every, root  # root: count the process itself
         self.peak = 0.0
         self.processes = 0  # the most processes seen at once
         self._done = threading.Event()
@@ -237,7 +260,7 @@ class PeakRss(threading.Thread):
 
         try:
             proc = psutil.Process(self.pid)
-            procs = [proc, *proc.children(recursive=True)] if self.tree else [proc]
+            procs = ([proc] if self.root else []) + (proc.children(recursive=True) if self.tree else [])
         except psutil.NoSuchProcess:
             return
         rss = 0
@@ -276,7 +299,7 @@ class Stage:
     key: str                 # a .. f
     label: str
     wall: float              # seconds
-    peak_rss: float          # MiB, of the whole process tree
+    peak_rss: float          # MiB, of the whole process tree, polled
     requests: str            # as printed
     datasets: int = 0        # datasets the stage went through
     texts: int = 0           # texts embedded
@@ -286,6 +309,11 @@ class Stage:
     embed_span: float | None = None             # first embed_changed start to last end, seconds
     walls: list = field(default_factory=list)   # every repeat's wall time (d, e)
     processes: int = 1                          # the most processes of the run's tree at once
+    exact_rss: float = 0.0                      # MiB, the largest process's peak as the kernel counts it
+
+    @property
+    def worst_rss(self) -> float:
+        return max(self.peak_rss, self.exact_rss)
 
     @property
     def rate(self) -> float:
@@ -474,19 +502,23 @@ class Bench:
         cpu0 = self.cpu_now()
         with log.open("w") as out:
             started = time.perf_counter()
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            watch = PeakRss(proc.pid)
+            exact_file = log.with_suffix(".maxrss")
+            proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(exact_file), *cmd], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+            watch = PeakRss(proc.pid, root=False)  # the launcher's descendants: the run
             watch.start()
             status = proc.wait()
             wall = time.perf_counter() - started
             peak = watch.stop()
+            exact = int(exact_file.read_text()) / 1024 if exact_file.exists() else 0.0
         cpu = self.cpu_spent(cpu0, self.cpu_now())
         cpu.pop("bench")
         run_id, state, tasks, span = self.dag_run(dag_id)
         if status or state != "success":
             raise BenchError(f"({key}) {' '.join(cmd[1:])} ended with status {status}, DAG run {run_id} "
                              f"{state}: see {log}\n{tail(log)}")
-        stage = Stage(key, label, wall, peak, "0", tasks=tasks, cpu=cpu, embed_span=span, processes=watch.processes)
+        stage = Stage(key, label, wall, peak, "0", tasks=tasks, cpu=cpu, embed_span=span, processes=watch.processes,
+                      exact_rss=exact)
         if database:
             sync = self.last_sync(database)
             if sync["status"] != "committed":
@@ -658,6 +690,7 @@ def fastest_stage(stages: list[Stage]) -> Stage:
     chosen = min(stages, key=lambda s: s.wall)
     chosen.walls = [s.wall for s in stages]
     chosen.peak_rss = max(s.peak_rss for s in stages)
+    chosen.exact_rss = max(s.exact_rss for s in stages)
     return chosen
 
 
@@ -680,8 +713,9 @@ def print_stage(s: Stage) -> None:
         if s.embed_span:
             line += f" over the embed_changed tasks ({s.embed_span:.1f}s), {s.texts / s.wall:,.0f} over the run"
     print(line)
-    print(f"    requests: {s.requests}; peak RSS {s.peak_rss:.0f} MB"
-          + (f" ({s.processes} processes at most)" if s.processes > 1 else ""))
+    print(f"    requests: {s.requests}; peak RSS {s.exact_rss:.0f} MB exactly (the largest process, wait4), "
+          f"{s.peak_rss:.0f} MB polled (the process tree" + (f", {s.processes} processes at most" if s.processes > 1
+                                                             else "") + ")")
     if s.stats:
         keys = ("created", "updated", "unchanged", "embeddings_reused", "portal_bytes", "reconcile_listed")
         print("    stats: " + ", ".join(f"{k}={s.stats[k]:,}" for k in keys if k in s.stats))
@@ -723,7 +757,7 @@ def summary(bench: Bench) -> None:
     say("summary")
     print(f"{n:,} datasets, {os.cpu_count()} CPUs; peak RSS: the run's whole process tree (PostgreSQL and the "
           "local servers apart)\n")
-    print("| stage | time | rate | requests | peak RSS |")
+    print("| stage | time | rate | requests | peak RSS: exact (wait4) / polled tree |")
     print("|---|---|---|---|---|")
     for s in st.values():
         rate = []
@@ -732,7 +766,7 @@ def summary(bench: Bench) -> None:
         if s.texts:
             rate.append(f"{s.text_rate:,.0f} texts/s")
         when = seconds(s.wall) + (f" (fastest of {len(s.walls)})" if len(s.walls) > 1 else "")
-        print(f"| ({s.key}) {s.label} | {when} | {', '.join(rate) or '-'} | {s.requests} | {s.peak_rss:.0f} MB |")
+        print(f"| ({s.key}) {s.label} | {when} | {', '.join(rate) or '-'} | {s.requests} | {s.exact_rss:.0f} / {s.peak_rss:.0f} MB |")
     if bench.recall_figures:
         r = bench.recall_figures
         print(f"\nrecall@{K} of the HNSW index built by (b), ef_search={r['ef_search']}: {r['recall']:.3f} "
@@ -769,9 +803,9 @@ def summary(bench: Bench) -> None:
               f"{bench.args.latency * 1000:.0f} ms latency | {st['f'].text_rate:,.0f} texts/s "
               f"({st['f'].text_rate / SERIAL_RATE:.1f} x) | {verdict(st['f'].text_rate >= want)} |")
     if st:
-        worst = max(st.values(), key=lambda s: s.peak_rss)
-        print(f"| peak RSS at most {TARGET_RSS_MB:.0f} MB in every run | {worst.peak_rss:.0f} MB ({worst.key}) | "
-              f"{verdict(worst.peak_rss <= TARGET_RSS_MB)} |")
+        worst = max(st.values(), key=lambda s: s.worst_rss)
+        print(f"| peak RSS at most {TARGET_RSS_MB:.0f} MB in every run (exact or polled, the larger) | "
+              f"{worst.worst_rss:.0f} MB ({worst.key}) | {verdict(worst.worst_rss <= TARGET_RSS_MB)} |")
 
 
 def main() -> int:
