@@ -755,8 +755,8 @@ def verdict(ok: bool) -> str:
 def summary(bench: Bench) -> None:
     st, n = bench.stages, bench.args.datasets
     say("summary")
-    print(f"{n:,} datasets, {os.cpu_count()} CPUs; peak RSS: the run's whole process tree (PostgreSQL and the "
-          "local servers apart)\n")
+    print(f"{n:,} datasets, {os.cpu_count()} CPUs; peak RSS: exact (the run's largest process, as the kernel "
+          "counts it) and polled (the run's process tree every 0.2 s); PostgreSQL and the local servers apart\n")
     print("| stage | time | rate | requests | peak RSS: exact (wait4) / polled tree |")
     print("|---|---|---|---|---|")
     for s in st.values():
