@@ -481,3 +481,33 @@ def test_embed_changed_trusts_a_plan_of_nothing_to_embed(db, reader, portal_serv
     assert not gemini.requests
     done = pipeline.embed_changed(db, reader, portal, run_id, provider, planned=planned["pending_texts"])
     assert done["embedded"] == 20
+
+
+def test_the_upsert_waits_for_its_build_no_longer_than_its_task_may_run(
+        db, reader, database_url, portal_server, samples, gemini, monkeypatch, caplog):
+    """A build that outlasts what the task's execution_timeout leaves (a million vectors) is left to
+    the server at that deadline: the upsert returns, the run committed, and the build ends by itself."""
+    import time
+
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    monkeypatch.setenv("HARVESTER_INDEX_BUILD_WAIT_SECS", "30")  # (a wait past the deadline fails, not hangs)
+    portal_server.set_records(distinct_records(samples, 150))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    run_id, planned = steps(db, reader, portal, provider)
+    pipeline.embed_changed(db, reader, portal, run_id, provider, bulk_index=True)
+    second = lambda: contextlib.nullcontext(reader)  # noqa: E731
+    caplog.set_level(logging.INFO, logger="harvester")
+    with old_snapshot(database_url):  # the build cannot end while this is held
+        started = time.monotonic()
+        out = pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch, open_connection=second,
+                              wait_deadline=time.monotonic() + 3)
+        took = time.monotonic() - started
+        assert out["created"] == 150
+        assert took < 20, f"the upsert waited {took:.0f}s, past its deadline of 3 s"
+        assert vectors.index_state(db, MODEL) == "building"
+    assert "waiting at most" in caplog.text and "the task's execution_timeout leaves no more" in caplog.text
+    assert "is still being built after" in caplog.text
+    wait_for("the build, left to the server, to end", lambda: vectors.index_state(db, MODEL) == "ready")

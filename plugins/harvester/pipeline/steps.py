@@ -387,9 +387,10 @@ class _IndexBuild:
         """True once the build ended well; logs what else happened."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("the HNSW index of %s is still being built after %.0fs (HARVESTER_INDEX_BUILD_WAIT_SECS): "
-                        "the build goes on in PostgreSQL, concurrently (nobody waits for it); searches of the model "
-                        "use exact scans until it is valid", self.model, timeout)
+            log.warning("the HNSW index of %s is still being built after %.0fs (HARVESTER_INDEX_BUILD_WAIT_SECS, or "
+                        "what the task's execution_timeout left): the build goes on in PostgreSQL, concurrently "
+                        "(nobody waits for it); searches of the model use exact scans until it is valid",
+                        self.model, timeout)
             return False
         if self._error is not None:
             log.warning("the HNSW index of %s was not built: %s: %s; the run is committed, and the next upsert "
@@ -419,14 +420,30 @@ def _start_index_build(conn, run_id: int, model: str, open_connection,
     return _IndexBuild(open_connection, model, settings)
 
 
+def _build_wait(settings: vectors.IndexSettings, deadline: float | None) -> float:
+    """How long the upsert waits for the build it started: HARVESTER_INDEX_BUILD_WAIT_SECS, but never
+    past ``deadline`` (time.monotonic(): what the task's execution_timeout leaves), so that a long
+    build (a million vectors) never gets the task killed after its commit: the build goes on in
+    the server."""
+    if deadline is None:
+        return settings.build_wait
+    left = max(0.0, deadline - time.monotonic())
+    if left < settings.build_wait:
+        log.info("waiting at most %.0fs for the HNSW index build: the task's execution_timeout leaves no more "
+                 "(HARVESTER_INDEX_BUILD_WAIT_SECS=%g)", left, settings.build_wait)
+        return left
+    return settings.build_wait
+
+
 def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
-           force_removals: bool = False, open_connection=None) -> dict:
+           force_removals: bool = False, open_connection=None, wait_deadline: float | None = None) -> dict:
     """One transaction: staging merged into datasets, vectors linked, versions and changes written,
     datasets gone from a clean full sync marked removed, the run's stats written, the watermark
     moved to the run's start, the run's staging dropped. ``open_connection``: a context manager
     giving a second connection, on which the model's HNSW index, when it is missing (a bulk load
     or a model's first vectors), is built concurrently during the merge (without it: before the
-    merge); the upsert returns once it is built, or after HARVESTER_INDEX_BUILD_WAIT_SECS."""
+    merge); the upsert returns once it is built, or after HARVESTER_INDEX_BUILD_WAIT_SECS, or at
+    ``wait_deadline`` (a time.monotonic() value: its task's execution_timeout, less a margin)."""
     done = runs.get(conn, run_id)
     if done.status == "committed":
         # A retry of a task whose commit went through (the worker died after it): nothing to redo.
@@ -441,14 +458,14 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     finally:
         if build is not None:
             # After a failed merge the build is left to go on by itself (the retry finds it under way).
-            build.wait(settings.build_wait if committed else 0)
+            build.wait(_build_wait(settings, wait_deadline) if committed else 0)
     if build is None:
         # The bulk loads still running when this upsert began may all have committed meanwhile
         # (several first syncs whose upserts overlap each left the index to the others): the last
         # one to commit sees none running now, and builds it.
         late = _start_index_build(conn, run_id, model, open_connection, settings)
         if late is not None:
-            late.wait(settings.build_wait)
+            late.wait(_build_wait(settings, wait_deadline))
     return out
 
 

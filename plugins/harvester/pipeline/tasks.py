@@ -300,6 +300,24 @@ def asset_uri(portal: Portal) -> str:
 ASSET_EXTRA_KEYS = ("created", "updated", "removed", "review", "skipped", "removals_withheld")
 
 
+def _deadline(ctx) -> float | None:
+    """The time.monotonic() by which the running task must be done waiting: its execution_timeout
+    counted from its start, less a tenth of it (at most a minute); None without one."""
+    import time
+    from datetime import datetime, timezone
+
+    try:
+        ti = ctx["ti"]
+        timeout, started = ti.task.execution_timeout, ti.start_date
+    except (KeyError, AttributeError):
+        return None
+    if not timeout or started is None:
+        return None
+    total = timeout.total_seconds()
+    left = total - (datetime.now(timezone.utc) - started).total_seconds() - min(60.0, total / 10)
+    return time.monotonic() + max(0.0, left)
+
+
 @_task
 def upsert(portal: Portal, run: dict) -> dict:
     """Commits the run, then tells downstream DAGs what changed through an Asset event, and the
@@ -313,7 +331,7 @@ def upsert(portal: Portal, run: dict) -> dict:
         _resume(conn, portal, run)
         stats = pipeline.upsert(conn, portal, run["run_id"], provider.model, provider.max_batch,
                                 force_removals=bool(ctx["params"].get("force_removals")),
-                                open_connection=lambda: _connection(role="build"))
+                                open_connection=lambda: _connection(role="build"), wait_deadline=_deadline(ctx))
         reasons = pipeline.outcomes.by_code(conn, run["run_id"]) if portal.notify else {}
     events = ctx.get("outlet_events")
     if events is not None:
