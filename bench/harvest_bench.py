@@ -43,6 +43,18 @@ def synthetic(n: int, seed: int = 1) -> list[dict]:
     return out
 
 
+def edit_some(records: list[dict], portal_server, share: float, seed: int = 2) -> list[int]:
+    """Retitle ``share`` of ``records`` on the local portal (a newer metadata_modified), as an
+    incremental run then finds them; returns their positions."""
+    edited = random.Random(seed).sample(range(len(records)), int(len(records) * share))
+    for i in edited:
+        rec = copy.deepcopy(records[i])
+        rec["title"] += " (revised)"
+        rec["metadata_modified"] = "2030-01-01T00:00:00"
+        portal_server.upsert_record(rec)
+    return edited
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=int, default=20000)
@@ -75,12 +87,7 @@ def main() -> int:
                     print(f"{label:32s} {took:7.1f}s  {args.datasets / took if full else 0:8.0f} datasets/s  "
                           f"fetched={stats['fetched']} created={stats['created']} embedded={stats['embedded']} "
                           f"requests={stats['embedding_requests']} portal_requests={stats['portal_requests']}")
-                edited = random.Random(2).sample(range(args.datasets), int(args.datasets * args.changed))
-                for i in edited:
-                    rec = copy.deepcopy(records[i])
-                    rec["title"] += " (revised)"
-                    rec["metadata_modified"] = "2030-01-01T00:00:00"
-                    portal_server.upsert_record(rec)
+                edited = edit_some(records, portal_server, args.changed)
                 started = time.perf_counter()
                 stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
                 took = time.perf_counter() - started

@@ -17,10 +17,8 @@ smoke test's); nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -78,7 +76,7 @@ def print_report(report: dict) -> None:
 
 
 def run(url: str, args) -> dict:
-    from harvest_bench import synthetic
+    from harvest_bench import edit_some, synthetic
 
     from harvester.config.portals import Portal
     from harvester.embeddings.gemini import GeminiProvider
@@ -98,12 +96,7 @@ def run(url: str, args) -> dict:
                 raise SystemExit(f"the database {url} already holds datasets: give an empty one")
             started = time.perf_counter()
             pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
-            edited = random.Random(2).sample(range(args.datasets), int(args.datasets * args.changed))
-            for i in edited:
-                rec = copy.deepcopy(records[i])
-                rec["title"] += " (revised)"
-                rec["metadata_modified"] = "2030-01-01T00:00:00"
-                portal_server.upsert_record(rec)
+            edited = edit_some(records, portal_server, args.changed)
             pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
             print(f"harvested {args.datasets:,} datasets ({len(edited):,} edited once) at {args.dimension} dimensions "
                   f"in {time.perf_counter() - started:.1f} s", flush=True)
