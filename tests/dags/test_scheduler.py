@@ -54,7 +54,11 @@ CLUSTER_ENV = {
     "HARVESTER_LOCK_TIMEOUT_SECS": str(int(LOCK_BOUND)),
     "HARVESTER_INDEX_BULK_MIN": "50",
     "HARVESTER_INDEX_BULK_SHARE": "0.1",
-    "HARVESTER_BUSY_POLL_SECS": "2",  # a begin waiting for a busy portal checks again this often
+    # a begin waiting for a busy portal checks again this often. Not faster: Airflow 3.3 can fail a
+    # reschedule-mode sensor when a poke's executor event reaches the scheduler after the next poke
+    # was queued ("finished with state success, but the task instance's state attribute is queued",
+    # apache/airflow#71172); pokes 2 s apart on two busy cores met it (a backfill DAG run failed).
+    "HARVESTER_BUSY_POLL_SECS": "5",
     "HARVESTER_BUSY_WAIT_SECS": "120",
 }
 TOPICS = ("water quality", "air pollution", "public transport", "school enrolment", "housing prices",
