@@ -16,6 +16,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -99,6 +100,7 @@ def main() -> int:
         print(f"peak memory of this process (harvester + local portal + Gemini server): {rss:.0f} MiB; database {size}")
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at scale
     return 0
 
 

@@ -18,6 +18,7 @@ import copy
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,7 @@ def child(catalogue_url: str) -> None:
                           "peak_mb": peak_mb}))
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at scale
 
 
 def run_tree(plugins: Path, catalogue_url: str) -> dict:

@@ -24,6 +24,7 @@ import copy
 import os
 import random
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -173,6 +174,7 @@ def main() -> int:
         return 0 if same else 1
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at scale
 
 
 if __name__ == "__main__":

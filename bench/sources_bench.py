@@ -34,6 +34,7 @@ import copy
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -278,6 +279,7 @@ def main() -> int:
                 results.append(r)
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at scale
 
     print()
     print(f"{args.datasets:,} synthetic datasets per kind, local servers over HTTP, embedded PostgreSQL, "

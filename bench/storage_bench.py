@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -123,6 +124,7 @@ def main() -> int:
             report = run(server.start(), args)
         finally:
             server.stop()
+            shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at 100k
     print_report(report)
     if args.json:
         print(json.dumps(report))
