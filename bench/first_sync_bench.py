@@ -584,8 +584,8 @@ class Bench:
                 v = np.array(json.loads(text)) + rng.normal(0, 0.01, dimension)
                 queries.append("[" + ",".join(f"{x:.6f}" for x in v / np.linalg.norm(v)) + "]")
             warm_up, queries = queries[:3], queries[3:]
-            # the index's ordering (what search asks for), and the truth: every vector compared at
-            # full precision (the index holds half-precision copies)
+            # the index's ordering (what search asks for), and the truth: every stored vector compared,
+            # exactly (no index)
             knn = sql.SQL("SELECT content_hash FROM embeddings WHERE model = %(model)s "
                           "ORDER BY {expr} <=> {q} LIMIT {k}").format(
                 expr=vectors.index_expression(dimension), q=vectors.query_cast(dimension, "q"), k=sql.Literal(K))

@@ -1,4 +1,5 @@
-"""`harvester stats | embeddings`: the embedding cache, re-embedding (invalidate), dropping unused vectors (prune)."""
+"""`harvester stats | embeddings`: the embedding cache, re-embedding (invalidate), dropping unused vectors
+(prune), building the models' missing HNSW indexes now (reindex)."""
 from __future__ import annotations
 
 from harvester.cli import options
@@ -43,6 +44,8 @@ def cmd_embeddings(args) -> int:
         if args.action == "prune":
             print(f"pruned {vectors.prune(conn)} vectors no dataset uses")
             return 0
+        if args.action == "reindex":
+            return _reindex(conn, args.model)
         chosen = [x for x in (args.portal, args.dataset, args.model) if x]
         if len(chosen) != 1:
             return error("invalidate takes exactly one of --portal, --dataset, --model")
@@ -60,15 +63,38 @@ def cmd_embeddings(args) -> int:
     return 0
 
 
+def _reindex(conn, model: str | None) -> int:
+    """Build each model's missing HNSW index (or ``model``'s) now, as the next run's upsert would:
+    concurrently, with the memory its graph needs (store/vectors.ensure_index logs what it sets)."""
+    from harvester.store import vectors
+
+    models = [model] if model else [r[0] for r in conn.execute("SELECT DISTINCT model FROM embeddings ORDER BY 1")]
+    if model and not conn.execute("SELECT EXISTS (SELECT 1 FROM embeddings WHERE model = %s)", (model,)).fetchone()[0]:
+        return error(f"no vector of model {model!r} is stored (see `harvester stats`)")
+    for name in models:
+        state = vectors.index_state(conn, name)
+        if state != "missing":
+            print(f"{name}: index {'ready' if state == 'ready' else 'being built by another connection'}")
+            continue
+        try:
+            built = vectors.restore_index(conn, name)
+        except vectors.IndexBuildError as exc:
+            return error(str(exc))
+        print(f"{name}: index {'built' if built else 'left to the connection building it'}"
+              f" over {vectors.held(conn, name)} vectors")
+    return 0
+
+
 def register(subparsers) -> None:
     """Add stats and embeddings to the ``harvester`` subparsers."""
     p = subparsers.add_parser("stats", help="the embedding cache: size, hit rate and savings per portal")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
-    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate) or drop unused vectors (prune)")
-    p.add_argument("action", choices=["invalidate", "prune"])
+    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate), drop unused vectors (prune), or "
+                                                 "build the models' missing HNSW indexes now (reindex)")
+    p.add_argument("action", choices=["invalidate", "prune", "reindex"])
     p.add_argument("--portal", help="invalidate the active model's vectors of this portal's datasets")
     p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
-    p.add_argument("--model", help="invalidate every vector of this model")
+    p.add_argument("--model", help="invalidate every vector of this model; reindex: only this model's index")
     p.set_defaults(func=cmd_embeddings)

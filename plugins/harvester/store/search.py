@@ -326,8 +326,8 @@ def _vector_statements(dimension: int, where: str):
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
         """).format(expr=expr, q=q, where=sql.SQL(where))
-    # Every distance computed first (materialized CTEs), at full precision (the index holds
-    # half-precision copies), then sorted: an ORDER BY on the distance itself would be planned as
+    # Every distance computed first (materialized CTEs), between the stored half-precision vectors
+    # (sql/019) and the query cast as the index casts it, so both paths rank alike, then sorted: an ORDER BY on the distance itself would be planned as
     # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
     # passes the filters. The vectors come from dataset_vectors (sql/010), fetched as one sorted
     # list of ids: rows in dataset order, read in that order. Datasets without a current copy of
@@ -337,12 +337,12 @@ def _vector_statements(dimension: int, where: str):
         WITH f AS MATERIALIZED (
             SELECT s.dataset_id, s.content_hash FROM dataset_search s WHERE {where}
         ), c AS MATERIALIZED (
-            SELECT v.dataset_id, v.content_hash, v.embedding <=> %(query)s::vector({dim}) AS distance
+            SELECT v.dataset_id, v.content_hash, v.embedding <=> %(query)s::halfvec({dim}) AS distance
             FROM dataset_vectors v
             WHERE v.dataset_id = ANY(ARRAY(SELECT f.dataset_id FROM f)) AND v.model = %(model)s
         ), d AS (
             SELECT f.dataset_id, coalesce(c.distance, (
-                       SELECT e.embedding::vector({dim}) <=> %(query)s::vector({dim}) FROM embeddings e
+                       SELECT e.embedding <=> %(query)s::halfvec({dim}) FROM embeddings e
                        WHERE e.content_hash = f.content_hash AND e.model = %(model)s)) AS distance
             FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
         )

@@ -1,9 +1,10 @@
 """Vectors, content-addressed: one per (content_hash, model), shared by every dataset with that text.
 
 Each model gets a partial HNSW cosine index over its rows, cast to its dimension, so models of
-different sizes live side by side and one can replace another without dropping data. The table
-keeps full precision (``vector``); the index holds half-precision copies (``halfvec``, up to 4000
-dimensions): half the size, built in about half the time, with the same recall (bench/).
+different sizes live side by side and one can replace another without dropping data. Vectors
+are stored in half precision (``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values
+are rounded once, as they are stored) and so is the index (up to 4000 dimensions): half the size of
+full precision, built in about half the time, with the same recall (bench/).
 """
 from __future__ import annotations
 
@@ -438,6 +439,10 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
         array = np.asarray(vector, dtype=np.float32)
         if array.shape != (dimension,):
             raise ValueError(f"model {model} returned a vector of shape {array.shape}, expected ({dimension},)")
+        if not np.isfinite(array).all() or np.abs(array).max(initial=0.0) > HALFVEC_MAX:
+            raise ValueError(f"model {model} returned a vector with a value that half precision cannot store "
+                             f"(beyond +-{HALFVEC_MAX:g}, or not a number) for text {content_hash}: vectors are "
+                             "stored as halfvec; nothing of this batch was stored")
         rows.append((content_hash, model, dimension, array, run_id))
     rows.sort(key=lambda row: row[0])
     import psycopg
@@ -462,6 +467,7 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
 
 
 _WRITE_ATTEMPTS = 5
+HALFVEC_MAX = 65504.0  # the largest finite half-precision value
 
 
 def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int] | None = None) -> int:
