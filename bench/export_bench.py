@@ -63,9 +63,10 @@ FILL = [
     ) s
     """,
     """
-    INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, title, description,
-                                  snapshot, change_type, first_seen_at, last_seen_at)
-    SELECT id, 1, content_hash, metadata_hash, title, '', '{}', 'new', first_seen_at, last_seen_at
+    INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot, change_type,
+                                  first_seen_at, last_seen_at)
+    SELECT id, 1, content_hash, metadata_hash, jsonb_build_object('title', title, 'description', ''), 'new',
+           first_seen_at, last_seen_at
     FROM datasets WHERE portal_url = %(portal)s
     """,
     """

@@ -1,8 +1,9 @@
-"""sql/019 (vectors stored in half precision) applied to a database written before it: what users
-see (search in each mode, with and without filters; versions, changes, the export) is the same
-before and after, nothing is re-harvested or re-embedded, and the next run builds the index the
-migration dropped. Real PostgreSQL + pgvector, the local CKAN portal, the real google-genai SDK
-against the local Gemini-protocol server."""
+"""The storage migrations of issue 26 applied to a database written before them (at 018): sql/019
+(vectors stored in half precision) and sql/020 (a version's title and description kept once, in its
+snapshot). What users see (search in each mode, with and without filters; versions, changes, the
+export) is the same before and after, nothing is re-harvested or re-embedded, and the next run builds
+the index the migration dropped. Real PostgreSQL + pgvector, the local CKAN portal, the real
+google-genai SDK against the local Gemini-protocol server."""
 from __future__ import annotations
 
 import copy
@@ -19,7 +20,8 @@ from harvester.store import export, history, migrations, search, vectors
 from harvester.testing.runs import COPY_DRIFT
 from harvester.testing.samples import distinct_records
 
-MIGRATION = "019_half_precision_vectors.sql"
+# what the migrations since 018 changed: vectors in half precision (019), a version's text kept once (020)
+MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql"]
 
 
 def column_types(conn) -> dict[str, str]:
@@ -37,6 +39,18 @@ def old_connection(url: str, sql_dir):
     migrations.migrate(conn, sql_dir)
     register_vector(conn)
     return conn
+
+
+OLD_VERSION_WRITER = """
+CREATE FUNCTION test_version_text() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.title := coalesce(NEW.snapshot ->> 'title', '');
+    NEW.description := coalesce(NEW.snapshot ->> 'description', '');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_version_text BEFORE INSERT OR UPDATE ON dataset_versions
+    FOR EACH ROW EXECUTE FUNCTION test_version_text();
+"""
 
 
 def what_users_see(conn, portal_url: str, provider, queries: list[str], dataset_ids: list[int]) -> dict:
@@ -77,7 +91,7 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     for version, path in migrations.migration_files():
         if version < 19:
             shutil.copy(path, before_019 / path.name)
-    assert (migrations.SQL_DIR / MIGRATION).exists()
+    assert all((migrations.SQL_DIR / name).exists() for name in MIGRATIONS)
 
     records = distinct_records(samples, 60)
     portal_server.set_records(records)
@@ -88,6 +102,10 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     # -- written before sql/019: full precision, two runs (one editing five datasets) ------------
     with old_connection(url, before_019) as conn, old_connection(url, before_019) as reader:
         assert column_types(conn) == {"embeddings": "vector", "dataset_vectors": "vector"}
+        # Before 020 the writer also filled a version's title and description columns, with the
+        # strings its snapshot holds (store/history.write_history); today's writer leaves them to
+        # 020's generated columns. Filled here as it filled them, on the schema it wrote to.
+        conn.execute(OLD_VERSION_WRITER)
         pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
         for rec in records[:5]:
             edited = copy.deepcopy(rec)
@@ -110,9 +128,13 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
 
     # -- the migration -----------------------------------------------------------------------------
     with psycopg.connect(url, autocommit=True) as conn:
-        assert migrations.migrate(conn) == [MIGRATION]
+        conn.execute("DROP TRIGGER test_version_text ON dataset_versions; DROP FUNCTION test_version_text()")
+        assert migrations.migrate(conn) == MIGRATIONS
     with store_db.prepare(store_db.connect_url(url)) as conn, store_db.prepare(store_db.connect_url(url)) as reader:
         assert column_types(conn) == {"embeddings": "halfvec", "dataset_vectors": "halfvec"}
+        assert dict(conn.execute("SELECT attname, attgenerated FROM pg_attribute WHERE attrelid = 'dataset_versions'"
+                                 "::regclass AND attname IN ('title', 'description')").fetchall()) == \
+            {"title": "v", "description": "v"}  # computed from the snapshot when read
         assert conn.execute("SELECT (SELECT count(*) FROM embeddings), (SELECT count(*) FROM dataset_vectors),"
                             " (SELECT count(*) FROM dataset_versions), (SELECT count(*) FROM dataset_changes)"
                             ).fetchone() == counts

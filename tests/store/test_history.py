@@ -170,9 +170,9 @@ def test_one_current_version_is_enforced_by_the_schema(db, reader, portal, porta
     portal_server.set_records(birmingham[:1])
     harvest_once(db, reader, portal)
     with pytest.raises(psycopg.errors.UniqueViolation):
-        db.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, title,"
+        db.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash,"
                    " snapshot, is_current, change_type, first_seen_at, last_seen_at)"
-                   " SELECT dataset_id, 2, content_hash, metadata_hash, title, snapshot, true, 'metadata_updated',"
+                   " SELECT dataset_id, 2, content_hash, metadata_hash, snapshot, true, 'metadata_updated',"
                    " now(), now() FROM dataset_versions")
 
 

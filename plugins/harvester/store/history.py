@@ -18,8 +18,9 @@ Rules
     A record hash_compare calls updated whose snapshot equals its current version's (``detect``
     returns None) gets neither a version nor a change row: nothing a user can see changed. That
     happens when the hashes change but the tracked fields do not, e.g. a new text recipe
-    (``dataset.TEXT_RECIPE``) changes every content_hash. The current version's hashes, title and
-    description are refreshed in place so they keep matching the dataset.
+    (``dataset.TEXT_RECIPE``) changes every content_hash. The current version's hashes are
+    refreshed in place so they keep matching the dataset (its title and description are its
+    snapshot's, sql/020, and did not change).
 
     Datasets harvested before this history existed have no version. The first run that sees one
     gives it a version: an edit or a restoration is detected against the dataset's row (its title,
@@ -199,10 +200,10 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
         """, params)
     versions = conn.execute(
         f"""
-        INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, title, description,
-            snapshot, is_current, change_type, first_seen_at, last_seen_at)
-        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, d.title, d.description,
-            c.snapshot, true, c.change_type, %(seen)s, %(seen)s
+        INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot, is_current,
+            change_type, first_seen_at, last_seen_at)
+        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, c.snapshot, true, c.change_type,
+            %(seen)s, %(seen)s
         {_STAGED_DATASETS}
         CROSS JOIN LATERAL (SELECT max(version_number) AS last FROM dataset_versions p WHERE p.dataset_id = d.id) m
         WHERE c.run_id = %(run)s AND c.new_version
@@ -221,7 +222,7 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
     refreshed = conn.execute(
         f"""
         UPDATE dataset_versions v SET content_hash = d.content_hash, metadata_hash = d.metadata_hash,
-            title = d.title, description = d.description, last_seen_at = greatest(v.last_seen_at, %(seen)s)
+            last_seen_at = greatest(v.last_seen_at, %(seen)s)
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND NOT c.new_version AND v.dataset_id = d.id AND v.is_current
         """, params).rowcount
