@@ -38,60 +38,84 @@ def lock(conn) -> None:
 
 
 # -- keys ------------------------------------------------------------------------------------------
-def refresh_keys(conn, ids: list[int]) -> int:
-    """Rewrite the evidence keys of the datasets ``ids`` from their rows; returns the keys written."""
-    if not ids:
-        return 0
-    conn.execute("DELETE FROM dataset_keys WHERE dataset_id = ANY(%s)", (ids,))
+def refresh_keys(conn) -> int:
+    """Rewrite the evidence keys of the datasets of the scope (``_scope``) from their rows; returns
+    the keys written."""
+    conn.execute(f"DELETE FROM dataset_keys WHERE dataset_id IN (SELECT id FROM {SCOPE})")
     cur = conn.execute(
-        """
+        f"""
         INSERT INTO dataset_keys (dataset_id, key, portal_url, evidence, claimed, live)
         SELECT k.dataset_id, k.key, d.portal_url, k.evidence, k.claimed, d.removed_at IS NULL
-        FROM harvester_keys_of(%(ids)s) k JOIN datasets d ON d.id = k.dataset_id
-        """, {"ids": ids})
+        FROM harvester_keys_of(ARRAY(SELECT id FROM {SCOPE})) k JOIN datasets d ON d.id = k.dataset_id
+        """)
     return cur.rowcount
 
 
-def _run_touched(conn, run_id: int, portal_url: str) -> list[int]:
-    """The datasets a run changed: its change rows (new, edits, removals, restores) and its staged
-    created / updated / re-identified records (a hash change no change row shows)."""
-    rows = conn.execute(
-        """
+# -- the scope: the datasets a regrouping examines, kept in PostgreSQL ------------------------------
+# A portal's first scan examines all its datasets: a million ids held in this process (and sent back
+# and forth as arrays) took the upsert from 360 to 728 MB (bench/scale_bench.py). They stay in a
+# temporary table of the transaction instead; only what has a link comes here.
+SCOPE = "harvester_duplicate_scope"
+
+
+def _scope(conn) -> None:
+    """An empty scope table for the caller's transaction (dropped at its end)."""
+    if conn.info.transaction_status == 0:  # psycopg.pq.TransactionStatus.IDLE: no transaction open
+        raise RuntimeError("duplicate grouping runs inside the caller's transaction (it holds the lock)")
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {SCOPE} (id bigint PRIMARY KEY) ON COMMIT DROP")
+    conn.execute(f"TRUNCATE {SCOPE}")
+
+
+def _scope_add(conn, select: str, params: dict | None = None) -> int:
+    """Add the ids ``select`` returns to the scope; returns how many were new."""
+    return conn.execute(f"INSERT INTO {SCOPE} (id) {select} ON CONFLICT DO NOTHING", params or {}).rowcount
+
+
+def _analyze_scope(conn, added: int) -> None:
+    if added >= ANALYZE_AFTER:  # temporary tables get no statistics of their own: the joins need them
+        conn.execute(f"ANALYZE {SCOPE}")
+
+
+def _run_touched(conn, run_id: int, portal_url: str) -> int:
+    """The datasets a run changed, into the scope: its change rows (new, edits, removals, restores)
+    and its staged created / updated / re-identified records (a hash change no change row shows)."""
+    return _scope_add(conn, """
         SELECT dataset_id FROM dataset_changes WHERE run_id = %(run)s
         UNION
         SELECT d.id FROM staging_records s JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
-        """, {"run": run_id, "portal": portal_url}).fetchall()
-    return [r[0] for r in rows]
+        """, {"run": run_id, "portal": portal_url})
 
 
 # -- grouping --------------------------------------------------------------------------------------
-def _neighbourhood(conn, ids: list[int]) -> list[int]:
-    """``ids``, the datasets sharing a key with them, and the members of all their groups."""
-    rows = conn.execute(
-        """
-        WITH seed AS (SELECT unnest(%(ids)s::bigint[]) AS id),
+def _neighbourhood(conn, ids: list[int] | None = None) -> int:
+    """Into the scope: ``ids`` (None: the scope itself), the datasets sharing a key with them, and
+    the members of all their groups; returns how many were new."""
+    seed = f"SELECT id FROM {SCOPE}" if ids is None else "SELECT unnest(%(ids)s::bigint[]) AS id"
+    return conn.execute(
+        f"""
+        WITH seed AS MATERIALIZED ({seed}),
         near AS (
             SELECT id FROM seed
             UNION
             SELECT o.dataset_id FROM dataset_keys k JOIN seed ON k.dataset_id = seed.id
             JOIN dataset_keys o ON o.key = k.key AND o.portal_url <> k.portal_url
         )
+        INSERT INTO {SCOPE} (id)
         SELECT id FROM near
         UNION
         SELECT m2.dataset_id FROM near JOIN duplicate_members m ON m.dataset_id = near.id
         JOIN duplicate_members m2 ON m2.group_id = m.group_id
-        """, {"ids": ids}).fetchall()
-    return [r[0] for r in rows]
+        ON CONFLICT DO NOTHING
+        """, {"ids": ids}).rowcount
 
 
-def _edges(conn, ids: list[int]) -> list[dd.Edge]:
-    """Evidence edges between datasets of ``ids`` (of different portals), leaving out keys that two
-    live datasets of one portal hold."""
+def _edges(conn) -> list[dd.Edge]:
+    """Evidence edges between datasets of the scope (of different portals), leaving out keys that
+    two live datasets of one portal hold."""
     rows = conn.execute(
-        """
-        WITH l AS (SELECT unnest(%(ids)s::bigint[]) AS id),
-        k AS MATERIALIZED (SELECT dk.* FROM dataset_keys dk JOIN l ON dk.dataset_id = l.id),
+        f"""
+        WITH k AS MATERIALIZED (SELECT dk.* FROM dataset_keys dk JOIN {SCOPE} l ON dk.dataset_id = l.id),
         ambiguous AS (
             SELECT o.key FROM dataset_keys o WHERE o.key IN (SELECT key FROM k) AND o.live
             GROUP BY o.key, o.portal_url HAVING count(*) > 1
@@ -99,7 +123,7 @@ def _edges(conn, ids: list[int]) -> list[dd.Edge]:
         SELECT a.dataset_id, b.dataset_id, a.evidence, b.evidence, a.claimed, b.claimed
         FROM k a JOIN k b ON b.key = a.key AND b.portal_url <> a.portal_url AND a.dataset_id < b.dataset_id
         WHERE a.key NOT IN (SELECT key FROM ambiguous)
-        """, {"ids": ids}).fetchall()
+        """).fetchall()
     edges = []
     for a, b, ev_a, ev_b, claimed_a, claimed_b in rows:
         evidence = min((ev_a, ev_b), key=dd.EVIDENCE.index)
@@ -114,37 +138,48 @@ def _members(conn, ids: list[int]) -> dict[int, dd.Member]:
     return {r[0]: dd.Member(*r) for r in rows}
 
 
-def _overrides(conn, ids: list[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    rows = conn.execute("SELECT a, b, decision FROM duplicate_overrides WHERE a = ANY(%(ids)s) OR b = ANY(%(ids)s)",
-                        {"ids": ids}).fetchall()
+def _overrides(conn) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Operators' decisions about datasets of the scope: (same pairs, different pairs)."""
+    rows = conn.execute(f"SELECT a, b, decision FROM duplicate_overrides WHERE a IN (SELECT id FROM {SCOPE})"
+                        f" OR b IN (SELECT id FROM {SCOPE})").fetchall()
     return [(a, b) for a, b, d in rows if d == "same"], [(a, b) for a, b, d in rows if d == "different"]
 
 
-def _expand(conn, ids: list[int]) -> list[int]:
-    """The neighbourhood, plus the datasets operators tied to it ('same')."""
-    found = set(_neighbourhood(conn, ids))
+def _expand(conn) -> None:
+    """The scope grown to its neighbourhood, plus the datasets operators tied to it ('same') and
+    their neighbourhoods, until nothing more is tied."""
+    _analyze_scope(conn, _neighbourhood(conn))
     while True:
-        same, _ = _overrides(conn, sorted(found))
-        more = {i for pair in same for i in pair} - found
+        same, _ = _overrides(conn)
+        more = [r[0] for r in conn.execute(
+            f"SELECT u.id FROM unnest(%s::bigint[]) u(id) WHERE NOT EXISTS (SELECT 1 FROM {SCOPE} s WHERE s.id = u.id)",
+            (sorted({i for pair in same for i in pair}),))]
         if not more:
-            return sorted(found)
-        found |= set(_neighbourhood(conn, sorted(more)))
+            return
+        _neighbourhood(conn, more)
 
 
 def regroup(conn, ids: list[int]) -> dict:
     """Regroup the neighbourhood of ``ids`` (inside the caller's transaction, which holds ``lock``).
     Group ids are kept: a group keeps the id most of its members had."""
-    if not ids:
+    _scope(conn)
+    if not _scope_add(conn, "SELECT unnest(%(ids)s::bigint[])", {"ids": list(ids)}):
         return {"examined": 0, "groups": 0, "grouped": 0}
-    scope = _expand(conn, ids)
-    same, different = _overrides(conn, scope)
-    edges = _edges(conn, scope)
+    return _regroup_scope(conn)
+
+
+def _regroup_scope(conn) -> dict:
+    """Regroup the neighbourhood of the scope's datasets."""
+    _expand(conn)
+    same, different = _overrides(conn)
+    edges = _edges(conn)
     # only datasets with a link (or an operator's 'same') can be grouped: the others of the scope are
     # alone, and a portal's first scan with no other portal holds none in memory
     linked = sorted({i for e in edges for i in (e.a, e.b)} | {i for pair in same for i in pair})
     grouping = dd.group(_members(conn, linked), edges, same, different)
+    # the groups the linked datasets were in (the scope's others are in none after this)
     old = dict(conn.execute("SELECT dataset_id, group_id FROM duplicate_members WHERE dataset_id = ANY(%s)",
-                            (scope,)).fetchall())
+                            (linked,)).fetchall())
     ids_of_groups, taken = [], set()
     for group_members in grouping.groups:
         votes: dict[int, int] = {}
@@ -160,7 +195,7 @@ def regroup(conn, ids: list[int]) -> dict:
         new_ids = iter(r[0] for r in conn.execute(
             "SELECT nextval('duplicate_group_ids') FROM generate_series(1, %s)", (fresh,)).fetchall())
         ids_of_groups = [g if g is not None else next(new_ids) for g in ids_of_groups]
-    conn.execute("DELETE FROM duplicate_members WHERE dataset_id = ANY(%s)", (scope,))
+    conn.execute(f"DELETE FROM duplicate_members WHERE dataset_id IN (SELECT id FROM {SCOPE})")
     if grouping.members:
         m = grouping.members
         conn.execute(
@@ -174,30 +209,38 @@ def regroup(conn, ids: list[int]) -> dict:
             """, ([x.dataset_id for x in m], [ids_of_groups[x.group] for x in m], [x.is_canonical for x in m],
                   [x.evidence for x in m], [x.confidence for x in m], [x.matched_id for x in m],
                   [x.copy_of for x in m]))
-    return {"examined": len(scope), "groups": len(grouping.groups), "grouped": len(grouping.members)}
+    examined = conn.execute(f"SELECT count(*) FROM {SCOPE}").fetchone()[0]
+    return {"examined": examined, "groups": len(grouping.groups), "grouped": len(grouping.members)}
 
 
 def regroup_run(conn, run_id: int, portal_url: str) -> dict:
     """After a run's merge, removals and history, inside its commit transaction: re-key what the run
-    touched and regroup around it. A portal never scanned has all its datasets examined."""
+    touched and regroup around it. A portal never scanned has all its datasets examined. The ids
+    stay in PostgreSQL (the scope table): a first scan of a million datasets costs this process
+    no more memory than a run that changed ten."""
     started = time.perf_counter()
     lock(conn)
+    _scope(conn)
     scanned = conn.execute("SELECT 1 FROM duplicate_scans WHERE portal_url = %s", (portal_url,)).fetchone()
     if scanned:
         touched = _run_touched(conn, run_id, portal_url)
     else:
-        touched = [r[0] for r in conn.execute("SELECT id FROM datasets WHERE portal_url = %s", (portal_url,))]
+        touched = _scope_add(conn, "SELECT id FROM datasets WHERE portal_url = %(portal)s", {"portal": portal_url})
         conn.execute("INSERT INTO duplicate_scans (portal_url) VALUES (%s) ON CONFLICT DO NOTHING", (portal_url,))
-    keys = refresh_keys(conn, touched)
+    if not touched:
+        return {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0,
+                "seconds": round(time.perf_counter() - started, 3)}
+    _analyze_scope(conn, touched)
+    keys = refresh_keys(conn)
     if keys >= ANALYZE_AFTER:
         # Fresh statistics before the self-joins on dataset_keys: without them (a new or migrated
         # database, a first scan) PostgreSQL plans a nested loop over every key per dataset, and a
         # 100,000-dataset first scan never ends; with them, hash joins (bench/duplicates_bench.py).
         conn.execute("ANALYZE dataset_keys")
-    out = regroup(conn, touched)
+    out = _regroup_scope(conn)
     if out["grouped"] >= ANALYZE_AFTER:
         conn.execute("ANALYZE duplicate_members")
-    out.update(touched=len(touched), keys=keys, seconds=round(time.perf_counter() - started, 3))
+    out.update(touched=touched, keys=keys, seconds=round(time.perf_counter() - started, 3))
     return out
 
 
