@@ -517,6 +517,13 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     if grouped["touched"]:
         log.info("duplicates: %d datasets re-keyed, %d examined with their neighbours in %.2fs: %d in %d groups",
                  grouped["touched"], grouped["examined"], grouped["seconds"], grouped["grouped"], grouped["groups"])
+    changed = sum(int(final.get(k) or 0) for k in ("created", "updated", "removed", "reidentified"))
+    started = time.perf_counter()
+    analyzed = datasets.analyze_after_bulk(conn, changed)
+    if analyzed:
+        log.info("fresh statistics after %d changed datasets: analyzed %s in %.1fs (without them the next "
+                 "statements are planned for the tables' size before this run)", changed, ", ".join(analyzed),
+                 time.perf_counter() - started)
     _log_report(conn, run_id)
     return {"run_id": run_id, **final}
 

@@ -188,3 +188,44 @@ def new_in_run(conn, run_id: int, portal_url: str) -> int:
           AND NOT EXISTS (SELECT 1 FROM datasets d WHERE d.portal_url = %(portal)s AND d.source_id = s.source_id
                             AND d.removed_at IS NULL)
         """, {"run": run_id, "portal": portal_url}).fetchone()[0]
+
+
+# The tables a run writes in proportion to what it changed. After a bulk load (a first sync, a
+# large re-sync) they have no statistics for their new rows until autovacuum analyzes them, minutes
+# later: meanwhile PostgreSQL plans the next run's statements, and searches, for a table of another
+# size. Measured at 1,000,000 datasets (bench/scale_bench.py): the incremental run right after the
+# first sync spent over three minutes on new_in_run's count of 1,000 staged records, planned on the
+# statistics of an empty datasets table.
+ANALYZED_AFTER_BULK = ("datasets", "dataset_search", "dataset_versions", "dataset_changes", "embeddings",
+                       "dataset_vectors")
+ANALYZE_MIN_ROWS = 10_000
+ANALYZE_SHARE = 0.1   # as autovacuum_analyze_scale_factor's default
+
+
+def analyze_after_bulk(conn, changed: int) -> list[str]:
+    """After a run's commit (``conn`` in autocommit): ANALYZE the tables the run wrote when it
+    changed at least ANALYZE_MIN_ROWS datasets and at least ANALYZE_SHARE of what ``datasets``
+    held by the last statistics (always when it has none). SKIP_LOCKED: a table someone vacuums,
+    analyzes or indexes concurrently (the HNSW build) is left to them. Returns the tables analyzed."""
+    if changed < ANALYZE_MIN_ROWS:
+        return []
+    estimated = conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'datasets'::regclass").fetchone()[0]
+    if 0 <= estimated and changed < ANALYZE_SHARE * estimated:
+        return []
+    skipped: list[str] = []
+
+    def notice(diag) -> None:  # 'skipping analyze of "embeddings" --- lock not available'
+        if "skipping analyze" in (diag.message_primary or ""):
+            skipped.append(diag.message_primary)
+
+    conn.add_notice_handler(notice)
+    done = []
+    try:
+        for table in ANALYZED_AFTER_BULK:
+            del skipped[:]
+            conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
+            if not skipped:
+                done.append(table)
+    finally:
+        conn.remove_notice_handler(notice)
+    return done

@@ -1,0 +1,70 @@
+"""After a run that changed a large share of the datasets (a first sync, a big re-sync), its upsert
+analyzes the tables it wrote, so that the next run's statements and the searches are planned for
+their new size (at 1,000,000 datasets an incremental run planned on an empty table's statistics
+spent minutes on one count: bench/scale_bench.py). Real PostgreSQL, the local CKAN portal, the
+local Gemini-protocol server."""
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import datetime, timedelta, timezone
+
+from harvester.config.portals import Portal
+from harvester.embeddings import get_provider
+from harvester.pipeline import steps as pipeline
+from harvester.store import datasets
+from harvester.testing.samples import distinct_records
+
+
+def estimated_rows(db) -> dict[str, float]:
+    """pg_class.reltuples of each table the upsert may analyze: -1 until ANALYZE (or VACUUM) ran."""
+    return dict(db.execute("SELECT relname, reltuples FROM pg_class WHERE relname = ANY(%s)",
+                           (list(datasets.ANALYZED_AFTER_BULK),)).fetchall())
+
+
+def test_a_bulk_run_leaves_statistics_and_a_small_one_does_not(db, reader, portal_server, samples, gemini,
+                                                               monkeypatch, caplog):
+    # the thresholds scaled down with the portal (10,000 datasets and a tenth of the table by default)
+    monkeypatch.setattr(datasets, "ANALYZE_MIN_ROWS", 20)
+    records = distinct_records(samples, 30)
+    portal_server.set_records(records)
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    assert set(estimated_rows(db).values()) == {-1}  # a new database: no statistics anywhere
+
+    with caplog.at_level(logging.INFO, logger="harvester.pipeline.steps"):
+        pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    rows = estimated_rows(db)
+    assert rows["datasets"] == rows["dataset_search"] == rows["dataset_versions"] == rows["dataset_vectors"] == 30
+    assert rows["embeddings"] == 30 and rows["dataset_changes"] == 30
+    assert any("fresh statistics after 30 changed datasets: analyzed datasets, dataset_search" in r.getMessage()
+               for r in caplog.records)
+
+    # Two edits: under ANALYZE_MIN_ROWS, nothing analyzed (the statistics still say 30 versions).
+    later = (datetime.now(timezone.utc) + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    for rec in records[:2]:
+        edited = copy.deepcopy(rec)
+        edited["title"] += " (revised)"
+        edited["metadata_modified"] = later
+        portal_server.upsert_record(edited)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="harvester.pipeline.steps"):
+        assert pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)["updated"] == 2
+    assert estimated_rows(db)["dataset_versions"] == 30
+    assert not any("fresh statistics" in r.getMessage() for r in caplog.records)
+
+    # Above the minimum but under a tenth of what the statistics say the table holds: not analyzed.
+    monkeypatch.setattr(datasets, "ANALYZE_MIN_ROWS", 1)
+    assert datasets.analyze_after_bulk(db, 2) == []
+    assert datasets.analyze_after_bulk(db, 3) == list(datasets.ANALYZED_AFTER_BULK)
+    assert estimated_rows(db)["dataset_versions"] == 32
+
+
+def test_a_table_someone_else_holds_is_left_to_them(db, database_url):
+    """SKIP_LOCKED: a concurrent build, vacuum or analyze of a table is not waited for."""
+    import psycopg
+
+    with psycopg.connect(database_url) as other:  # a transaction holding what VACUUM and ANALYZE take
+        other.execute("LOCK TABLE embeddings IN SHARE UPDATE EXCLUSIVE MODE")
+        assert datasets.analyze_after_bulk(db, 100_000) == [t for t in datasets.ANALYZED_AFTER_BULK
+                                                            if t != "embeddings"]
