@@ -312,9 +312,9 @@ _ALL = (
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",
             "search", 1, 1000),
     Setting("HARVESTER_SEARCH_RRF_K", "int", 60, "The reciprocal rank fusion constant", "search", 0, 100000),
-    Setting("HARVESTER_SEARCH_MAX_SCAN_TUPLES", "int", 50000, "How far a filtered HNSW scan may go to find its "
+    Setting("HARVESTER_SEARCH_MAX_SCAN_TUPLES", "int", 10000, "How far a filtered HNSW scan may go to find its "
             "matches", "search", 1, 10**9),
-    Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 5000, "Filters that leave at most this many datasets rank "
+    Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 20000, "Filters that leave at most this many datasets rank "
             "them exactly (0: never)", "search", 0, 10**7),
     # -- record reports and validation ------------------------------------------------------------
     Setting("HARVESTER_OUTCOMES_KEEP_DAYS", "int", 90, "How long a run's per-record outcomes (errors and warnings "
