@@ -577,7 +577,52 @@ def _truthy(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
-class DemoPortal:
+class ServedPortal:
+    """What the local CKAN portals share (DemoPortal, scale_portal.ScalePortal): a threaded server on
+    ``host``:``port`` (0: a free one) answering with ``_handler_class()``, in a daemon thread between
+    ``start()`` and ``stop()``, or as a context manager."""
+
+    thread_name = "ckan-portal"
+    _server: "_Server | None" = None
+    _thread: threading.Thread | None = None
+
+    def _handler_class(self) -> type:  # pragma: no cover - subclasses give theirs
+        raise NotImplementedError
+
+    @property
+    def base_url(self) -> str:
+        if not self._server:
+            raise RuntimeError(f"the {self.thread_name} is not running")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> str:
+        if self._server:
+            return self.base_url
+        self._server = _Server((self.host, self.port), self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self.base_url
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server:
+            server.shutdown()
+            server.server_close()
+        if self._thread:
+            self._thread.join(5)
+            self._thread = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class DemoPortal(ServedPortal):
     """A CKAN portal on 127.0.0.1 serving the given package dicts.
 
     Records may be given as dicts and/or JSONL files; later ids replace earlier ones. Everything
@@ -738,28 +783,23 @@ class DemoPortal:
         return self._error_page
 
     # server ------------------------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        if not self._server:
-            raise RuntimeError("the demo portal is not running")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+    thread_name = "demo portal"
 
-    def start(self) -> str:
-        if self._server:
-            return self.base_url
+    def _handler_class(self) -> type:
         portal = self
 
         class Handler(_Handler):
             pass
 
         Handler.portal = portal
-        self._server = _Server((self.host, self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="demo-portal", daemon=True)
-        self._thread.start()
-        log.info("demo portal serving %d records at %s", len(self._entries), self.base_url)
-        return self.base_url
+        return Handler
+
+    def start(self) -> str:
+        running = self._server is not None
+        url = super().start()
+        if not running:
+            log.info("demo portal serving %d records at %s", len(self._entries), url)
+        return url
 
     def serve_forever(self) -> None:
         """Run in the calling thread (the CLI)."""
@@ -770,22 +810,6 @@ class DemoPortal:
                 self._thread.join(0.5)
         finally:
             self.stop()
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server:
-            server.shutdown()
-            server.server_close()
-        if self._thread:
-            self._thread.join(5)
-            self._thread = None
-
-    def __enter__(self) -> "DemoPortal":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # actions -----------------------------------------------------------------------------------
     def authorized(self, authorization: str | None) -> bool:

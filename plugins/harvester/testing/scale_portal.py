@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 from harvester.testing.ckan_portal import (CKAN_VERSION, JSON_TYPE, ROWS_MAX, VALID_SEARCH_PARAMS, ActionError,
                                            SolrError, _All, _And, _fl_fields, _id_terms, _natural, _parse_sort,
                                            _Range, _search_query_error, _Server, _solr_date_text, _SortSpecError,
-                                           parse_query, record_ms, samples_dir)
+                                           ServedPortal, parse_query, record_ms, samples_dir)
 
 try:
     import orjson
@@ -99,7 +99,7 @@ class _State:
     ov_idx: list = field(default_factory=list)
 
 
-class ScalePortal:
+class ScalePortal(ServedPortal):
     """A CKAN portal on ``host``:``port`` (0: a free one) serving ``datasets`` derived records.
 
     ``requests_made`` counts the API requests received (nothing else about them is kept).
@@ -411,41 +411,16 @@ class ScalePortal:
     ACTIONS = ("package_search", "package_show", "status_show")
 
     # server --------------------------------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        if not self._server:
-            raise RuntimeError("the scale portal is not running")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+    thread_name = "scale portal"
 
-    def start(self) -> str:
-        if self._server:
-            return self.base_url
+    def _handler_class(self) -> type:
+        portal = self
 
         class Handler(_Handler):
-            portal = self
+            pass
 
-        self._server = _Server((self.host, self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="scale-portal", daemon=True)
-        self._thread.start()
-        return self.base_url
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server:
-            server.shutdown()
-            server.server_close()
-        if self._thread:
-            self._thread.join(5)
-            self._thread = None
-
-    def __enter__(self) -> "ScalePortal":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        Handler.portal = portal
+        return Handler
 
 
 class _Handler(BaseHTTPRequestHandler):
