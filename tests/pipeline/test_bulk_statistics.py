@@ -68,3 +68,29 @@ def test_a_table_someone_else_holds_is_left_to_them(db, database_url):
         other.execute("LOCK TABLE embeddings IN SHARE UPDATE EXCLUSIVE MODE")
         assert datasets.analyze_after_bulk(db, 100_000) == [t for t in datasets.ANALYZED_AFTER_BULK
                                                             if t != "embeddings"]
+
+
+def test_looking_for_pending_texts_goes_through_the_partial_index(db, reader, portal_server, samples, gemini):
+    """PostgreSQL estimates the pending condition (two columns compared) at nearly every row; on a
+    checked portal the lookup goes through datasets_pending instead of a scan of the whole table,
+    and the session's setting is as it was afterwards."""
+    from harvester.store import vectors
+
+    portal_server.set_records(distinct_records(samples, 12))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert vectors.copies_checked(db, portal.url, provider.model)
+    seen = []
+
+    def plans(conn):
+        seen.append(conn.execute("SELECT current_setting('enable_seqscan')").fetchone()[0])
+
+    with vectors._through_pending_index(db, True):
+        plans(db)
+    plans(db)
+    with vectors._through_pending_index(db, False):
+        plans(db)
+    assert seen == ["off", "on", "on"]
+    assert vectors.count_pending(db, 0, portal.url, provider.model) == 0
+    assert db.execute("SHOW enable_seqscan").fetchone()[0] == "on"

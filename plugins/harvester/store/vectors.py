@@ -361,22 +361,48 @@ def _pending(checked: bool) -> str:
 """
 
 
+@contextlib.contextmanager
+def _through_pending_index(conn, checked: bool):
+    """While _pending(checked=True) runs: no sequential scans for the session. PostgreSQL estimates
+    ``embedded_content_hash IS DISTINCT FROM content_hash`` (two columns compared) at nearly every
+    row, where the partial index datasets_pending holds exactly the rows it means, usually none; at
+    1,000,000 datasets it planned a parallel scan of the whole table (2.7 GB, 430 ms in every
+    no-change run, bench/scale_bench.py) instead of that index (0.03 ms). Restored afterwards
+    (within a transaction that fails, PostgreSQL reverts the setting itself)."""
+    if not checked:  # every live dataset is looked at: a scan is the right plan
+        yield
+        return
+    import psycopg
+
+    before = conn.execute("SELECT current_setting('enable_seqscan')").fetchone()[0]
+    conn.execute("SELECT set_config('enable_seqscan', 'off', false)")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            if not conn.closed:
+                conn.execute("SELECT set_config('enable_seqscan', %s, false)", (before,))
+
+
 def count_pending(conn, run_id: int, portal_url: str, model: str, shard: int = 0, shards: int = 1) -> int:
     """Distinct texts of the portal without a vector for ``model``: this run's changes and
     anything earlier runs left pending (in one shard of ``shards``, by content hash)."""
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
-    pending = _pending(copies_checked(conn, portal_url, model))
-    return conn.execute(f"SELECT count(DISTINCT content_hash) {pending}", params).fetchone()[0]
+    checked = copies_checked(conn, portal_url, model)
+    with _through_pending_index(conn, checked):
+        return conn.execute(f"SELECT count(DISTINCT content_hash) {_pending(checked)}", params).fetchone()[0]
 
 
 def count_run_pending(conn, run_id: int, portal_url: str, model: str) -> tuple[int, int]:
     """The portal's distinct pending texts of ``model`` split: (this run's new and changed ones,
     those earlier runs left pending), in one pass."""
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": 0, "shards": 1}
-    pending = _pending(copies_checked(conn, portal_url, model))
-    own, backlog = conn.execute(
-        f"SELECT count(*) FILTER (WHERE r), count(*) FILTER (WHERE NOT r) FROM ("
-        f" SELECT content_hash, bool_or(from_run) AS r {pending} GROUP BY content_hash) p", params).fetchone()
+    checked = copies_checked(conn, portal_url, model)
+    with _through_pending_index(conn, checked):
+        own, backlog = conn.execute(
+            f"SELECT count(*) FILTER (WHERE r), count(*) FILTER (WHERE NOT r) FROM ("
+            f" SELECT content_hash, bool_or(from_run) AS r {_pending(checked)} GROUP BY content_hash) p",
+            params).fetchone()
     return int(own), int(backlog)
 
 
@@ -390,10 +416,11 @@ def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int
     every portal). ``conn`` must be a connection of its own."""
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards,
               "backlog": backlog_limit}
-    pending = _pending(copies_checked(conn, portal_url, model))
+    checked = copies_checked(conn, portal_url, model)
+    pending = _pending(checked)
     cur = conn.cursor(name="harvester_pending_texts", withhold=True)
     try:
-        with conn.transaction():
+        with _through_pending_index(conn, checked), conn.transaction():
             cur.execute(
                 "WITH p AS MATERIALIZED ("
                 f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {pending}"
