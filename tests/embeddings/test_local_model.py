@@ -133,3 +133,24 @@ def test_a_dimension_that_no_longer_matches_fails_at_once_then_invalidate_fixes_
                          " AND strpos(indexdef, %s) > 0", ("'local/custom-model'",)).fetchall()
     assert len(indexes) == 1 and indexes[0][0] == vectors.index_name("local/custom-model")
     assert "halfvec(48)" in indexes[0][1]
+
+
+def test_loading_the_model_draws_no_progress_bar(tmp_path):
+    """Each load of the model used to print transformers' "Loading weights: 100%|...| 103/103" bar into
+    the task log and the CLI's stderr (issue 27). A fresh process, as a task is: nothing is loaded yet."""
+    import os
+    import subprocess
+    import sys
+
+    from harvester.embeddings.local import bundled_path
+
+    if bundled_path() is None:
+        pytest.fail("the bundled model (requirements-local.txt) is part of the test environment")
+    code = ("from harvester.embeddings.local import LocalProvider; "
+            "print(len(LocalProvider().embed_documents(['a water quality dataset'])[0]))")
+    env = {**os.environ, "HARVESTER_LOCAL_MODEL": "", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "384"
+    for bar in ("Loading weights", "it/s]", "%|"):
+        assert bar not in done.stderr and bar not in done.stdout, done.stderr[-2000:]

@@ -66,6 +66,24 @@ def model_identity(path: str) -> str:
     return LOCAL_PREFIX + resolved.name
 
 
+def _quiet_progress_bars() -> None:
+    """No third-party progress bar in task logs or on the CLI's stderr: transformers draws one while
+    it loads the weights ("Loading weights: 100%|...| 103/103"), the Hugging Face hub one per file it
+    reads. Harvester's own log lines say what is loaded."""
+    try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    except ImportError:  # sentence-transformers without transformers cannot load anything anyway
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:
+        pass
+
+
 @lru_cache(maxsize=4)
 def _load(path: str):
     # Offline: the model is on disk; never reach for a hub at run time. (Set, never read by us: not
@@ -78,6 +96,7 @@ def _load(path: str):
         raise TerminalEmbeddingError(
             "the local embedding provider needs sentence-transformers: pip install -r requirements-local.txt"
         ) from None
+    _quiet_progress_bars()
     error = None
     try:
         return SentenceTransformer(path, device="cpu")
