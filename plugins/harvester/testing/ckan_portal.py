@@ -579,14 +579,14 @@ def _truthy(v: Any) -> bool:
 
 class ServedPortal:
     """What the local CKAN portals share (DemoPortal, scale_portal.ScalePortal): a threaded server on
-    ``host``:``port`` (0: a free one) answering with ``_handler_class()``, in a daemon thread between
-    ``start()`` and ``stop()``, or as a context manager."""
+    ``host``:``port`` (0: a free one) answering with a subclass of ``_handler_base()`` that knows this
+    portal, in a daemon thread between ``start()`` and ``stop()``, or as a context manager."""
 
     thread_name = "ckan-portal"
     _server: "_Server | None" = None
     _thread: threading.Thread | None = None
 
-    def _handler_class(self) -> type:  # pragma: no cover - subclasses give theirs
+    def _handler_base(self) -> type:  # pragma: no cover - subclasses give theirs
         raise NotImplementedError
 
     @property
@@ -599,7 +599,8 @@ class ServedPortal:
     def start(self) -> str:
         if self._server:
             return self.base_url
-        self._server = _Server((self.host, self.port), self._handler_class())
+        handler = type("Handler", (self._handler_base(),), {"portal": self})
+        self._server = _Server((self.host, self.port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=self.thread_name, daemon=True)
         self._thread.start()
@@ -785,14 +786,8 @@ class DemoPortal(ServedPortal):
     # server ------------------------------------------------------------------------------------
     thread_name = "demo portal"
 
-    def _handler_class(self) -> type:
-        portal = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.portal = portal
-        return Handler
+    def _handler_base(self) -> type:
+        return _Handler
 
     def start(self) -> str:
         running = self._server is not None

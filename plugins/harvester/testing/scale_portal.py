@@ -413,14 +413,8 @@ class ScalePortal(ServedPortal):
     # server --------------------------------------------------------------------------------------------
     thread_name = "scale portal"
 
-    def _handler_class(self) -> type:
-        portal = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.portal = portal
-        return Handler
+    def _handler_base(self) -> type:
+        return _Handler
 
 
 class _Handler(BaseHTTPRequestHandler):
