@@ -60,7 +60,9 @@ SCOPE = "harvester_duplicate_scope"
 
 def _scope(conn) -> None:
     """An empty scope table for the caller's transaction (dropped at its end)."""
-    if conn.info.transaction_status == 0:  # psycopg.pq.TransactionStatus.IDLE: no transaction open
+    from psycopg.pq import TransactionStatus
+
+    if conn.info.transaction_status == TransactionStatus.IDLE:  # no transaction open
         raise RuntimeError("duplicate grouping runs inside the caller's transaction (it holds the lock)")
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {SCOPE} (id bigint PRIMARY KEY) ON COMMIT DROP")
     conn.execute(f"TRUNCATE {SCOPE}")
