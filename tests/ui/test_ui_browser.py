@@ -329,8 +329,18 @@ def open_harvester(page, shots, user: str):
     if not entry.first.is_visible():
         plugins_menu.first.click()
         entry = page.get_by_role("menuitem", name="Harvester")
-    entry.first.click()
-    page.wait_for_url(re.compile(r"/plugin/harvester$"))
+    # Airflow's UI can take a click before its router handles it (a page just loaded on a busy
+    # machine: seen once in a full suite, the click went nowhere for 15 s): click once more then.
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in (1, 2):
+        entry.first.click()
+        try:
+            page.wait_for_url(re.compile(r"/plugin/harvester$"))
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     frame = page.frame_locator('iframe[src*="harvester"]')
     expect(frame.locator('[data-test="portals-table"]')).to_be_visible()
     shots(page, f"{user}-harvester")
