@@ -1,10 +1,21 @@
 """Benchmark: hybrid search (harvester.store.search) for relevance on the real samples, and for speed at scale.
 
 (a) Relevance. Every file of ../shared/ckan-samples is harvested as its own portal (the local CKAN
-    portal over HTTP, the pipeline's real steps, the local embedding model) into a fresh embedded
-    database; every query of bench/relevance/queries.yaml runs in the three modes (`vector`,
-    `text`, `hybrid`) and nDCG@10 and MRR are printed side by side, overall and per language.
-    A query's vector is computed once and given to all three modes.
+    portal over HTTP, the pipeline's real steps, the local embedding model), and the Argentine
+    DCAT-AR catalogue of ../shared/dcat-samples as a dcat-json portal (Spanish), into a fresh
+    embedded database. The queries (--set): the hand-written bench/relevance/queries.yaml
+    (curated), the set bench/relevance/generate.py builds from the records (generated: pasted
+    titles per language, data.gc.ca's French titles against the English-indexed datasets, and
+    agency / programme codes found in 1-5 datasets), or both (all, the default). Each runs in the
+    three modes (`vector`, `text`, `hybrid`); printed: nDCG@10 and MRR of the curated set overall
+    and per language (as before), then recall@10 and nDCG@10 per set, kind and language, and how
+    many code queries text has in its top 5 but hybrid not. A query's vector is computed once and
+    given to all three modes. --local-model PATH scores another sentence-transformers model (sets
+    HARVESTER_LOCAL_MODEL); the output names the model. --home DIR --reuse scores the database an
+    earlier run kept in DIR again (no harvest); --search-setting rare_matches=0 scores hybrid
+    without its rare-exact-match rule, --baseline rare_matches=0 scores it both ways in one run
+    (a `baseline` column, the same query vectors: before / after); --no-dcat leaves datos.gob.ar
+    out (the 3,122 CKAN datasets alone); --results FILE keeps the per-query figures (JSON).
 
 (b) Scale. --datasets synthetic datasets derived from the samples (titles and descriptions varied
     deterministically, spread over portals, organizations, tags, formats, licenses and dates) are
@@ -19,13 +30,13 @@
     query embedding time, separately; the share of filtered queries that returned a full k.
 
 Prints figures; asserts nothing about time (the exit status is 1 when hybrid does not beat both
-other modes on nDCG@10 and MRR, or recall@10 at the chosen ef_search is below 0.95).
+other modes on nDCG@10 and MRR of the curated set, or recall@10 at the chosen ef_search is below 0.95).
 
     .venv/bin/python bench/search_bench.py                      # both parts, 100,000 datasets
     .venv/bin/python bench/search_bench.py --datasets 5000      # a smoke run (~4 min: the relevance
                                                                 # part embeds 3,122 records locally)
     .venv/bin/python bench/search_bench.py --part scale --datasets 5000   # ~30 s
-    .venv/bin/python bench/search_bench.py --part relevance
+    .venv/bin/python bench/search_bench.py --part relevance [--set curated|generated|all] [--local-model DIR]
 """
 from __future__ import annotations
 
@@ -49,6 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins")]
 SAMPLES = Path(os.environ.get("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples")
+DCAT_SAMPLES = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
 QUERIES = ROOT / "bench" / "relevance" / "queries.yaml"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -92,25 +104,96 @@ def percentile(values: list[float], share: float) -> float:
 def ndcg_mrr(ranked: list[str], relevant: set[str]) -> tuple[float, float]:
     """Binary nDCG@K and reciprocal rank of a ranked list of ids (repeats after the first dropped:
     the same dataset harvested from two portals is one answer)."""
-    seen, ids = set(), []
-    for item in ranked:
-        if item not in seen:
-            seen.add(item)
-            ids.append(item)
-    ids = ids[:K]
+    ndcg, rr, _ = scores_of(ranked, relevant)
+    return ndcg, rr
+
+
+def _unique(ranked: list[str]) -> list[str]:
+    return list(dict.fromkeys(ranked))
+
+
+def scores_of(ranked: list[str], relevant: set[str]) -> tuple[float, float, float]:
+    """(binary nDCG@K, reciprocal rank, recall@K) of a ranked list of ids, repeats dropped."""
+    ids = _unique(ranked)[:K]
     dcg = sum(1 / math.log2(i + 2) for i, item in enumerate(ids) if item in relevant)
     ideal = sum(1 / math.log2(i + 2) for i in range(min(len(relevant), K)))
     rr = next((1 / (i + 1) for i, item in enumerate(ids) if item in relevant), 0.0)
-    return dcg / ideal if ideal else 0.0, rr
+    recall = len(relevant & set(ids)) / len(relevant) if relevant else 0.0
+    return dcg / ideal if ideal else 0.0, rr, recall
+
+
+def generator():
+    """bench/relevance/generate.py, loaded by path (the generated relevance set)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("relevance_generate", ROOT / "bench" / "relevance" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def relevance_entries(which: str) -> list[dict]:
+    """The queries of --set: curated (queries.yaml, by hand), generated (generate.py) or all."""
+    import yaml
+
+    entries = []
+    if which in ("curated", "all"):
+        entries += [{**e, "set": "curated", "kind": "curated"}
+                    for e in yaml.safe_load(QUERIES.read_text(encoding="utf-8"))["queries"]]
+    if which in ("generated", "all"):
+        entries += generator().generate()
+    return entries
+
+
+def harvest_samples(conn, reader, provider, dcat: bool = True) -> int:
+    """Every ckan-samples file as its own portal, and generate.DCAT_FILES (datos.gob.ar) as a
+    dcat-json portal; the datasets created."""
+    import gzip
+
+    from harvester.config.portals import Portal
+    from harvester.pipeline import steps as pipeline
+    from harvester.testing.ckan_portal import DemoPortal
+    from harvester.testing.dcat_portal import DcatServer
+
+    harvested = 0
+    for name in sorted(p.name for p in SAMPLES.glob("*.jsonl")):
+        with DemoPortal(files=[SAMPLES / name]) as portal_server:
+            slug = re.sub(r"[^a-z0-9]+", "_", name.removesuffix(".jsonl").lower())[:40]
+            portal = Portal(name=slug, url=portal_server.base_url, politeness_delay=0,
+                            language=LANGUAGE.get(name, "english"))
+            stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
+            harvested += stats["created"]
+    for name, language in (generator().DCAT_FILES.items() if dcat else ()):
+        with DcatServer() as dcat:
+            dcat.set_document("/data.json", gzip.decompress((DCAT_SAMPLES / name).read_bytes()))
+            slug = re.sub(r"[^a-z0-9]+", "_", name.split("/")[0].lower())[:40]
+            portal = Portal(name=slug, url=dcat.url("/data.json"), type="dcat-json", politeness_delay=0,
+                            language=language)
+            stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
+            harvested += stats["created"]
+    return harvested
+
+
+def _overrides(SearchSettings, pairs) -> dict:
+    """--search-setting NAME=VALUE pairs as SearchSettings fields of the right type."""
+    types = {f.name: type(f.default) for f in dataclasses.fields(SearchSettings)}
+    out = {}
+    for pair in pairs or []:
+        name, _, value = pair.partition("=")
+        if name not in types:
+            raise SystemExit(f"--search-setting: {name!r} is not one of {', '.join(types)}")
+        out[name] = types[name](value)
+    return out
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return statistics.fmean(values) if values else float("nan")
 
 
 def relevance(server, args) -> bool:
-    import yaml
-
-    from harvester.pipeline import steps as pipeline
-    from harvester.testing.ckan_portal import DemoPortal
     from harvester.embeddings.local import LocalProvider
-    from harvester.config.portals import Portal
     from harvester.store import db
 
     api = search_api()
@@ -118,89 +201,155 @@ def relevance(server, args) -> bool:
         print("relevance part not run: " + MISSING.format("import failed"))
         return False
     search, SearchFilters, SearchSettings = api
-    entries = yaml.safe_load(QUERIES.read_text(encoding="utf-8"))["queries"]
+    base = settings_with(SearchSettings, **_overrides(SearchSettings, args.search_setting))
+    # --baseline: hybrid scored a second time with other settings, with the same query vectors
+    baseline = dataclasses.replace(base, **_overrides(SearchSettings, args.baseline)) if args.baseline else None
+    modes = MODES + (("baseline",) if baseline else ())
+    entries = relevance_entries(args.set)
     admin = server.url("postgres")
     import psycopg
 
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS bench_relevance")
-        conn.execute("CREATE DATABASE bench_relevance")
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = 'bench_relevance'").fetchone()
+        reuse = args.reuse and exists
+        if not reuse:
+            conn.execute("DROP DATABASE IF EXISTS bench_relevance")
+            conn.execute("CREATE DATABASE bench_relevance")
     url = server.url("bench_relevance")
     provider = LocalProvider()
-    files = sorted(p.name for p in SAMPLES.glob("*.jsonl"))
     started = time.perf_counter()
-    harvested = 0
     with db.prepare(db.connect_url(url)) as conn, db.prepare(db.connect_url(url)) as reader:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        for name in files:
-            with DemoPortal(files=[SAMPLES / name]) as portal_server:
-                slug = re.sub(r"[^a-z0-9]+", "_", name.removesuffix(".jsonl").lower())[:40]
-                portal = Portal(name=slug, url=portal_server.base_url, politeness_delay=0,
-                                language=LANGUAGE.get(name, "english"))
-                stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
-                harvested += stats["created"]
-        print(f"relevance set-up: {len(files)} sample files harvested as {len(files)} portals, {harvested} datasets, "
-              f"model {provider.model}, in {time.perf_counter() - started:.0f}s")
+        if reuse:
+            models = {r[0] for r in conn.execute("SELECT DISTINCT model FROM embeddings").fetchall()}
+            if provider.model not in models:
+                print(f"--reuse: the kept database holds vectors of {sorted(models)}, not {provider.model}: "
+                      "run without --reuse", file=sys.stderr)
+                return False
+            print(f"relevance set-up: the kept database reused (--reuse), model {provider.model}")
+        else:
+            harvested = harvest_samples(conn, reader, provider, dcat=not args.no_dcat)
+            for table in ("datasets", "dataset_search", "embeddings"):  # as autovacuum keeps a live database
+                conn.execute(f"ANALYZE {table}")
+            print(f"relevance set-up: the sample files harvested as portals, {harvested} datasets, "
+                  f"model {provider.model}, in {time.perf_counter() - started:.0f}s")
+        present = {r[0] for r in conn.execute("SELECT DISTINCT source_id FROM datasets WHERE removed_at IS NULL")}
+        missing = [e for e in entries if not {x["id"] for x in e["expected"]} & present]
+        if missing:
+            print(f"left out: {len(missing)} queries none of whose expected datasets is in the database: "
+                  + ", ".join(repr(e["query"]) for e in missing[:10]))
+        entries = [e for e in entries if e not in missing]
 
-        scores = {mode: [] for mode in MODES}  # (language, ndcg, rr) per query
+        results = []  # one dict per query: set, kind, language, query, and per mode nDCG, RR, recall, top 5 hit
         embed_ms = []
-        wins = {mode: 0 for mode in MODES}
         query_vectors = []
         for entry in entries:
-            relevant = {e["id"] for e in entry["expected"]}
+            relevant = {e["id"] for e in entry["expected"]} & present
             t0 = time.perf_counter()
             vector = provider.embed_query(entry["query"])
             embed_ms.append((time.perf_counter() - t0) * 1000)
             query_vectors.append(vector)
-            per_mode = {}
-            for mode in MODES:
-                result = search(conn, entry["query"], mode=mode, filters=SearchFilters(), limit=K,
-                                settings=SearchSettings(), query_vector=vector)
-                per_mode[mode] = ndcg_mrr([item["source_id"] for item in result.items], relevant)
-                scores[mode].append((entry["language"], *per_mode[mode]))
-            best = max(v[0] for v in per_mode.values())
-            for mode, (n, _) in per_mode.items():
-                wins[mode] += n == best
+            row = {key: entry[key] for key in ("set", "kind", "language", "query")}
+            for mode in modes:
+                found = search(conn, entry["query"], mode="hybrid" if mode == "baseline" else mode,
+                               filters=SearchFilters(), limit=K, settings=baseline if mode == "baseline" else base,
+                               query_vector=vector)
+                ranked = [item["source_id"] for item in found.items]
+                ndcg, rr, recall = scores_of(ranked, relevant)
+                row[mode] = {"ndcg": ndcg, "rr": rr, "recall": recall,
+                             "top5": sorted(relevant & set(_unique(ranked)[:5])),
+                             "first": [ranked.index(i) + 1 for i in relevant if i in ranked][:1] or None}
+            results.append(row)
             if args.verbose:
-                print(f"  {entry['query'][:48]:48s} " + "  ".join(f"{m} {per_mode[m][0]:.2f}" for m in MODES))
+                print(f"  {row['kind']:8s} {row['language']} {entry['query'][:44]:44s} "
+                      + "  ".join(f"{m} {row[m]['ndcg']:.2f}" for m in modes))
 
-        # the settings of the fusion: N per side and the RRF constant, around the defaults
-        default = SearchSettings()
+        curated = [(e, v) for e, v in zip(entries, query_vectors) if e["set"] == "curated"]
         sweep = []
-        for candidates in sorted({10, 20, 30, 50, 100, default.candidates}):
-            for rrf_k in sorted({20, 60, 100, default.rrf_k}):
-                settings = settings_with(SearchSettings, candidates=candidates, rrf_k=rrf_k)
-                got = [ndcg_mrr([i["source_id"] for i in search(conn, e["query"], mode="hybrid", limit=K,
-                                                                 settings=settings, query_vector=v).items],
-                                {x["id"] for x in e["expected"]}) for e, v in zip(entries, query_vectors)]
-                sweep.append((candidates, rrf_k, statistics.fmean(g[0] for g in got),
-                              statistics.fmean(g[1] for g in got)))
+        default = base
+        if curated and not args.no_sweep:
+            # the settings of the fusion: N per side and the RRF constant, around the defaults (curated set)
+            for candidates in sorted({10, 20, 30, 50, 100, default.candidates}):
+                for rrf_k in sorted({20, 60, 100, default.rrf_k}):
+                    settings = dataclasses.replace(base, candidates=candidates, rrf_k=rrf_k)
+                    got = [ndcg_mrr([i["source_id"] for i in search(conn, e["query"], mode="hybrid", limit=K,
+                                                                     settings=settings, query_vector=v).items],
+                                    {x["id"] for x in e["expected"]}) for e, v in curated]
+                    sweep.append((candidates, rrf_k, statistics.fmean(g[0] for g in got),
+                                  statistics.fmean(g[1] for g in got)))
 
-    languages = sorted({lang for lang, *_ in scores["hybrid"]}, key=lambda l: (l != "en", l))
+    if args.results:
+        Path(args.results).write_text(json.dumps({"model": provider.model, "settings": dataclasses.asdict(default),
+                                                  "queries": results}, indent=1))
     print()
-    print(f"relevance: {len(entries)} queries over the real samples (nDCG@{K} / MRR@{K}; k={K})")
-    print(f"{'queries':22s} {'n':>4s} " + " ".join(f"{m + ' nDCG':>12s} {m + ' MRR':>11s}" for m in MODES))
-    for label, keep in [("all", None)] + [(f"language {lang}", lang) for lang in languages] \
-            + ([("non-English", "!en")] if len(languages) > 1 else []):
-        rows = {m: [s for s in scores[m] if keep is None or s[0] == keep or (keep == "!en" and s[0] != "en")]
-                for m in MODES}
-        line = f"{label:22s} {len(rows['hybrid']):4d} "
-        line += " ".join(f"{statistics.fmean(r[1] for r in rows[m]):12.3f} {statistics.fmean(r[2] for r in rows[m]):11.3f}"
-                         for m in MODES)
-        print(line)
-    print("queries where the mode has the best nDCG (ties count for each): "
-          + ", ".join(f"{m} {wins[m]}" for m in MODES))
-    print(f"hybrid by settings (N = candidates per side, k = RRF constant; defaults N={default.candidates}, "
-          f"k={default.rrf_k}):")
-    for candidates, rrf_k, n, rr in sweep:
-        mark = "  <- default" if (candidates, rrf_k) == (default.candidates, default.rrf_k) else ""
-        print(f"  N={candidates:<4d} k={rrf_k:<4d} nDCG {n:.3f}  MRR {rr:.3f}{mark}")
-    print(f"query embedding (local model, {len(embed_ms)} queries): p50 {percentile(embed_ms, .5):.1f} ms, "
+    print(f"relevance: model {provider.model}; {len(results)} queries over the real samples (--set {args.set}); "
+          f"k={K}; settings {dataclasses.asdict(default)}")
+    if baseline:
+        print(f"baseline: hybrid with {', '.join(args.baseline)} (same query vectors)")
+    rows_curated = [r for r in results if r["set"] == "curated"]
+    ok = True
+    if rows_curated:
+        languages = sorted({r["language"] for r in rows_curated}, key=lambda l: (l != "en", l))
+        print(f"curated set (queries.yaml), nDCG@{K} / MRR@{K}:")
+        print(f"{'queries':22s} {'n':>4s} " + " ".join(f"{m + ' nDCG':>12s} {m + ' MRR':>11s}" for m in modes))
+        for label, keep in [("all", None)] + [(f"language {lang}", lang) for lang in languages] \
+                + ([("non-English", "!en")] if len(languages) > 1 else []):
+            rows = [r for r in rows_curated if keep is None or r["language"] == keep
+                    or (keep == "!en" and r["language"] != "en")]
+            print(f"{label:22s} {len(rows):4d} " + " ".join(
+                f"{_mean(r[m]['ndcg'] for r in rows):12.3f} {_mean(r[m]['rr'] for r in rows):11.3f}" for m in modes))
+        wins = {m: sum(r[m]["ndcg"] == max(r[x]["ndcg"] for x in modes) for r in rows_curated) for m in modes}
+        print("curated queries where the mode has the best nDCG (ties count for each): "
+              + ", ".join(f"{m} {wins[m]}" for m in modes))
+        mean = {m: (_mean(r[m]["ndcg"] for r in rows_curated), _mean(r[m]["rr"] for r in rows_curated)) for m in modes}
+        ok = all(mean["hybrid"][i] > max(mean["vector"][i], mean["text"][i]) for i in (0, 1))
+
+    print()
+    print(f"by set, kind and language: recall@{K} / nDCG@{K} per mode")
+    print(f"{'set':10s} {'kind':9s} {'lang':5s} {'n':>4s} " + " ".join(f"{m:>15s}" for m in modes))
+    kinds = list(dict.fromkeys((r["set"], r["kind"]) for r in results))
+    for set_name, kind in kinds:
+        rows = [r for r in results if (r["set"], r["kind"]) == (set_name, kind)]
+        languages = sorted({r["language"] for r in rows}, key=lambda l: (l != "en", l))
+        for lang in (["all"] if len(languages) > 1 else []) + languages:
+            sel = [r for r in rows if lang == "all" or r["language"] == lang]
+            print(f"{set_name:10s} {kind:9s} {lang:5s} {len(sel):4d} " + " ".join(
+                f"{_mean(r[m]['recall'] for r in sel):7.3f} {_mean(r[m]['ndcg'] for r in sel):7.3f}" for m in modes))
+    generated = [r for r in results if r["set"] == "generated"]
+    if generated:
+        languages = sorted({r["language"] for r in generated}, key=lambda l: (l != "en", l))
+        print(f"{'generated':10s} {'all':9s} {'all':5s} {len(generated):4d} " + " ".join(
+            f"{_mean(r[m]['recall'] for r in generated):7.3f} {_mean(r[m]['ndcg'] for r in generated):7.3f}"
+            for m in modes))
+        for lang in languages:
+            sel = [r for r in generated if r["language"] == lang]
+            print(f"{'generated':10s} {'all':9s} {lang:5s} {len(sel):4d} " + " ".join(
+                f"{_mean(r[m]['recall'] for r in sel):7.3f} {_mean(r[m]['ndcg'] for r in sel):7.3f}" for m in modes))
+    codes = [r for r in results if r["kind"] == "code"]
+    if codes:
+        found = [r for r in codes if r["text"]["top5"]]
+        answers = sum(len(r["text"]["top5"]) for r in found)
+        print(f"code queries: {len(codes)}, with an answer in text's top 5: {len(found)} ({answers} such answers)")
+        for mode in [m for m in modes if m in ("hybrid", "baseline")]:
+            lost_all = [r for r in found if not r[mode]["top5"]]
+            lost_some = [r for r in found if set(r["text"]["top5"]) - set(r[mode]["top5"])]
+            pushed = sum(len(set(r["text"]["top5"]) - set(r[mode]["top5"])) for r in found)
+            print(f"  {mode}: its top 5 lacks every such answer for {len(lost_all)} queries, at least one for "
+                  f"{len(lost_some)} ({pushed} of {answers} answers pushed out of the top 5)"
+                  + (": " + ", ".join(f"{r['query']} ({r['language']}, {len(r['text']['top5'])} in text's top 5, "
+                                      f"{len(r[mode]['top5'])} in {mode}'s)" for r in lost_some) if lost_some else ""))
+    if sweep:
+        print(f"hybrid by settings, curated set (N = candidates per side, k = RRF constant; defaults "
+              f"N={default.candidates}, k={default.rrf_k}):")
+        for candidates, rrf_k, n, rr in sweep:
+            mark = "  <- default" if (candidates, rrf_k) == (default.candidates, default.rrf_k) else ""
+            print(f"  N={candidates:<4d} k={rrf_k:<4d} nDCG {n:.3f}  MRR {rr:.3f}{mark}")
+    print(f"query embedding ({provider.model}, {len(embed_ms)} queries): p50 {percentile(embed_ms, .5):.1f} ms, "
           f"p95 {percentile(embed_ms, .95):.1f} ms")
-    mean = {m: (statistics.fmean(s[1] for s in scores[m]), statistics.fmean(s[2] for s in scores[m])) for m in MODES}
-    beats = all(mean["hybrid"][i] > max(mean["vector"][i], mean["text"][i]) for i in (0, 1))
-    print(f"hybrid beats both vector and text on nDCG@{K} and MRR: {'yes' if beats else 'NO'}")
-    return beats
+    if rows_curated:
+        print(f"hybrid beats both vector and text on nDCG@{K} and MRR (curated set): {'yes' if ok else 'NO'}")
+    return ok
+
 
 
 # -- (b) scale -----------------------------------------------------------------------------------
@@ -602,10 +751,32 @@ def main() -> int:
                         help="the stand-in vectors: word directions within a 48-dimensional subspace (like real "
                              "sentence embeddings, default) or isotropic random ones (a harder case)")
     parser.add_argument("--part", choices=("all", "relevance", "scale"), default="all")
+    parser.add_argument("--set", choices=("curated", "generated", "all"), default="all",
+                        help="the relevance queries: curated (bench/relevance/queries.yaml, written by hand), "
+                             "generated (bench/relevance/generate.py, built from the records) or both (default)")
+    parser.add_argument("--local-model", metavar="PATH",
+                        help="a sentence-transformers model directory for the local provider "
+                             "(sets HARVESTER_LOCAL_MODEL for the run; default: all-MiniLM-L6-v2)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --home: score the bench_relevance database kept there by an earlier run "
+                             "(same model) instead of harvesting again")
+    parser.add_argument("--search-setting", action="append", metavar="NAME=VALUE",
+                        help="a SearchSettings field for the relevance part (repeatable), e.g. rare_matches=0 "
+                             "to score hybrid without the rare-exact-match rule")
+    parser.add_argument("--no-dcat", action="store_true",
+                        help="harvest the ckan-samples only (the corpus of the figures before the generated set: "
+                             "3,122 datasets); the generated set's datos.gob.ar queries are then left out")
+    parser.add_argument("--baseline", action="append", metavar="NAME=VALUE",
+                        help="score hybrid a second time (column `baseline`) with these SearchSettings changed "
+                             "(repeatable), with the same query vectors, e.g. rare_matches=0: before / after")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the N / k sweep of the relevance part")
+    parser.add_argument("--results", metavar="FILE", help="write the relevance part's per-query figures (JSON)")
     parser.add_argument("--verbose", action="store_true", help="per-query nDCG of the relevance part")
     parser.add_argument("--home", type=Path, help="the embedded server's directory, kept afterwards (databases "
                         "bench_scale and bench_relevance stay there to explore; default: a new temporary one)")
     args = parser.parse_args()
+    if args.local_model:
+        os.environ["HARVESTER_LOCAL_MODEL"] = str(Path(args.local_model).resolve())
 
     from harvester.store.embedded.server import EmbeddedServer
 

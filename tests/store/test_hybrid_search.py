@@ -146,6 +146,51 @@ def test_a_dataset_code_is_found_by_text_and_hybrid_but_not_by_meaning(conn, cod
     assert all(item["matched"] == ["vector"] for item in vector.items)
 
 
+# Codes that dados.gov.br's records hold in four or five datasets (and no other portal of the
+# corpus): the federal institutes of Pará and Paraná, the former planning ministry, severe acute
+# respiratory syndrome.
+@pytest.mark.parametrize("code", ["IFPA", "IFPR", "MPOG", "SRAG"])
+def test_a_rare_code_stays_on_top_when_the_vector_side_is_noise(conn, embed, code):
+    """A code typed as a user types it, found by text in a few datasets (ranks 1-4 or 1-5), while the vector
+    side's 20 nearest datasets hold none of them (the query vector points elsewhere, as a model's
+    vector for a code it has no meaning for does). RRF alone interleaves the sides (t1, v1, t2, v2,
+    t3, ...) and pushes the fourth holder out of the top 5; a rare exact match ranks first."""
+    query = code.lower()
+    holders = {i["dataset_id"] for i in search(conn, query, mode="text", limit=10).items}
+    assert 4 <= len(holders) <= SearchSettings().rare_matches  # the premise: a code in a few datasets
+    noise = embed("public transport stops and timetables")
+    near = {i["dataset_id"] for i in search(conn, query, mode="vector", limit=20, query_vector=noise).items}
+    assert len(near) == 20 and not holders & near
+
+    hybrid = search(conn, query, mode="hybrid", limit=10, query_vector=noise)
+    top = hybrid.items[:len(holders)]
+    assert {i["dataset_id"] for i in top} == holders, titles(hybrid)
+    assert all(i["rare_match"] and "text" in i["matched"] for i in top)
+    assert not any(i["rare_match"] for i in hybrid.items[len(holders):])
+    scores = [i["score"] for i in hybrid.items]
+    assert scores == sorted(scores, reverse=True)
+    # the rule off (rare_matches=0): plain RRF, which loses a holder from the top 5
+    plain = search(conn, query, mode="hybrid", limit=10, query_vector=noise,
+                   settings=SearchSettings(rare_matches=0))
+    assert holders - {i["dataset_id"] for i in plain.items[:5]}
+
+
+def test_a_rare_match_needs_few_datasets_among_those_the_filters_leave(conn, corpus, embed):
+    """Words together in many datasets are not rare (plain RRF), nor are a few matches among the few
+    datasets a filter leaves (rare_share): only the unfiltered IFPA query lifts its holders."""
+    noise = embed("public transport stops and timetables")
+    common = search(conn, "dados", mode="hybrid", limit=10, query_vector=noise)
+    assert len(common.items) == 10 and not any(i["rare_match"] for i in common.items)
+    assert any(i["rare_match"] for i in search(conn, "ifpa", limit=10, query_vector=noise).items)
+    few = search(conn, "ifpa", limit=10, query_vector=noise, settings=SearchSettings(rare_share=0.001))
+    assert not any(i["rare_match"] for i in few.items)
+    # the Zürich transport network's code, in two of the 12 datasets a portal filter leaves
+    german = SearchFilters(portal_url=corpus["portals"]["de"])
+    assert len(search(conn, "zvv", mode="text", filters=german, limit=10).items) == 2
+    assert not any(i["rare_match"] for i in search(conn, "zvv", filters=german, limit=10, query_vector=noise).items)
+    assert sum(i["rare_match"] for i in search(conn, "zvv", limit=10, query_vector=noise).items) == 2
+
+
 def test_a_pasted_title_with_a_dash_finds_its_dataset_first(conn, capsys):
     source_id = _bolsa(conn)
     for query in (BOLSA_TITLE, "Bolsa Família - Benefícios Básicos"):

@@ -4,6 +4,7 @@ the dataset's own (non-English) language, and no query is a title copied verbati
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -83,3 +84,55 @@ def test_no_query_is_a_title(entries, records):
             titles.update({_plain(rec.get("title") or ""): rec["id"] for rec in load_samples(name)})
     copied = [e["query"] for e in entries if _plain(e["query"]) in titles]
     assert not copied, f"queries equal to a dataset's title: {copied}"
+
+
+# -- the generated set (bench/relevance/generate.py) ------------------------------------------------
+def _generator():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("relevance_generate", ROOT / "bench" / "relevance" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def generated():
+    module = _generator()
+    docs = module.load_corpus()
+    return module, docs, module.generate(docs)
+
+
+def test_the_generated_set_is_deterministic_and_large_enough(generated):
+    module, docs, entries = generated
+    assert module.generate(docs) == entries  # the same records, the same queries
+    counts = module.counts(entries)
+    titles = {lang: counts.get(("title", lang), 0) + counts.get(("title-xl", lang), 0) for lang in module.LANGUAGES}
+    assert sum(titles.values()) >= 100 and all(titles[lang] >= 30 for lang in ("pt", "es", "en", "fr")), counts
+    assert titles["de"] >= 5, counts  # all the German titles the samples have
+    codes = {lang: counts.get(("code", lang), 0) for lang in module.LANGUAGES}
+    assert sum(codes.values()) >= 18 and all(codes[lang] >= 18 for lang in ("pt", "es", "en")), counts
+    assert all(set(e) == {"query", "language", "expected", "note", "kind", "set"} for e in entries)
+    queries = [(e["kind"], _plain(e["query"])) for e in entries]
+    assert len(set(queries)) == len(queries)
+
+
+def test_generated_queries_hold_what_they_claim(generated):
+    module, docs, entries = generated
+    by_id = {}
+    for d in docs:
+        by_id.setdefault(d.id, []).append(d)
+    for e in entries:
+        answers = [d for x in e["expected"] for d in by_id[x["id"]] if d.file == x["file"]]
+        assert len(answers) == len(e["expected"]), e
+        if e["kind"] == "title":  # the query is an answer's title, as pasted
+            assert any(d.title == e["query"] for d in answers), e
+        elif e["kind"] == "title-xl":  # a French title of an English-indexed dataset
+            assert answers[0].title_fra == e["query"] and _plain(answers[0].title) != _plain(e["query"]), e
+        else:  # a code: lower case, a whole word of every answer's text and of no other dataset's
+            assert e["query"] == e["query"].lower() and 1 <= len(e["expected"]) <= module.CODE_MAX_DATASETS
+            assert all(e["query"] in _plain(d.text).split() for d in answers), e
+    code = next(e for e in entries if e["kind"] == "code")
+    holders = {d.id for d in docs if code["query"] in _plain(d.text).split()}
+    assert holders == {x["id"] for x in code["expected"]}

@@ -21,6 +21,19 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
   whose title is the query (case, accents and punctuation aside) counts as ranked first by one more
   list, one whose title holds the query's words in a row as ranked second: a pasted title finds
   its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone.
+- Rare exact matches (``hybrid``): when every word of the query is found together in few datasets
+  (the text side's strict stage, under the filters, finds at least one and at most ``rare_matches``
+  datasets, and at most ``rare_share`` of the datasets the filters leave, PostgreSQL's estimate),
+  that evidence is specific (an agency's or programme's code, a name, a rare word: "prouni",
+  "sneep") and the vector side's for the same query is mostly noise (a model has no meaning for a
+  code, so its nearest datasets are near by chance). Each such dataset then counts as ranked first
+  by two more lists (2 / (rrf_k + 1) more), which puts it ahead of every dataset that is not one
+  (at most 1 / (rrf_k + 1) from the vector side, a relaxed text stage ranked after it and one title
+  boost). RRF alone interleaves the sides (text 1, vector 1, text 2, vector 2, text 3, ...): a code
+  found in four or five datasets lost the fourth and fifth from the top 5 to vector-only neighbours
+  near by chance. Order among them stays the fused one (the vector side still decides
+  between two datasets holding the code). A query whose words are together in many datasets, or in
+  none, is fused as before. bench/search_bench.py's generated ``code`` queries measure it.
 
 One dataset on several portals (a duplicate group, store/duplicates.py) is one result: each
 side's hits are collapsed by group before the ranks are taken (a group's rank on a side is its
@@ -65,7 +78,9 @@ class SearchSettings:
     """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
     ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
-    filters that leave at most this many datasets rank them exactly instead (0: never)."""
+    filters that leave at most this many datasets rank them exactly instead (0: never);
+    ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
+    puts those datasets first (module docstring)."""
     ef_search: int = 150
     candidates: int = 20
     rrf_k: int = 60
@@ -76,12 +91,17 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
+    # Rare exact matches (module docstring): the strict text stage's datasets are put first in hybrid
+    # when there are at most rare_matches of them (0: never; at most candidates) and they are at most
+    # rare_share of the datasets the filters leave (a portal filter leaving 12 datasets makes no
+    # match rare).
+    rare_matches: int = 5
+    rare_share: float = 0.01
 
     @classmethod
     def from_env(cls, environ=None) -> "SearchSettings":
         """The HARVESTER_SEARCH_* variables (config/settings.py: their ranges and messages)."""
         return fields_from_env(cls, "HARVESTER_SEARCH_", environ)
-
 
 
 @dataclass(frozen=True)
@@ -464,6 +484,21 @@ def _fuse(vector_hits: list[tuple], text_hits: list[tuple], groups: dict[int, di
     return fused
 
 
+def _rare_entries(conn, strict: set[int] | None, fused: dict, where: str, params: dict,
+                  settings: SearchSettings) -> list[dict]:
+    """The fused entries holding a rare exact match (module docstring), or none: the strict text
+    stage found at least one and at most ``rare_matches`` entries (a duplicate group once), at most
+    ``rare_share`` of the datasets passing the filters."""
+    if not strict or not settings.rare_matches:
+        return []
+    entries = [entry for entry in fused.values() if strict & entry["members"].keys()]
+    if not entries or len(entries) > settings.rare_matches:
+        return []
+    if len(entries) > settings.rare_share * _estimated_matches(conn, where, params):
+        return []
+    return entries
+
+
 def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | None = None, limit: int = 10,
            settings: SearchSettings | None = None, query_vector=None, provider=None,
            portal_url: str | None = None, all_copies: bool = False) -> SearchResult:
@@ -524,11 +559,14 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     started = time.perf_counter()
     tq = text_query(conn, query)
     text_hits: list[tuple] = []
+    strict: set[int] | None = None  # the datasets of the strict (every word) text stage, when all fetched
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
-        for stage in tq.stages:
-            text_hits += _text_side(conn, stage, where, params, fetch - len(text_hits),
-                                    exclude=[i for i, _ in text_hits])
+        for number, stage in enumerate(tq.stages):
+            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits])
+            if number == 0:
+                strict = {i for i, _ in hits} if len(hits) < fetch else None  # None: more than fetch
+            text_hits += hits
             if len(text_hits) >= limit:
                 break
     elif mode == "text":
@@ -553,6 +591,10 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             elif " " in wanted and f" {wanted} " in f" {key} " and not entry.get("title_match"):
                 entry["score"] += 1.0 / (k + 2)
                 entry["title_match"] = "words"
+    if mode == "hybrid":
+        for entry in _rare_entries(conn, strict, fused, where, params, settings):
+            entry["score"] += 2.0 / (k + 1)
+            entry["rare_match"] = True
     order = sorted(fused.values(), key=lambda e: (-e["score"], e["ranks"].get("text", n + 1),
                                                   e["ranks"].get("vector", n + 1), e["shown"]))[:limit]
     details = _items(conn, [e["shown"] for e in order], tq.stages[-1] if tq.stages else None) if order else {}
@@ -570,7 +612,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             "organization": row["organization"], "snippet": row["snippet"], "source_id": row["source_id"],
             "similarity": None if entry["similarity"] is None else round(entry["similarity"], 4),
             "text_rank": None if entry["text_rank"] is None else round(entry["text_rank"], 4),
-            "title_match": entry.get("title_match"),
+            "title_match": entry.get("title_match"), "rare_match": entry.get("rare_match", False),
             "metadata_modified": row["metadata_modified"], "removed_at": row["removed_at"],
             "dataset_id": dataset_id, "group_id": group["group_id"] if group else None,
             "canonical": group is None or group["canonical_id"] == dataset_id,
