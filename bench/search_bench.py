@@ -10,7 +10,7 @@
     three modes (`vector`, `text`, `hybrid`); printed: nDCG@10 and MRR of the curated set overall
     and per language (as before), then recall@10 and nDCG@10 per set, kind and language, and how
     many code queries text has in its top 5 but hybrid not. A query's vector is computed once and
-    given to all three modes. --local-model PATH scores another sentence-transformers model (sets
+    given to all three modes. --local-model MODEL scores another local model (sets
     HARVESTER_LOCAL_MODEL); the output names the model. --home DIR --reuse scores the database an
     earlier run kept in DIR again (no harvest); --search-setting rare_matches=0 scores hybrid
     without its rare-exact-match rule, --baseline rare_matches=0 scores it both ways in one run
@@ -36,7 +36,7 @@ other modes on nDCG@10 and MRR of the curated set, or recall@10 at the chosen ef
     .venv/bin/python bench/search_bench.py --datasets 5000      # a smoke run (~4 min: the relevance
                                                                 # part embeds 3,122 records locally)
     .venv/bin/python bench/search_bench.py --part scale --datasets 5000   # ~30 s
-    .venv/bin/python bench/search_bench.py --part relevance [--set curated|generated|all] [--local-model DIR]
+    .venv/bin/python bench/search_bench.py --part relevance [--set curated|generated|all] [--local-model MODEL]
 """
 from __future__ import annotations
 
@@ -754,9 +754,9 @@ def main() -> int:
     parser.add_argument("--set", choices=("curated", "generated", "all"), default="all",
                         help="the relevance queries: curated (bench/relevance/queries.yaml, written by hand), "
                              "generated (bench/relevance/generate.py, built from the records) or both (default)")
-    parser.add_argument("--local-model", metavar="PATH",
-                        help="a sentence-transformers model directory for the local provider "
-                             "(sets HARVESTER_LOCAL_MODEL for the run; default: all-MiniLM-L6-v2)")
+    parser.add_argument("--local-model", metavar="MODEL",
+                        help="the local provider's model: all-MiniLM-L6-v2 (the default), multilingual-e5-small, "
+                             "or a sentence-transformers model directory (sets HARVESTER_LOCAL_MODEL for the run)")
     parser.add_argument("--reuse", action="store_true",
                         help="with --home: score the bench_relevance database kept there by an earlier run "
                              "(same model) instead of harvesting again")
@@ -775,8 +775,9 @@ def main() -> int:
     parser.add_argument("--home", type=Path, help="the embedded server's directory, kept afterwards (databases "
                         "bench_scale and bench_relevance stay there to explore; default: a new temporary one)")
     args = parser.parse_args()
-    if args.local_model:
-        os.environ["HARVESTER_LOCAL_MODEL"] = str(Path(args.local_model).resolve())
+    if args.local_model:  # a named choice as it is, a directory resolved
+        os.environ["HARVESTER_LOCAL_MODEL"] = args.local_model if not Path(args.local_model).exists() \
+            else str(Path(args.local_model).resolve())
 
     from harvester.store.embedded.server import EmbeddedServer
 

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Airflow reads its configuration when first imported: set it up before anything imports it.
 _AIRFLOW_HOME = tempfile.mkdtemp(prefix="harvester-airflow-")
+_MODEL_CACHE = tempfile.mkdtemp(prefix="harvester-models-")
 os.environ.update({
     "AIRFLOW_HOME": _AIRFLOW_HOME,
     "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -29,6 +30,10 @@ os.environ.update({
     "HARVESTER_TASK_RETRIES": "0",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # The local model's ONNX export: made once for the whole run, by the first test that embeds
+    # locally, and shared with the processes tests start (tests/embeddings/test_onnx_runtime.py
+    # tests the cache itself in directories of its own).
+    "HARVESTER_MODEL_CACHE": _MODEL_CACHE,
 })
 os.environ.pop("HARVESTER_DATABASE_URL", None)
 os.environ.pop("AIRFLOW_CONN_HARVESTER_DB", None)
@@ -38,6 +43,10 @@ import airflow  # noqa: E402,F401  initialized here, once, with the settings abo
 from harvester.testing.dagtest import Harvest  # noqa: E402
 from harvester.testing.gemini import TEST_KEY as GEMINI_KEY  # noqa: E402
 from harvester.testing.samples import load_samples  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_MODEL_CACHE, ignore_errors=True)
 
 
 # -- the quick part and the slow part -------------------------------------------------------------

@@ -215,6 +215,7 @@ def _readers():
     from harvester.embeddings.base import TerminalEmbeddingError
     from harvester.embeddings.batching import EmbedSettings
     from harvester.embeddings.gemini import GeminiProvider
+    from harvester.embeddings.local import LocalProvider
     from harvester.embeddings.ollama import OllamaProvider
     from harvester.store import db
     from harvester.store.embedded import server
@@ -233,6 +234,7 @@ def _readers():
         (("HARVESTER_EMBEDDED_DB",), db.embedded_allowed, db.DatabaseConfigError),
         (("HARVESTER_EMBEDDED_SHARED_BUFFERS",), server.shared_buffers, server.EmbeddedServerError),
         (("HARVESTER_EMBEDDING_PROVIDER",), get_provider, TerminalEmbeddingError),
+        (("HARVESTER_LOCAL_",), LocalProvider, TerminalEmbeddingError),
         (("GEMINI_",), GeminiProvider, TerminalEmbeddingError),
         (("OLLAMA_",), OllamaProvider, TerminalEmbeddingError),
         (("HARVESTER_DEMO_PORT",), lambda: demo.main([]), SystemExit),

@@ -3,6 +3,7 @@ model actually loaded (HARVESTER_LOCAL_MODEL), and a model whose dimension no lo
 stored vectors fails the run at once, with no retries. The models are real sentence-transformers
 models built offline from the bundled all-MiniLM-L6-v2 with an extra Dense layer."""
 import copy
+import logging
 
 import pytest
 
@@ -154,3 +155,15 @@ def test_loading_the_model_draws_no_progress_bar(tmp_path):
     assert done.stdout.strip() == "384"
     for bar in ("Loading weights", "it/s]", "%|"):
         assert bar not in done.stderr and bar not in done.stdout, done.stderr[-2000:]
+
+
+def test_a_model_the_onnx_export_cannot_take_runs_on_pytorch_saying_why(models, local, caplog):
+    from harvester.embeddings import local as local_module
+
+    local_module._onnx_encoder.cache_clear()
+    local.setenv("HARVESTER_LOCAL_MODEL", models[32])  # Transformer, Pooling, Normalize, then a Dense layer
+    with caplog.at_level(logging.WARNING, logger="harvester.embeddings.local"):
+        provider = LocalProvider()
+        assert provider.runtime == "onnx" and provider._encoder() is None
+        assert len(provider.embed_query("rivers")) == 32
+    assert any("local/custom-model runs on PyTorch" in m and "Dense" in m for m in caplog.messages), caplog.messages

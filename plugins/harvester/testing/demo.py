@@ -45,6 +45,22 @@ def sample_files() -> list[Path]:
     return files
 
 
+def embedded_texts() -> list[str]:
+    """The distinct texts the demo's first run embeds (title + description, as the pipeline builds
+    them), in the order of the sample files."""
+    from harvester.domain import dataset as ds
+    from harvester.testing.ckan_portal import load_jsonl
+
+    seen: dict[str, str] = {}
+    for path in sample_files():
+        for pkg in load_jsonl(path):
+            rec = ds.normalize(pkg, "http://127.0.0.1/demo")
+            if rec.ok:
+                text = ds.embedding_text(rec.title, rec.description)
+                seen.setdefault(ds.content_hash(text), text)
+    return list(seen.values())
+
+
 def start_portal(port: int, edits: Path | None = None) -> tuple[subprocess.Popen, str]:
     """The demo portal; ``edits``: a JSONL file of changed records served instead of the samples'
     (later ids replace earlier ones)."""
@@ -80,6 +96,9 @@ def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
         "HARVESTER_PORTALS_FILE": str(ROOT / "dags" / "portals.demo.yaml"),
         "HARVESTER_DEMO_PORTAL_URL": portal_url,
         "HARVESTER_HOME": str(home / "db"),
+        # The local model's ONNX export outlives the demo's data (removed at each start): made by the
+        # first demo of a checkout, reused by the next ones and by the CLI (the same default place).
+        "HARVESTER_MODEL_CACHE": env.get("HARVESTER_MODEL_CACHE") or str(ROOT / ".harvester" / "models"),
         # The pool the demo creates below (unset, embed_changed would run in Airflow's default_pool).
         "HARVESTER_EMBEDDING_POOL": env.get("HARVESTER_EMBEDDING_POOL") or "embedding_api",
         "HF_HUB_OFFLINE": "1",
