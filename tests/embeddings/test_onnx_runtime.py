@@ -180,3 +180,28 @@ def test_threads_follow_the_cpus_the_process_may_use(tmp_path, monkeypatch):
     assert onnx.cpu_budget() == 1
     monkeypatch.setenv("HARVESTER_LOCAL_THREADS", "3")
     assert onnx.cpu_budget() == 3
+
+
+def test_multilingual_e5_small_runs_on_onnx_runtime_under_a_name_of_its_own(monkeypatch):
+    from harvester.embeddings import TerminalEmbeddingError, provider_for_model
+    from harvester.embeddings.local import E5_NAME
+
+    monkeypatch.setenv("HARVESTER_LOCAL_MODEL", "multilingual-e5-small")
+    provider = LocalProvider()
+    assert (provider.model, provider.dimension) == (E5_NAME, 384)
+    encoder = provider._encoder()
+    assert encoder is not None and encoder.manifest["precision"] == "int8"
+    assert encoder.manifest["probe_min_cosine"] >= 0.99  # against its own weights on PyTorch, at export
+    documents = np.asarray(provider.embed_documents(
+        ["Preço de medicamentos no Brasil", "Arzneimittelpreise in Deutschland", "Wetterdaten der Stadt Zürich"]))
+    query = np.asarray(provider.embed_query("drug prices"))
+    similarity = documents @ query
+    assert min(similarity[:2]) > similarity[2] + 0.05, similarity  # one space for the languages
+    # E5's prefixes: a query and a document of the same words are different vectors
+    assert not np.allclose(provider.embed_query("drug prices"), provider.embed_documents(["drug prices"])[0])
+    with pytest.raises(TerminalEmbeddingError, match="ONNX Runtime only"):
+        LocalProvider(runtime="torch")
+    # Search finds the model of stored vectors by their name, whatever HARVESTER_LOCAL_MODEL says now.
+    monkeypatch.delenv("HARVESTER_LOCAL_MODEL")
+    found = provider_for_model(E5_NAME)
+    assert found.model == E5_NAME and np.allclose(found.embed_query("drug prices"), query)

@@ -45,8 +45,8 @@ def provider_for_model(model: str) -> EmbeddingProvider:
 
 
 def _local_provider_for(model: str) -> EmbeddingProvider:
-    """A local sentence-transformers model: the configured one (HARVESTER_LOCAL_MODEL) if it is
-    that model, the bundled all-MiniLM-L6-v2, or a model name in the Hugging Face cache."""
+    """A local model: the configured one (HARVESTER_LOCAL_MODEL) if it is that model, the bundled
+    all-MiniLM-L6-v2, multilingual-e5-small, or a model name in the Hugging Face cache."""
     from harvester.embeddings import local
 
     try:
@@ -57,6 +57,8 @@ def _local_provider_for(model: str) -> EmbeddingProvider:
         return configured
     if model == local.MODEL_NAME:
         return local.LocalProvider(local.bundled_path() or model)
+    if model == local.E5_NAME:  # multilingual-e5-small, wherever HARVESTER_LOCAL_MODEL points
+        return local.LocalProvider(local.E5_CHOICE)
     if model.startswith(local.LOCAL_PREFIX):
         loads = f"loads {configured.model!r}" if configured is not None else "is not set"
         raise TerminalEmbeddingError(

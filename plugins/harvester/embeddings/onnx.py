@@ -193,6 +193,8 @@ def _run_export(kind: str, path: str, target: Path, identity: str, timeout: floa
     package_parent = str(Path(__file__).resolve().parents[2])  # the directory holding harvester/
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")  # the model is on disk: never a hub (see embeddings/local.py)
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
     started = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "harvester.embeddings.onnx_export", kind, path, str(work)],
