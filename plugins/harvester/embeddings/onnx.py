@@ -250,7 +250,7 @@ def discard(directory: Path, identity: str, why: str) -> None:
 class OnnxEncoder:
     """A checked export, loaded: ``encode(texts, query=False)`` gives L2-normalized float32 vectors."""
 
-    def __init__(self, directory: Path, manifest: dict, threads: int | None = None):
+    def __init__(self, directory: Path, manifest: dict, threads: int | None = None, model: Path | None = None):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -266,7 +266,8 @@ class OnnxEncoder:
         options.log_severity_level = 3
         # Variable shapes: an arena would keep the largest batch's buffers for the process's life.
         options.enable_cpu_mem_arena = False
-        self.session = ort.InferenceSession(str(directory / "model.onnx"), options,
+        # ``model``: another file than the export's model.onnx (the export checking its candidates)
+        self.session = ort.InferenceSession(str(model or directory / "model.onnx"), options,
                                             providers=["CPUExecutionProvider"])
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.tokenizer.no_padding()

@@ -188,19 +188,15 @@ def _torch_vectors(loaded: _Loaded, texts):
     return np.stack(out)
 
 
-def _onnx_vectors(path: Path, loaded: _Loaded, texts):
+def _lowest_cosine(directory: Path, model: Path, manifest: dict, texts, reference) -> float:
+    """The lowest cosine between ``model``'s vectors of ``texts``, made by the runtime's own encoder
+    (embeddings/onnx.py), and ``reference``."""
     import numpy as np
-    import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    out = []
-    for text in texts:  # one at a time, as embeddings/onnx.py runs them
-        arrays = _batch(loaded.tokenizer, [text], loaded.max_tokens, loaded.inputs)
-        hidden = session.run(None, {n: arrays[n] for n in loaded.inputs})[0]
-        out.append(_pool(hidden, arrays["attention_mask"], loaded.pooling, loaded.normalize))
-    return np.concatenate(out)
+    from harvester.embeddings.onnx import OnnxEncoder
+
+    vectors = OnnxEncoder(directory, manifest, model=model).encode(texts)
+    return float(np.min((vectors * reference).sum(1)))
 
 
 def _fuse(model_path: Path, config) -> None:
@@ -229,7 +225,6 @@ def export(kind: str, path: str, out: Path) -> dict:
     """Export ``path`` into ``out`` (see the module's docstring); returns the manifest."""
     import logging
 
-    import numpy as np
     import onnxruntime
     import torch
 
@@ -270,32 +265,33 @@ def export(kind: str, path: str, out: Path) -> dict:
                      # the fused operators' outputs have no type ONNX's shape inference knows: float
                      extra_options={"MatMulConstBOnly": True, "DefaultTensorType": 1})
 
-    texts = [loaded.document_prefix + text for text in PROBES]
-    reference = _torch_vectors(loaded, texts)
+    loaded.tokenizer.no_padding()
+    loaded.tokenizer.no_truncation()
+    loaded.tokenizer.save(str(out / "tokenizer.json"))
+    reference = _torch_vectors(loaded, [loaded.document_prefix + text for text in PROBES])
+    manifest = {
+        "format": FORMAT, "kind": kind, "source": str(path), "inputs": list(loaded.inputs),
+        "dimension": int(reference.shape[1]), "max_tokens": loaded.max_tokens, "pooling": loaded.pooling,
+        "normalize": loaded.normalize, "query_prefix": loaded.query_prefix,
+        "document_prefix": loaded.document_prefix,
+        "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
+    }
     precision, chosen = "int8", int8
-    cosine = float(np.min((_onnx_vectors(int8, loaded, texts) * reference).sum(1)))
+    cosine = _lowest_cosine(out, int8, manifest, PROBES, reference)
     if cosine < MIN_COSINE:
         precision, chosen = "fp32", fp32
-        cosine = float(np.min((_onnx_vectors(fp32, loaded, texts) * reference).sum(1)))
+        cosine = _lowest_cosine(out, fp32, manifest, PROBES, reference)
         if cosine < MIN_COSINE_FP32:
             raise ExportError(f"the exported model's vectors differ from PyTorch's: cosine {cosine:.4f} on a probe "
                               f"text, below {MIN_COSINE_FP32}")
     os.replace(chosen, out / "model.onnx")
     for leftover in (fp32, int8):
         leftover.unlink(missing_ok=True)
-    loaded.tokenizer.no_padding()
-    loaded.tokenizer.no_truncation()
-    loaded.tokenizer.save(str(out / "tokenizer.json"))
-    manifest = {
-        "format": FORMAT, "kind": kind, "source": str(path), "precision": precision,
-        "probe_min_cosine": round(cosine, 5), "inputs": list(loaded.inputs),
-        "dimension": int(reference.shape[1]), "max_tokens": loaded.max_tokens, "pooling": loaded.pooling,
-        "normalize": loaded.normalize, "query_prefix": loaded.query_prefix,
-        "document_prefix": loaded.document_prefix, "pad_id": _pad_id(loaded.tokenizer),
-        "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
+    manifest.update({
+        "precision": precision, "probe_min_cosine": round(cosine, 5),
         "export_seconds": round(time.perf_counter() - started, 2), "torch_export_seconds": round(exported, 2),
         "sha256": {name: sha256(out / name) for name in FILES},
-    }
+    })
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out / "manifest.json")
