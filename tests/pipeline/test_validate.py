@@ -13,6 +13,7 @@ import pytest
 
 from harvester.domain import outcomes as oc
 from harvester.domain.dataset import normalize
+from harvester.http import guard
 from harvester.pipeline import validate as v
 from harvester.sources import SourceError, dcat_json, dcat_rdf
 from harvester.testing.dcat_portal import DcatServer
@@ -185,15 +186,15 @@ def test_validate_bytes_is_validate_path_of_the_same_document():
     ("8.8.8.8", None), ("2606:4700:4700::1111", None),
 ])
 def test_address_refusal(address, why):
-    assert v.address_refusal(address) == why
+    assert guard.address_refusal(address) == why
 
 
 def test_a_name_that_resolves_inward_is_refused():
-    with pytest.raises(v.AddressRefused) as caught:
-        v.checked_addresses("localhost", 80, allow_private=False)
+    with pytest.raises(guard.AddressRefused) as caught:
+        guard.checked_addresses("localhost", 80, allow_private=False)
     assert caught.value.host == "localhost" and caught.value.address in ("127.0.0.1", "::1")
     assert "localhost resolves to" in str(caught.value) and "loopback" in str(caught.value)
-    assert v.checked_addresses("localhost", 80, allow_private=True)
+    assert guard.checked_addresses("localhost", 80, allow_private=True)
 
 
 class Redirector(LocalServer):
@@ -257,9 +258,9 @@ def redirector():
 def test_loopback_is_refused_before_any_request(catalogue):
     strict = v.FetchPolicy(allow_private=False, timeout=5)
     for url in (catalogue.url("/data.json"), catalogue.url("/data.json").replace("127.0.0.1", "localhost")):
-        with pytest.raises(v.AddressRefused, match="loopback"):
+        with pytest.raises(guard.AddressRefused, match="loopback"):
             v.validate_url(url, "dcat-json", fetcher=strict)
-        with pytest.raises(v.AddressRefused):
+        with pytest.raises(guard.AddressRefused):
             v.validate_url(url, fetcher=strict)  # guessing the kind fetches too: refused as well
     assert catalogue.requests == []
 
@@ -270,7 +271,7 @@ def test_a_redirect_hop_is_checked(catalogue, redirector):
     strict = v.FetchPolicy(allow_private=False, timeout=5, allowed=allowed)
     for target in (catalogue.url("/data.json"), catalogue.url("/data.json").replace("127.0.0.1", "localhost")):
         redirector.target = target
-        with pytest.raises(v.AddressRefused, match="loopback") as caught:
+        with pytest.raises(guard.AddressRefused, match="loopback") as caught:
             v.validate_url(f"http://127.0.0.1:{redirector.port}/data.json", "dcat-json", fetcher=strict)
         assert caught.value.address in ("127.0.0.1", "::1")
     assert len(redirector.hits) == 2 and catalogue.requests == []
