@@ -71,7 +71,8 @@ def test_significance_overrides():
      "portals[0] (x): reconcile_every applies to types ckan, arcgis-hub, socrata, csw, opendatasoft only: a dcat-json "
      "catalogue is read whole on every run"),
     ({"name": "x", "url": "https://x.org/catalog.ttl", "type": "dcat-rdf", "conn_id": "x_token"},
-     "conn_id applies to type ckan only: a dcat-rdf catalogue is read whole on every run; put user:password in"),
+     "portals[0] (x): conn_id 'x_token' needs auth_header on a dcat-rdf portal: a catalogue of this kind has no "
+     "standard header for a token; name the one it takes, e.g. auth_header: 'X-Api-Key'"),
     ({"name": "x", "url": "https://x.org", "page_size": 5000}, "page_size 5000 must be a whole number from 1 to 1000"),
     ({"name": "x", "url": "https://x.org", "lookback": "soon"}, "lookback 'soon' is not a duration"),
     ({"name": "x", "url": "https://x.org", "schedule": "@sometimes"}, "schedule '@sometimes' is not a preset"),

@@ -5,8 +5,12 @@ back silently to a default.
 
 Credentials: a user:password in the url (literal or from ``${VAR}``) is taken out of it:
 ``Portal.url`` (the DAG's description, every ``portal_url`` column, logs) never has it, and
-``Portal.credentials`` (left out of ``repr``) only reaches the CKAN client, as HTTP Basic auth.
-``conn_id`` names the Airflow connection holding the portal's CKAN API token (credentials.py).
+``Portal.credentials`` (left out of ``repr``) only reaches the portal's HTTP client, as HTTP Basic
+auth. A url with a query or fragment parameter named like a secret (``api_key=``, ``token=``...:
+config/secrets.py ``secret_parameters``), literal or from ``${VAR}``, is refused: a portal's url is
+shown and stored everywhere. Such a secret belongs in the Airflow connection ``conn_id`` names
+(credentials.py looks it up), sent in the header ``Portal.auth_header`` says: each platform's
+documented one (``AUTH_HEADERS``), or the ``auth_header:`` of the entry (DCAT catalogues, CSW).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from harvester.config.notify import parse_notify
-from harvester.config.secrets import ENV_REFERENCE, expand_env, redact_url
+from harvester.config.secrets import ENV_REFERENCE, conn_env, expand_env, redact_url, secret_parameters
 from harvester.config.settings import env_value
 from harvester.domain.changes import DEFAULT as DEFAULT_SIGNIFICANCE
 from harvester.domain.changes import SignificanceConfig
@@ -38,9 +42,9 @@ PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOF
 # sources/__init__.py checks that the two agree): only they take ``reconcile_every``.
 RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
-_KEYS = {"name", "url", "conn_id", "type", "schedule", "enabled", "lookback", "page_size", "politeness_delay",
-         "max_retries", "timeout", "max_removal_share", "significance", "description", "reconcile_every",
-         "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile"}
+_KEYS = {"name", "url", "conn_id", "auth_header", "type", "schedule", "enabled", "lookback", "page_size",
+         "politeness_delay", "max_retries", "timeout", "max_removal_share", "significance", "description",
+         "reconcile_every", "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile"}
 # The DCAT-US 1.1 dataset schemas a data.json may be held to (its conformsTo names 1.1): federal
 # catalogues must also give bureauCode and programCode.
 DCAT_US_PROFILES = ("non-federal", "federal")
@@ -65,6 +69,23 @@ _OFF = ("off", "never", "none")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")  # what Airflow accepts as a connection id
+# How a portal's token (the password of its conn_id's connection) is sent: (header name, value with
+# {token} where the token goes), each platform's documented header. CKAN: an API token as the
+# Authorization header, as it is; Socrata: an app token (dev.socrata.com/docs/app-tokens);
+# OpenDataSoft: an API key (Explore API v2.1); ArcGIS: an access token, X-Esri-Authorization
+# (developers.arcgis.com, "HTTP authorization headers"). DCAT catalogues and CSW services have no
+# standard one: their entry says it (auth_header).
+AUTH_HEADERS = {
+    CKAN: ("Authorization", "{token}"),
+    SOCRATA: ("X-App-Token", "{token}"),
+    OPENDATASOFT: ("Authorization", "Apikey {token}"),
+    ARCGIS_HUB: ("X-Esri-Authorization", "Bearer {token}"),
+}
+# What each platform calls the secret a connection holds for it (messages).
+TOKEN_NAMES = {CKAN: "CKAN API token", SOCRATA: "Socrata app token", OPENDATASOFT: "OpenDataSoft API key",
+               ARCGIS_HUB: "ArcGIS access token"}
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # a field name is a token (RFC 9110 5.1, 5.6.2)
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e]*$")  # visible ASCII and spaces: no line break, no control character
 
 
 class PortalConfigError(ValueError):
@@ -96,8 +117,11 @@ class Portal:
     # A run of this portal with no progress for this long is abandoned by the next run (its worker
     # died); longer than any task's timeout.
     stale_after: timedelta = DEFAULT_STALE_AFTER
-    # The Airflow connection whose password (or extra api_key) is the portal's CKAN API token.
+    # The Airflow connection whose password (or extra api_key) is the portal's token (credentials.py).
     conn_id: str | None = None
+    # With conn_id: (header name, value template with {token}) the token is sent in (AUTH_HEADERS,
+    # or the entry's auth_header); None without conn_id.
+    auth_header: tuple[str, str] | None = None
     # (user, password) taken out of the url: only for the CKAN client, never shown or stored.
     credentials: tuple[str, str] | None = field(default=None, repr=False)
     # Where failed, degraded and needs-review runs are announced (harvester.config.notify.NotifyTarget).
@@ -210,7 +234,10 @@ def _portal(entry: Any) -> Portal:
     url = entry.get("url")
     if not isinstance(url, str) or not url.strip():
         raise ValueError("url is missing")
+    kind = entry.get("type", CKAN)
+    _refuse_url_secret(url, kind, name)  # as written (${VAR} unexpanded): whatever the environment holds
     url, credentials = split_url(url.strip())
+    _refuse_url_secret(url, kind, name)  # and as expanded (url: ${PORTAL_URL})
     url = url.rstrip("/")
     try:
         parts = urlsplit(url)
@@ -224,7 +251,6 @@ def _portal(entry: Any) -> Portal:
     conn_id = entry.get("conn_id")
     if conn_id is not None and (not isinstance(conn_id, str) or not _CONN_ID.match(conn_id)):
         raise ValueError(f"conn_id {conn_id!r} must name an Airflow connection (letters, digits, _ . -)")
-    kind = entry.get("type", CKAN)
     if kind not in PORTAL_TYPES:
         raise ValueError(f"type {kind!r} is not supported; valid types are: {', '.join(PORTAL_TYPES)}")
     enabled = entry.get("enabled", True)
@@ -256,9 +282,7 @@ def _portal(entry: Any) -> Portal:
         # A DCAT catalogue is one document (or one paged listing): every run reads it whole.
         raise ValueError(f"reconcile_every applies to types {', '.join(RECONCILE_TYPES)} only: a {kind} catalogue "
                          f"is read whole on every run (removals are found every run)")
-    if kind != CKAN and entry.get("conn_id") is not None:
-        raise ValueError(f"conn_id applies to type ckan only: a {kind} catalogue is read whole on every run; "
-                         f"put user:password in the url for a catalogue behind Basic auth")
+    auth_header = _auth_header(entry, kind, conn_id)
     profile = entry.get("dcat_us_profile")
     if profile is not None and kind != DCAT_JSON:
         raise ValueError(f"dcat_us_profile applies to type {DCAT_JSON} only (the DCAT-US schema of a data.json)")
@@ -275,7 +299,7 @@ def _portal(entry: Any) -> Portal:
         raise ValueError(f"stale_after {entry['stale_after']!r} must be at least {MIN_STALE_AFTER.seconds // 60}m "
                          "(longer than any task of the run takes between two signs of life)")
     return Portal(
-        name=name, url=url, conn_id=conn_id, credentials=credentials, type=kind,
+        name=name, url=url, conn_id=conn_id, auth_header=auth_header, credentials=credentials, type=kind,
         schedule=_check_schedule(entry.get("schedule", "@daily")),
         enabled=enabled, lookback=lookback, page_size=page_size, politeness_delay=float(delay),
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
@@ -283,6 +307,69 @@ def _portal(entry: Any) -> Portal:
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
         notify=_notify(entry), language=_language(entry), dcat_us_profile=profile or "non-federal",
     )
+
+
+def _token_header(kind: str) -> str:
+    """Where a portal of ``kind`` sends its token, in words (messages)."""
+    if kind in AUTH_HEADERS:
+        name, template = AUTH_HEADERS[kind]
+        return f"the {name} header" + (f" ({name}: {template.replace('{token}', '<token>')})"
+                                         if template != "{token}" else "")
+    return "the header its auth_header names (e.g. auth_header: 'X-Api-Key')"
+
+
+def _refuse_url_secret(url: str, kind: str, name: str) -> None:
+    """ValueError naming the first query or fragment parameter of ``url`` named like a secret
+    (never its value) and saying where the secret goes instead."""
+    found = secret_parameters(url)
+    if not found:
+        return
+    token, conn_id = TOKEN_NAMES.get(kind, "token"), f"{name.lower()}_token"
+    raise ValueError(
+        f"url has a secret in it: its parameter {found[0]!r} (value not shown) is named like one, and a portal's "
+        "url is shown and stored everywhere (the DAG's description, the database, the Harvester UI, exports, "
+        f"logs). Take {found[0]}=... out of the url and put the {token} in an Airflow connection named by the "
+        f"portal's conn_id, as its password (e.g. conn_id: {conn_id} and {conn_env(conn_id)}="
+        "'{\"conn_type\": \"generic\", \"password\": \"<token>\"}'); Harvester sends it in "
+        + _token_header(kind))
+
+
+def _auth_header(entry: dict, kind: str, conn_id: str | None) -> tuple[str, str] | None:
+    """(header name, value template with {token}) the token of ``conn_id`` is sent in: the entry's
+    ``auth_header`` ("Name" for the token as it is, or "Name: template" with {token} in the
+    template), else the platform's (AUTH_HEADERS); None without conn_id."""
+    value = entry.get("auth_header")
+    if value is None:
+        if conn_id is None:
+            return None
+        if kind not in AUTH_HEADERS:
+            raise ValueError(f"conn_id {conn_id!r} needs auth_header on a {kind} portal: a catalogue of this kind has "
+                             "no standard header for a token; name the one it takes, e.g. auth_header: 'X-Api-Key' "
+                             "(the token as it is) or auth_header: 'Authorization: Bearer {token}'")
+        return AUTH_HEADERS[kind]
+    if conn_id is None:
+        raise ValueError("auth_header says how the token of conn_id is sent: add conn_id, the Airflow connection "
+                         "holding the token (as its password)")
+    if kind == CKAN:
+        raise ValueError("auth_header does not apply to type ckan: CKAN takes its API token in the Authorization "
+                         "header as it is; leave auth_header out")
+    example = "e.g. 'X-Api-Key' or 'Authorization: Bearer {token}'"
+    # Nothing of the value is repeated in a message: a secret written there by mistake stays out of it.
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"auth_header must be a header name, or 'Name: value' with {{token}} in the value, {example}")
+    header, colon, template = value.partition(":")
+    header, template = header.strip(), template.strip() if colon else "{token}"
+    if not _HEADER_NAME.match(header):
+        raise ValueError("auth_header does not start with a header name (letters, digits and !#$%&'*+-.^_`|~, no "
+                         f"spaces: a token of RFC 9110), followed by ':' and the value if any, {example}")
+    rest = template.replace("{token}", "", 1)
+    if "{token}" not in template or "{" in rest or "}" in rest:
+        raise ValueError(f"auth_header {header}: its value must hold {{token}} once, where the token of conn_id goes, "
+                         f"and no other braces (the secret itself belongs in the connection), {example}")
+    if not _HEADER_VALUE.match(template):
+        raise ValueError(f"auth_header {header}: its value may hold visible ASCII characters and spaces only (no line "
+                         "break, no control character)")
+    return header, template
 
 
 def _language(entry: dict) -> str:

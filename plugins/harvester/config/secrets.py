@@ -4,20 +4,22 @@
   webhook), so secrets stay in the environment.
 - ``redact_url`` / ``redact_text``: a URL, or every URL in a message, fit for a log line, an error
   or a page (the policy is on ``redact_url``). Every room shows URLs through these two.
+  ``secret_parameters``: a URL's parameters named like secrets, by the same rule (portals.yaml
+  refuses a portal url with any).
 - ``lookup_connection``: an Airflow connection by id, None when nothing defines it, and a failure
   of the lookup named as one that may pass (``ConnectionLookupError``) or one that cannot
   (``ConnectionValueError``: the value does not parse). ``redact_connection`` shows a connection's
   value (a URI or Airflow's JSON form) without its password.
 
-Nothing here imports Airflow until a connection is looked up. A portal's CKAN API token (its
-``conn_id``) is looked up in credentials.py.
+Nothing here imports Airflow until a connection is looked up. A portal's token (its ``conn_id``)
+is looked up in credentials.py.
 """
 from __future__ import annotations
 
 import os
 import re
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 # -- ${VAR} ----------------------------------------------------------------------------------------
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -61,6 +63,21 @@ _URL_IN_TEXT = re.compile(r"(?:\b[A-Za-z][A-Za-z0-9+.-]*:)?//[^\s'\"<>]+")
 def _secret_parameter(name: str) -> bool:
     name = name.lower().replace("-", "").replace("_", "")
     return name in SECRET_PARAMETER_NAMES or name.endswith(SECRET_PARAMETERS)
+
+
+def secret_parameters(url: str) -> list[str]:
+    """The names of ``url``'s query and fragment parameters (``name=value``, split at & and ;)
+    named like a secret, as ``redact_url`` tells them (``SECRET_PARAMETERS``), in order: a name
+    counts as written and percent-decoded (``api%5Fkey``). portals.yaml refuses a portal url with
+    any (config/portals.py): a url is shown and stored; a secret goes in a header."""
+    _, _, rest = url.partition("?")
+    query, _, fragment = rest.partition("#") if rest else ("", "", url.partition("#")[2])
+    names = []
+    for part in re.split(r"[&;]", query) + re.split(r"[&;]", fragment):
+        name, equals, _ = part.partition("=")
+        if equals and (_secret_parameter(name) or _secret_parameter(unquote_plus(name))) and name not in names:
+            names.append(name)
+    return names
 
 
 def _parameter(match: re.Match) -> str:

@@ -8,9 +8,13 @@ one name in config/portals.py's PORTAL_TYPES, one module here and one entry belo
 """
 from __future__ import annotations
 
+import logging
+
 from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES,
                                       RECONCILE_TYPES, SOCRATA)
 from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
            "as_source", "source_for"]
@@ -31,8 +35,11 @@ assert {kind for kind, can in CAPABILITIES.items() if can.reconcile} == set(RECO
 
 
 def source_for(portal, **overrides) -> Source:
-    """The portal's source, with its settings and credentials (a CKAN portal's API token comes from
-    its ``conn_id``, looked up in Airflow; a user:password in the url is sent as Basic auth)."""
+    """The portal's source, with its settings and credentials: the token of its ``conn_id``, looked
+    up in Airflow, in the header its ``auth_header`` says (each platform's own: CKAN's
+    ``Authorization``, Socrata's ``X-App-Token``, OpenDataSoft's ``Authorization: Apikey``,
+    ArcGIS's ``X-Esri-Authorization: Bearer``; for DCAT and CSW the one portals.yaml names), else a
+    user:password from the url as Basic auth (a token takes its place)."""
     if portal.type == CKAN:
         from harvester.config.credentials import api_key
         from harvester.sources.ckan import CkanClient, CkanSource
@@ -41,10 +48,15 @@ def source_for(portal, **overrides) -> Source:
                     "timeout": portal.timeout, "api_key": api_key(portal), "basic_auth": portal.credentials,
                     **overrides}
         return CkanSource(CkanClient(portal.url, **settings), portal.url)
+    from harvester.config.credentials import auth_header
     from harvester.http import HttpFetcher
 
+    header = auth_header(portal)
+    if header and portal.credentials:
+        log.warning("%s: a token is given (conn_id), so the user:password for the portal is not used", portal.name)
     settings = {"politeness_delay": portal.politeness_delay, "max_retries": portal.max_retries,
-                "timeout": portal.timeout, "basic_auth": portal.credentials, **overrides}
+                "timeout": portal.timeout, "header_auth": header,
+                "basic_auth": None if header else portal.credentials, **overrides}
     fetcher = HttpFetcher(portal.url, **settings)
     if portal.type == DCAT_JSON:
         from harvester.sources.dcat_json import DcatJsonSource
