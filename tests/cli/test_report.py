@@ -81,6 +81,16 @@ def test_validate_writes_csv(tmp_path, capsys):
     assert list(csv.DictReader(io.StringIO(out))) == rows
 
 
+def test_validate_keeps_the_first_rows_and_counts_them_all(tmp_path, capsys):
+    """The row cap of a validation (issue 35) holds on the command line too: --max-rows, 10000 by default."""
+    target = tmp_path / "rows.csv"
+    assert main(["validate", str(BROKEN), "--csv", str(target), "--max-rows", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "wrote 1 rows" in err and "kept the first 1 of 2 rows (--max-rows)" in err
+    assert len(list(csv.DictReader(target.open(encoding="utf-8")))) == 1
+    code, shown = run_json(capsys, "validate", str(BROKEN), "--max-rows", "1")
+    assert code == 1 and shown["rows_total"] == 2 and sum(g["count"] for g in shown["groups"]) == 2
+
 # -- report after a harvest ------------------------------------------------------------------------------
 def test_report_shows_the_runs_groups_and_validate_the_same_writing_nothing(database_url, db, catalogue, tmp_path,
                                                                             monkeypatch, capsys):

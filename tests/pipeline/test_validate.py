@@ -176,6 +176,20 @@ def test_validate_bytes_is_validate_path_of_the_same_document():
     assert report.groups == v.validate_path(path).groups and report.failed == 1
 
 
+def test_the_rows_kept_are_capped_and_the_counts_stay_exact():
+    """A validation keeps its first rows (MAX_ROWS by default, issue 35): a data.json of broken
+    entries has millions; rows_total and every group count all of them, as oc.group of every row."""
+    document = b'{"dataset": [' + b",".join([b"{}"] * 5000 + [b"1"] * 700 + [b'{"identifier": "a"}'] * 300) + b"]}"
+    whole = v.validate_bytes(document, "dcat-json", "data.json", max_rows=None)
+    assert whole.rows_total == len(whole.rows) == 2 * 5000 + 700 + 300
+    kept = v.validate_bytes(document, "dcat-json", "data.json", max_rows=1000)
+    assert kept.rows == whole.rows[:1000] and kept.rows_total == whole.rows_total
+    assert kept.groups == whole.groups == [g.as_dict() for g in oc.group(whole.rows)]
+    assert (kept.records, kept.failed) == (whole.records, whole.failed) == (6000, 6000)
+    assert kept.as_dict()["rows_total"] == whole.rows_total and len(kept.as_dict()["rows"]) == 1000
+    default = v.validate_bytes(document, "dcat-json", "data.json")
+    assert len(default.rows) == v.MAX_ROWS == 10_000 and default.groups == whole.groups
+
 # -- addresses -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("address,why", [
     ("127.0.0.1", "loopback"), ("::1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.7", "private"),

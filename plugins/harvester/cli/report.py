@@ -120,9 +120,9 @@ def cmd_validate(args) -> int:
 
     try:
         if _is_url(args.target):
-            report = v.validate_url(args.target, args.type, pages=args.pages)
+            report = v.validate_url(args.target, args.type, pages=args.pages, max_rows=args.max_rows or v.MAX_ROWS)
         else:
-            report = v.validate_path(args.target, args.type)
+            report = v.validate_path(args.target, args.type, max_rows=args.max_rows or v.MAX_ROWS)
     except (SourceError, ValueError, OSError) as exc:
         return output.error(f"{args.target}: cannot validate it: {exc}")
     if args.csv:
@@ -139,6 +139,9 @@ def cmd_validate(args) -> int:
             print_groups(f"Record outcomes of {report.source}", report.groups)
         if args.csv:
             print(f"wrote {written} rows to {args.csv}", file=sys.stderr)
+    if report.rows_total > len(report.rows) and (args.csv or args.json):
+        print(f"kept the first {len(report.rows)} of {report.rows_total} rows (--max-rows); the counts are of "
+              "all of them", file=sys.stderr)
     return 1 if report.failed else 0
 
 
@@ -163,5 +166,8 @@ def register(subparsers) -> None:
     p.add_argument("--pages", type=options.positive_int, default=3,
                    help="a CKAN portal: how many pages of package_search to read (default 3)")
     p.add_argument("--csv", metavar="FILE", help="write every row as CSV to FILE ('-': standard output)")
+    p.add_argument("--max-rows", type=options.positive_int,
+                   help="how many rows to keep, the first ones (default 10000, pipeline/validate.py MAX_ROWS; "
+                        "the counts are of every row)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)

@@ -163,19 +163,36 @@ def group_order(group: Mapping | Group) -> tuple:
     return (SEVERITIES.index(get("severity")), -get("count"), get("code"))
 
 
-def group(rows: Iterable[Mapping]) -> list[Group]:
-    """Rows (``code``, ``severity``, ``stage``, ``source_id``, ``position``, ``message``), in
-    listing order, grouped by code as store.outcomes.groups groups them in SQL."""
-    out: dict[str, Group] = {}
-    for row in rows:
-        g = out.get(row["code"])
+class Grouping:
+    """Groups counted as rows come, one ``add`` a row in listing order: what ``group`` makes of the
+    same rows, kept as one Group a code whatever the number of rows (a validation keeps only the
+    first rows of millions, its groups' counts stay exact)."""
+
+    def __init__(self):
+        self._by_code: dict[str, Group] = {}
+
+    def add(self, row: Mapping) -> None:
+        """One more row (``code``, ``severity``, ``stage``, ``source_id``, ``position``, ``message``)."""
+        g = self._by_code.get(row["code"])
         if g is None:
-            g = out[row["code"]] = Group(row["code"], row["severity"], row["stage"], 0, [], row["message"])
+            g = self._by_code[row["code"]] = Group(row["code"], row["severity"], row["stage"], 0, [], row["message"])
         g.count += 1
         label = record_label(row.get("source_id"), row.get("position"))
         if len(g.examples) < EXAMPLES and label not in g.examples:
             g.examples.append(label)
-    return sorted(out.values(), key=group_order)
+
+    def groups(self) -> list[Group]:
+        """The groups so far, in ``group_order``."""
+        return sorted(self._by_code.values(), key=group_order)
+
+
+def group(rows: Iterable[Mapping]) -> list[Group]:
+    """Rows (``code``, ``severity``, ``stage``, ``source_id``, ``position``, ``message``), in
+    listing order, grouped by code as store.outcomes.groups groups them in SQL."""
+    grouping = Grouping()
+    for row in rows:
+        grouping.add(row)
+    return grouping.groups()
 
 
 def counts_by_code(groups: Iterable[Group | Mapping]) -> dict[str, int]:

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 KINDS = (DCAT_JSON, DCAT_RDF, CKAN)
 ROW_FIELDS = ("position", "source_id", "ordinal", "stage", "severity", "code", "field", "value", "message")
 PAGE_SIZE = 1000  # records a page (CKAN: rows of a package_search), as portals.yaml's default
+# Rows a validation keeps (the first ones, in listing order); the counts and groups stay exact
+# past it. A 5 MB data.json of broken entries has 1.5 M rows, 600 MB as dicts: 10,000 are ~10 MB.
+MAX_ROWS = 10_000
 SNIFF_BYTES = 64 * 1024  # what kind guessing reads of a document
 # Media types of an RDF document (what the dcat-rdf source reads).
 _RDF_TYPES = frozenset({"application/rdf+xml", "text/turtle", "application/x-turtle", "text/n3",
@@ -60,9 +63,11 @@ _JSON_KEY = r'"{}"\s*:'
 @dataclass
 class Report:
     """What validating ``source`` found: ``records`` read, ``failed`` (not stored by a harvest),
-    ``warned`` (stored with warnings), ``groups`` (``Group.as_dict()``, in ``group_order``) and every
-    row. ``guessed``: how the kind was told when it was not given (None: given). ``complete``:
-    False when the listing was cut (the CKAN pages asked for, a local RDF page linking the next)."""
+    ``warned`` (stored with warnings), ``groups`` (``Group.as_dict()``, in ``group_order``, counting
+    every row) and the first ``rows`` (at most the ``max_rows`` of ``report_of``); ``rows_total``:
+    how many rows there are in all. ``guessed``: how the kind was told when it was not given (None:
+    given). ``complete``: False when the listing was cut (the CKAN pages asked for, a local RDF page
+    linking the next)."""
 
     source: str
     kind: str
@@ -73,20 +78,28 @@ class Report:
     rows: list[dict]
     guessed: str | None = None
     complete: bool = True
+    rows_total: int | None = None  # None: len(rows)
+
+    def __post_init__(self):
+        if self.rows_total is None:
+            self.rows_total = len(self.rows)
 
     def as_dict(self, *, rows: int | None = None) -> dict:
-        """The report as JSON; ``rows``: at most this many rows (all when None), ``rows_total`` says how many."""
+        """The report as JSON; ``rows``: at most this many rows (all kept when None), ``rows_total``
+        says how many there are."""
         return {"source": self.source, "kind": self.kind, "guessed": self.guessed, "complete": self.complete,
                 "records": self.records, "failed": self.failed, "warned": self.warned, "groups": self.groups,
-                "rows": self.rows if rows is None else self.rows[:rows], "rows_total": len(self.rows)}
+                "rows": self.rows if rows is None else self.rows[:rows], "rows_total": self.rows_total}
 
 
 def report_of(source: str, kind: str, pages: Iterable[list[DatasetRecord]], *, guessed: str | None = None,
-              complete: bool | None = None, listing: Listing | None = None) -> Report:
+              complete: bool | None = None, listing: Listing | None = None, max_rows: int | None = MAX_ROWS) -> Report:
     """The report of the records of ``pages`` in listing order: the rows a harvest's first run writes
-    (all problems of a Failed record, the warnings of a stored one)."""
+    (all problems of a Failed record, the warnings of a stored one), the first ``max_rows`` of them
+    kept (None: all); groups and counts are of every row, counted as they come."""
     rows: list[dict] = []
-    records = failed = warned = 0
+    grouping = oc.Grouping()
+    records = failed = warned = total = 0
     for page in pages:
         for record in page:
             records += 1
@@ -98,13 +111,17 @@ def report_of(source: str, kind: str, pages: Iterable[list[DatasetRecord]], *, g
             for ordinal, item in enumerate(problems):
                 if record.ok and item.severity != oc.WARNING:
                     continue
-                rows.append({"position": records, "source_id": record.source_id, "ordinal": ordinal,
-                             "stage": item.stage, "severity": item.severity, "code": item.code, "field": item.field,
-                             "value": item.value, "message": item.message})
+                row = {"position": records, "source_id": record.source_id, "ordinal": ordinal,
+                       "stage": item.stage, "severity": item.severity, "code": item.code, "field": item.field,
+                       "value": item.value, "message": item.message}
+                grouping.add(row)
+                total += 1
+                if max_rows is None or len(rows) < max_rows:
+                    rows.append(row)
     if complete is None:
         complete = listing.complete if listing is not None else True
-    return Report(source, kind, records, failed, warned, [g.as_dict() for g in oc.group(rows)], rows, guessed,
-                  complete)
+    return Report(source, kind, records, failed, warned, [g.as_dict() for g in grouping.groups()], rows, guessed,
+                  complete, total)
 
 
 
@@ -305,9 +322,10 @@ def _ckan_packages(data: bytes, name: str, limit: int | None = None) -> list:
 
 
 def validate_file(fp: IO[bytes], kind: str | None, source_name: str, *, content_type: str | None = None,
-                  fetcher: FetchPolicy | None = None) -> Report:
+                  fetcher: FetchPolicy | None = None, max_rows: int | None = MAX_ROWS) -> Report:
     """Validate the document ``fp`` (binary, seekable) named ``source_name`` (a URL, or a name it is
-    known by: its suffix may tell the kind and the RDF format). ``kind`` None: guessed."""
+    known by: its suffix may tell the kind and the RDF format). ``kind`` None: guessed. ``max_rows``:
+    the rows kept (``report_of``)."""
     _check_kind(kind)
     policy = fetcher or FetchPolicy()
     guessed = None
@@ -318,7 +336,7 @@ def validate_file(fp: IO[bytes], kind: str | None, source_name: str, *, content_
     fp.seek(0)
     if kind == CKAN:
         records = [normalize(pkg, source_name) for pkg in _ckan_packages(fp.read(), source_name, policy.max_bytes)]
-        return report_of(source_name, kind, [records], guessed=guessed)
+        return report_of(source_name, kind, [records], guessed=guessed, max_rows=max_rows)
     url = source_name if "://" in source_name else "upload:///" + quote(source_name.lstrip("/"))
     session = policy.session()  # remote JSON-LD contexts are fetched (guarded) like any page
     session.mount(url, _DocumentAdapter(url, fp, content_type, session.ends_at))  # type: ignore[attr-defined]
@@ -327,25 +345,27 @@ def validate_file(fp: IO[bytes], kind: str | None, source_name: str, *, content_
         source.max_pages = 1  # a document's next page (Hydra) is not part of the document
     pages, listing = _listed(source)
     try:
-        return report_of(source_name, kind, pages, guessed=guessed, listing=listing)
+        return report_of(source_name, kind, pages, guessed=guessed, listing=listing, max_rows=max_rows)
     except requests.RequestException as exc:
         raise SourceError(f"{source_name}: {type(exc).__name__}: {exc}") from exc
     finally:
         session.close()
 
 
-def validate_path(path: str | Path, kind: str | None = None, *, fetcher: FetchPolicy | None = None) -> Report:
+def validate_path(path: str | Path, kind: str | None = None, *, fetcher: FetchPolicy | None = None,
+                  max_rows: int | None = MAX_ROWS) -> Report:
     """Validate a local file (dcat-json plain or gzipped, any RDF serialization dcat-rdf reads, a
     CKAN answer or packages one a line); its URL (``file://``) names it in the report."""
     path = Path(path).resolve()
     with path.open("rb") as fp:
-        return validate_file(fp, kind, path.as_uri(), fetcher=fetcher)
+        return validate_file(fp, kind, path.as_uri(), fetcher=fetcher, max_rows=max_rows)
 
 
 def validate_bytes(data: bytes, kind: str | None, source_name: str, *, content_type: str | None = None,
-                   fetcher: FetchPolicy | None = None) -> Report:
+                   fetcher: FetchPolicy | None = None, max_rows: int | None = MAX_ROWS) -> Report:
     """Validate an uploaded document held in memory (``validate_file`` for a spooled one)."""
-    return validate_file(io.BytesIO(data), kind, source_name, content_type=content_type, fetcher=fetcher)
+    return validate_file(io.BytesIO(data), kind, source_name, content_type=content_type, fetcher=fetcher,
+                         max_rows=max_rows)
 
 
 def check_url(url: str) -> None:
@@ -403,11 +423,12 @@ def _probe(url: str, session: requests.Session, policy: FetchPolicy) -> tuple[st
 
 
 def validate_url(url: str, kind: str | None = None, *, pages: int = 3, page_size: int = PAGE_SIZE,
-                 fetcher: FetchPolicy | None = None) -> Report:
+                 fetcher: FetchPolicy | None = None, max_rows: int | None = MAX_ROWS) -> Report:
     """Validate the catalogue at ``url`` through its kind's source: a CKAN portal's first ``pages``
     pages of package_search, a data.json or an RDF catalogue whole (every Hydra page). ``kind``
     None: guessed from the URL, else from the start of its answer. ``page_size``: records a page
-    (CKAN's rows). ``fetcher``: the FetchPolicy (default: no limits, private addresses allowed)."""
+    (CKAN's rows). ``fetcher``: the FetchPolicy (default: no limits, private addresses allowed).
+    ``max_rows``: the rows kept (``report_of``)."""
     _check_kind(kind)
     check_url(url)
     if pages < 1:
@@ -423,7 +444,7 @@ def validate_url(url: str, kind: str | None = None, *, pages: int = 3, page_size
         target = _ckan_base(url) if kind == CKAN else url
         source = _source(target, kind, policy, session)
         listed, listing = _listed(source, pages=pages if kind == CKAN else None, page_size=page_size)
-        return report_of(url, kind, listed, guessed=guessed, listing=listing)
+        return report_of(url, kind, listed, guessed=guessed, listing=listing, max_rows=max_rows)
     except requests.RequestException as exc:  # (too many redirects, a redirect to another scheme, ...)
         raise SourceError(f"{url}: {type(exc).__name__}: {exc}") from exc
     finally:
