@@ -45,6 +45,7 @@ OFF = ("off", "false", "no", "0")
 TOPICS = {
     "runs": "Harvest runs (the DAGs)",
     "portals": "Portals",
+    "fetching": "Fetching (every request a harvest makes)",
     "database": "Database",
     "embedded": "Embedded PostgreSQL",
     "providers": "Embedding providers",
@@ -215,6 +216,16 @@ _ALL = (
     Setting("${NAME}", "str", None, "Any variable portals.yaml names as ${NAME} or ${NAME:-default} (a portal's "
             "url, a webhook URL holding a token): expanded when the file is read, a webhook's when a notice is "
             "sent; unset with no default is an error naming it", "portals", secret=True),
+    # -- fetching ------------------------------------------------------------------------------------
+    Setting("HARVESTER_FETCH_ALLOW_PRIVATE", "bool", False, "Whether a harvest may reach loopback, private, "
+            "link-local or reserved addresses on hosts other than its portal's own (next links, JSON-LD contexts, "
+            "redirects); the portal's own host is always reached", "fetching"),
+    Setting("HARVESTER_FETCH_MAX_BYTES", "size", "256MB", "The largest answer a harvest reads whole (a page of a "
+            "listing, a JSON-LD context); larger fails the run, naming the URL", "fetching"),
+    Setting("HARVESTER_FETCH_MAX_STREAM_BYTES", "size", "16GB", "The largest answer a harvest streams (a data.json "
+            "catalogue, read record by record)", "fetching"),
+    Setting("HARVESTER_FETCH_DEADLINE_SECS", "float", 1800.0, "The longest one request of a harvest may take, "
+            "its answer's body included, however slowly the bytes come", "fetching", 1, 86400),
     # -- database -------------------------------------------------------------------------------
     Setting("HARVESTER_DATABASE_URL", "str", None, "The harvester database (postgresql:// URI) for the command "
             "line; it wins over AIRFLOW_CONN_HARVESTER_DB there (DAG tasks use the connection)", "database",

@@ -11,8 +11,14 @@
 - Counted: ``requests_made`` (every request sent, retries included) and ``bytes_received`` (every
   body byte as it came over the wire: compressed, if the portal compresses).
 - Credentials: HTTP Basic auth (``basic_auth``) or one header (``header_auth``, e.g. a CKAN API
-  token in ``Authorization``); neither ever appears in a log line, a message or a ``repr``, and
-  URLs and error texts are scrubbed of user:password before they are logged or raised.
+  token in ``Authorization``), sent only to the portal's own origin (``origin``: scheme, host and
+  port of the portal's URL; an http portal's host on https too): a next link, a JSON-LD context or
+  a redirect elsewhere gets none. Redirects are followed here, hop by hop (at most
+  ``MAX_REDIRECTS``), so each hop is judged. Neither ever appears in a log line, a message or a
+  ``repr``, and URLs and error texts are scrubbed of user:password before they are logged or raised.
+- Every request goes through the guarded session of ``http/guard.py``: a harvest's
+  ``FetchPolicy.for_harvest`` (addresses, a size cap while bytes arrive, a deadline per request,
+  from the HARVESTER_FETCH_* settings) unless the caller hands its own (validation does).
 """
 from __future__ import annotations
 
@@ -22,13 +28,14 @@ import random
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import requests
 import requests.auth
 
 from harvester.config.secrets import redact_text, redact_url
-from harvester.sources.base import SourceUnavailable
+from harvester.http.guard import HARVEST, MAX_REDIRECTS, FetchPolicy, refuse_scheme, streamed
+from harvester.sources.base import SourceError, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,28 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL, lower-cased, the port filled in."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower().rstrip("."), port or _DEFAULT_PORTS.get(scheme, 0)
+
+
+def same_origin(url: str, origin: tuple[str, str, int]) -> bool:
+    """Whether ``url`` is of ``origin``, or of its host on https where the origin is http on the
+    default port (the move to https a portal may redirect to)."""
+    here = origin_of(url)
+    return here == origin or (origin[0] == "http" and origin[2] == 80 and here == ("https", origin[1], 443))
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -125,25 +154,29 @@ class _HeaderAuth(requests.auth.AuthBase):
 
 
 class HttpFetcher:
-    """GETs for one portal (``label`` names it in messages). ``requests_made`` counts every request
-    sent, retries included; ``bytes_received`` every body byte as it came over the wire (a
-    streamed body's bytes are added by whoever reads it, with ``add_bytes``). ``headers`` go with
-    every request (after ``User-Agent: <user_agent>``); ``basic_auth`` (user, password) or
-    ``header_auth`` (header name, secret value) authenticate them, not both. ``sleep`` waits (the
-    backoff, Retry-After and the politeness delay)."""
+    """GETs for one portal (``label``, its URL, names it in messages; ``origin`` defaults to
+    label's). ``requests_made`` counts every request sent, retries and redirect hops included;
+    ``bytes_received`` every body byte as it came over the wire (a streamed body's bytes are added
+    by whoever reads it, with ``add_bytes``). ``headers`` go with every request (after
+    ``User-Agent: <user_agent>``); ``basic_auth`` (user, password) or ``header_auth`` (header name,
+    secret value) authenticate those to the portal's own origin, not both. ``session``: a guarded
+    one of the caller's (``http/guard.py``); default: ``policy``'s (default: the harvest's, from
+    the settings). ``sleep`` waits (the backoff, Retry-After and the politeness delay)."""
 
     def __init__(self, label: str, *, timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
                  max_backoff: float = 60.0, politeness_delay: float = 0.0,
                  basic_auth: tuple[str, str] | None = None, header_auth: tuple[str, str] | None = None,
                  headers: dict[str, str] | None = None, user_agent: str = USER_AGENT,
-                 session: requests.Session | None = None, sleep: Callable[[float], Any] = time.sleep):
+                 session: requests.Session | None = None, sleep: Callable[[float], Any] = time.sleep,
+                 policy: FetchPolicy | None = None, origin: str | None = None):
         if basic_auth and header_auth:
             raise ValueError(f"{scrub_url(label)}: give basic_auth or header_auth ({header_auth[0]}), not both")
         self.label = scrub_url(label)
         self.timeout, self.backoff, self.max_backoff = timeout, backoff, max_backoff
         self.max_retries = max(0, int(max_retries))
         self.politeness_delay = max(0.0, politeness_delay)
-        self.session = session or requests.Session()
+        self.origin = origin_of(origin or label)
+        self.session = session or (policy or FetchPolicy.for_harvest(label, timeout=timeout)).session()
         self.headers = {"User-Agent": user_agent, **(headers or {})}
         self._auth: requests.auth.AuthBase | None = (
             _HeaderAuth(*header_auth) if header_auth else _BasicAuth(*basic_auth) if basic_auth else None)
@@ -175,10 +208,13 @@ class HttpFetcher:
             self.requests_made += 1
             retry_after = status = None
             try:
-                resp = self.session.get(url, params=params, headers=headers, auth=self._auth, timeout=self.timeout,
-                                        stream=True)
+                resp = self._send(url, params, headers, stream)
                 if not stream:
-                    read_whole(resp)
+                    try:
+                        read_whole(resp)
+                    except SourceError:  # (the guard's size cap or deadline: not retried here)
+                        resp.close()
+                        raise
             except requests.Timeout as exc:
                 last = f"timeout after {self.timeout}s ({type(exc).__name__})"
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
@@ -208,6 +244,27 @@ class HttpFetcher:
             delay = min(self.max_backoff, retry_after) if retry_after is not None else self._delay(attempt)
             log.warning("%s: %s; retry %d of %d in %.2fs", what, last, attempt, self.max_retries, delay)
             self._sleep(delay)
+
+    def _send(self, url: str, params: dict | None, headers: dict, stream: bool) -> requests.Response:
+        """One GET and the redirects it leads to, each hop a request of its own: credentials go
+        only to a hop of the portal's own origin, and the guarded session checks each hop's address.
+        Every request after the first is counted in ``requests_made``."""
+        hops = 0
+        while True:
+            auth = self._auth if self._auth is not None and same_origin(url, self.origin) else None
+            with streamed(stream):
+                resp = self.session.get(url, params=params, headers=headers, auth=auth, timeout=self.timeout,
+                                        stream=True, allow_redirects=False)
+            location = resp.headers.get("Location")
+            if resp.status_code not in _REDIRECTS or not location:
+                return resp
+            resp.close()
+            hops += 1
+            if hops > MAX_REDIRECTS:
+                raise SourceError(f"{self.label}: GET {scrub_url(url)}: more than {MAX_REDIRECTS} redirects")
+            url, params = urljoin(resp.url, location.strip()), None
+            refuse_scheme(url, getattr(self.session, "purpose", HARVEST))
+            self.requests_made += 1
 
     def _polite(self) -> None:
         if self.politeness_delay and self._last_request is not None:

@@ -1,21 +1,38 @@
-"""The guarded outbound client: every request Harvester makes of a stranger's server goes through a
+"""The guarded outbound client: every request Harvester makes of a stranger's server, in harvest runs
+(``harvester.http.HttpFetcher``) and in validation (``pipeline/validate.py``), goes through a
 ``requests`` session made here (``FetchPolicy.session``).
 
-- only http(s); each connection resolves its host itself and refuses it unless every address is
+- Only http(s). Each connection resolves its host itself and refuses it unless every address is
   public (not loopback, private, link-local, multicast, reserved, unspecified), then connects to
   the address it checked: redirects, every page of a listing, remote JSON-LD contexts and a DNS
   name that points inward are all checked, and the answer of a second lookup cannot differ from
-  the one checked. No proxy from the environment (the check would be of the proxy);
-- a body (decoded) over ``max_bytes`` stops as it streams (``TooLarge``), and so does an answer
-  announcing more in its Content-Length;
-- one deadline (``deadline``): each request waits at most what is left, and a body still
-  streaming when it passes stops.
+  the one checked. No proxy and no .netrc from the environment (the check would be of the proxy).
+  A harvest's policy reaches its portal's own host (``own_hosts``) whatever its addresses (the
+  operator named it); other hosts (next links, contexts, redirects) must be public unless
+  HARVESTER_FETCH_ALLOW_PRIVATE. Validation reaches only public addresses unless
+  HARVESTER_VALIDATE_ALLOW_PRIVATE.
+- A body (decoded) over the size cap stops as it streams (``TooLarge``), and so does an answer
+  announcing more in its Content-Length. An answer read whole is capped by ``max_bytes``; one a
+  source streams (``streamed()``: a data.json of hundreds of MB) by ``max_stream_bytes``.
+- A deadline: one for a whole validation (``deadline``), one for each request of a harvest
+  (``request_deadline``). Each request waits at most what is left of it, and a watchdog thread
+  shuts the connection's socket down when it passes: a server that sends one byte a second, in
+  its headers or its body, cannot hold a request past its deadline (``FetchTimeout``).
+
+Credentials are not this module's business: ``HttpFetcher`` sends them only to the portal's own
+origin, on every hop of a redirect it follows itself.
 """
 from __future__ import annotations
 
+import heapq
 import ipaddress
+import itertools
+import os
 import socket
+import threading
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 from urllib.parse import urlsplit
@@ -27,13 +44,33 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util import connection as urllib3_connection
 
+from harvester.config.secrets import redact_url
 from harvester.sources.base import SourceError
 
 MAX_REDIRECTS = 5
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Purpose:
+    """Who fetches, as messages say it, and the settings that open each limit."""
+
+    who: str
+    allow_private: str
+    max_bytes: str
+    deadline: str
+    beyond: str = ""  # what else is reached whatever its address
+
+
+VALIDATION = Purpose("validation", "HARVESTER_VALIDATE_ALLOW_PRIVATE", "HARVESTER_VALIDATE_MAX_BYTES",
+                     "HARVESTER_VALIDATE_TIMEOUT_SECS")
+HARVEST = Purpose("a harvest", "HARVESTER_FETCH_ALLOW_PRIVATE", "HARVESTER_FETCH_MAX_BYTES",
+                  "HARVESTER_FETCH_DEADLINE_SECS", " beyond its portal's own host")
+
 
 # -- errors ------------------------------------------------------------------------------------------
 class Refused(SourceError):
-    """Validation will not fetch this URL (its scheme, or an address it resolves to)."""
+    """The guard will not fetch this URL (its scheme, or an address it resolves to)."""
 
 
 class AddressRefused(Refused):
@@ -45,7 +82,7 @@ class AddressRefused(Refused):
 
 
 class TooLarge(SourceError):
-    """A document is larger than the validation may read."""
+    """A document is larger than the policy lets a request read."""
 
     def __init__(self, message: str, limit: int):
         super().__init__(message)
@@ -53,7 +90,19 @@ class TooLarge(SourceError):
 
 
 class FetchTimeout(SourceError):
-    """The validation's deadline passed while fetching."""
+    """The deadline passed while fetching. ``transient``: a harvest's request may do better later
+    (the task's retry); a validation's is over."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+def refuse_scheme(url: str, purpose: Purpose = VALIDATION) -> None:
+    """Refused for a URL that is not http(s), naming it and its scheme."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in ("http", "https"):
+        raise Refused(f"{redact_url(url)}: {purpose.who} fetches only http(s) URLs, not {scheme or 'a relative URL'}:")
 
 
 # -- addresses ---------------------------------------------------------------------------------------
@@ -76,36 +125,115 @@ def address_refusal(address: str) -> str | None:
 
 
 def checked_addresses(host: str, port: int, *, allow_private: bool,
-                      allowed: frozenset[tuple[str, int]] = frozenset()) -> list[str]:
+                      allowed: frozenset[tuple[str, int]] = frozenset(), own_hosts: frozenset[str] = frozenset(),
+                      purpose: Purpose = VALIDATION) -> list[str]:
     """The addresses ``host`` resolves to, every one of them checked: AddressRefused naming the
-    host and the address when one is not public (unless ``allow_private``, or that (address,
-    port) is in ``allowed``). socket.gaierror when it does not resolve."""
+    host and the address when one is not public (unless ``allow_private``, the host is one of
+    ``own_hosts``, or that (address, port) is in ``allowed``). socket.gaierror when it does not
+    resolve."""
     found: list[str] = []
     for *_, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
         if sockaddr[0] not in found:
             found.append(sockaddr[0])
-    if not allow_private:
+    if not allow_private and host.lower().rstrip(".") not in own_hosts:
         for address in found:
             why = address_refusal(address)
             if why is not None and (address, port) not in allowed:
                 named = host if host == address else f"{host} resolves to {address}, which"
-                raise AddressRefused(f"{named} is a {why} address: validation fetches only public addresses "
-                                     "(HARVESTER_VALIDATE_ALLOW_PRIVATE is off)", host, address)
+                raise AddressRefused(f"{named} is a {why} address: {purpose.who} fetches only public addresses"
+                                     f"{purpose.beyond} ({purpose.allow_private} is off)", host, address)
     return found
+
+
+# -- the deadline ------------------------------------------------------------------------------------
+# The deadline (time.monotonic) of the request being sent in this context: the adapter sets it, the
+# connection arms the watchdog with it.
+_DEADLINE: ContextVar[float] = ContextVar("harvester_fetch_deadline", default=float("inf"))
+# Whether the request being sent is one whose body its caller streams (``streamed()``).
+_STREAMED: ContextVar[bool] = ContextVar("harvester_fetch_streamed", default=False)
+
+
+@contextmanager
+def streamed(on: bool = True) -> Iterator[None]:
+    """Requests sent inside are ones whose body the caller streams: capped by ``max_stream_bytes``."""
+    token = _STREAMED.set(on)
+    try:
+        yield
+    finally:
+        _STREAMED.reset(token)
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when its request's deadline passes: a read blocked on it
+    returns at once, whatever the socket timeout (which a server sending a byte at a time never
+    trips). One daemon thread for the process, started when first needed (again after a fork)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, object]] = []
+        self._armed: dict[int, int] = {}  # id(connection) -> the sequence number of its live entry
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: object, deadline: float) -> None:
+        with self._cond:
+            seq = next(self._seq)
+            self._armed[id(conn)] = seq
+            heapq.heappush(self._heap, (deadline, seq, conn))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="harvester-fetch-deadline", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def disarm(self, conn: object) -> None:
+        with self._cond:
+            self._armed.pop(id(conn), None)
+            if len(self._heap) > 2 * len(self._armed) + 64:  # drop the entries of disarmed connections
+                self._heap = [e for e in self._heap if self._armed.get(id(e[2])) == e[1]]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._armed.get(id(self._heap[0][2])) != self._heap[0][1]:
+                    heapq.heappop(self._heap)  # disarmed, or armed again since
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, _, conn = self._heap[0]
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+                self._armed.pop(id(conn), None)
+                sock = getattr(conn, "sock", None)
+                if sock is not None:
+                    try:  # (socket.socket's own shutdown: an SSLSocket's would drop its TLS state under the reader)
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    except (OSError, TypeError):
+                        pass
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _WATCHDOG.__init__())
 
 
 class _GuardedConnection:
     """Mixed into urllib3's connections: the socket goes to an address checked here, never to a
-    second resolution of the name."""
+    second resolution of the name; each request arms the watchdog with its deadline."""
 
     allow_private = False
     allowed: frozenset[tuple[str, int]] = frozenset()
+    own_hosts: frozenset[str] = frozenset()
+    purpose: Purpose = VALIDATION
 
     def _new_conn(self) -> socket.socket:
         host = self._dns_host  # type: ignore[attr-defined]
         try:
             addresses = checked_addresses(host, self.port, allow_private=self.allow_private,  # type: ignore
-                                          allowed=self.allowed)
+                                          allowed=self.allowed, own_hosts=self.own_hosts, purpose=self.purpose)
         except socket.gaierror as exc:
             raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined, arg-type]
         last: Exception | None = None
@@ -124,6 +252,14 @@ class _GuardedConnection:
                 last.__cause__ = exc
         raise last or NewConnectionError(self, f"{host} resolves to no address")  # type: ignore[arg-type]
 
+    def request(self, *args, **kwargs):
+        deadline = _DEADLINE.get()
+        if deadline != float("inf"):
+            _WATCHDOG.arm(self, deadline)  # (a new connection's socket is made inside: the watchdog finds it then)
+        else:
+            _WATCHDOG.disarm(self)
+        return super().request(*args, **kwargs)  # type: ignore[misc]
+
 
 def size_text(n: int) -> str:
     """A byte count as a size setting writes it (100MB), else in bytes."""
@@ -133,12 +269,20 @@ def size_text(n: int) -> str:
     return f"{n} bytes"
 
 
+def _time_text(policy: "FetchPolicy") -> str:
+    if policy.purpose is VALIDATION:
+        return f"the validation's time ({policy.purpose.deadline})"
+    return f"the {policy.request_deadline:g} s a request may take ({policy.purpose.deadline})"
+
+
 class _CappedBody:
     """A response's ``raw`` (urllib3) that counts what is read of it (decoded) and stops past the
-    limit or the deadline. Everything else is the wrapped response's."""
+    limit or the deadline (the watchdog cuts a read still waiting then). Everything else is the
+    wrapped response's."""
 
-    def __init__(self, raw, limit: int | None, where: str, deadline: float):
-        self.__dict__.update(_raw=raw, _limit=limit, _where=where, _deadline=deadline, _seen=0)
+    def __init__(self, raw, limit: int | None, where: str, deadline: float, policy: "FetchPolicy", conn=None):
+        self.__dict__.update(_raw=raw, _limit=limit, _where=where, _deadline=deadline, _policy=policy,
+                             _conn=conn, _seen=0)
 
     def __getattr__(self, name):
         return getattr(self._raw, name)
@@ -146,43 +290,87 @@ class _CappedBody:
     def __setattr__(self, name, value):
         setattr(self._raw, name, value)
 
+    def _late(self) -> FetchTimeout:
+        self._raw.close()
+        self._done()
+        return FetchTimeout(f"{self._where}: still reading after {_time_text(self._policy)} ran out",
+                            transient=self._policy.purpose is not VALIDATION)
+
+    def _done(self) -> None:
+        if self._conn is not None:
+            _WATCHDOG.disarm(self._conn)
+            self.__dict__["_conn"] = None
+
     def _count(self, n: int) -> None:
         self.__dict__["_seen"] += n
         if self._limit is not None and self._seen > self._limit:
             self._raw.close()
+            self._done()
             raise TooLarge(f"{self._where}: the document is larger than {size_text(self._limit)} "
-                           "(HARVESTER_VALIDATE_MAX_BYTES)", self._limit)
+                           f"({self._policy.purpose.max_bytes})", self._limit)
         if time.monotonic() > self._deadline:
-            self._raw.close()
-            raise FetchTimeout(f"{self._where}: still reading after the validation's time "
-                               "(HARVESTER_VALIDATE_TIMEOUT_SECS) ran out")
+            raise self._late()
+
+    def _read(self, amt, *args, **kwargs) -> bytes:
+        if time.monotonic() > self._deadline:
+            raise self._late()
+        try:
+            data = self._raw.read(amt, *args, **kwargs)
+        except Exception:
+            if time.monotonic() >= self._deadline:  # the watchdog shut the socket
+                raise self._late() from None
+            raise
+        if not data:
+            self._done()
+        return data
 
     def read(self, amt=None, *args, **kwargs) -> bytes:
         if amt is None or amt < 0:  # never the whole body at once: the limit is checked as it comes
             parts = []
             while True:
-                chunk = self._raw.read(64 * 1024, *args, **kwargs)
+                chunk = self._read(_CHUNK, *args, **kwargs)
                 if not chunk:
                     return b"".join(parts)
                 self._count(len(chunk))
                 parts.append(chunk)
-        data = self._raw.read(amt, *args, **kwargs)
+        data = self._read(amt, *args, **kwargs)
         self._count(len(data))
         return data
 
     def stream(self, amt=2 ** 16, decode_content=None) -> Iterator[bytes]:
         # (amt None would read the whole body before it could be counted)
-        for chunk in self._raw.stream(amt or 64 * 1024, decode_content=decode_content):
+        chunks = self._raw.stream(amt or _CHUNK, decode_content=decode_content)
+        while True:
+            if time.monotonic() > self._deadline:
+                raise self._late()
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                self._done()
+                return
+            except Exception:
+                if time.monotonic() >= self._deadline:
+                    raise self._late() from None
+                raise
             self._count(len(chunk))
             yield chunk
 
+    def close(self) -> None:
+        self._done()
+        self._raw.close()
+
+    def release_conn(self) -> None:
+        self._done()
+        self._raw.release_conn()
+
 
 class _GuardedAdapter(HTTPAdapter):
-    """http(s) through guarded connections, bodies capped, one deadline."""
+    """http(s) through guarded connections, bodies capped, deadlines kept."""
 
     def __init__(self, policy: "FetchPolicy", deadline: float):
         self._policy, self._deadline = policy, deadline
-        attrs = {"allow_private": policy.allow_private, "allowed": policy.allowed}
+        attrs = {"allow_private": policy.allow_private, "allowed": policy.allowed, "own_hosts": policy.own_hosts,
+                 "purpose": policy.purpose}
         http_conn = type("GuardedHTTPConnection", (_GuardedConnection, HTTPConnection), attrs)
         https_conn = type("GuardedHTTPSConnection", (_GuardedConnection, HTTPSConnection), attrs)
         self._pools = {"http": type("GuardedHTTPPool", (HTTPConnectionPool,), {"ConnectionCls": http_conn}),
@@ -194,37 +382,58 @@ class _GuardedAdapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = dict(self._pools)
 
     def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):
-        scheme = urlsplit(request.url).scheme.lower()
-        if scheme not in ("http", "https"):
-            raise Refused(f"{request.url}: validation fetches only http(s) URLs, not {scheme}:")
-        left = self._deadline - time.monotonic()
+        refuse_scheme(request.url, self._policy.purpose)
+        now = time.monotonic()
+        ends = self._deadline
+        if self._policy.request_deadline is not None:
+            ends = min(ends, now + self._policy.request_deadline)
+        left = ends - now
         if left <= 0:
-            raise FetchTimeout(f"GET {request.url}: the validation's time (HARVESTER_VALIDATE_TIMEOUT_SECS) ran out")
+            raise FetchTimeout(f"GET {redact_url(request.url)}: {_time_text(self._policy)} ran out",
+                               transient=self._policy.purpose is not VALIDATION)
         if left != float("inf"):
             if isinstance(timeout, tuple):
                 timeout = tuple(left if t is None else min(t, left) for t in timeout)
             else:
                 timeout = left if timeout is None else min(timeout, left)
-        return super().send(request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies={})
+        token = _DEADLINE.set(ends)
+        try:
+            return super().send(request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies={})
+        except requests.RequestException as exc:
+            if time.monotonic() >= ends:  # the watchdog cut a server still sending its headers
+                raise FetchTimeout(f"GET {redact_url(request.url)}: no complete answer before "
+                                   f"{_time_text(self._policy)} ran out ({type(exc).__name__})",
+                                   transient=self._policy.purpose is not VALIDATION) from None
+            raise
+        finally:
+            _DEADLINE.reset(token)
 
     def build_response(self, req, resp):
+        ends = _DEADLINE.get()
+        conn = getattr(resp, "connection", None)
         response = super().build_response(req, resp)
         limit = self._policy.max_bytes
+        if _STREAMED.get() and self._policy.max_stream_bytes is not None:
+            limit = self._policy.max_stream_bytes
         length = response.headers.get("Content-Length", "")
         if limit is not None and length.strip().isdigit() and int(length) > limit:
             response.close()
-            raise TooLarge(f"{req.url}: the document is {int(length)} bytes, larger than {size_text(limit)} "
-                           "(HARVESTER_VALIDATE_MAX_BYTES)", limit)
-        response.raw = _CappedBody(response.raw, limit, req.url, self._deadline)
+            if conn is not None:
+                _WATCHDOG.disarm(conn)
+            raise TooLarge(f"{redact_url(req.url)}: the document is {int(length)} bytes, larger than "
+                           f"{size_text(limit)} ({self._policy.purpose.max_bytes})", limit)
+        response.raw = _CappedBody(response.raw, limit, redact_url(req.url), ends, self._policy, conn)
         return response
 
 
 @dataclass(frozen=True)
 class FetchPolicy:
-    """How a validation may fetch: ``allow_private`` addresses (else only public ones, but for the
-    (address, port) pairs in ``allowed``), at most ``max_bytes`` a body (None: no limit), each
-    request within ``timeout`` seconds and all of them within ``deadline`` (None: none), each
-    retried ``max_retries`` times when it fails transiently."""
+    """How a session may fetch: ``allow_private`` addresses (else only public ones, but for the
+    hosts in ``own_hosts`` and the (address, port) pairs in ``allowed``), at most ``max_bytes`` a
+    body read whole and ``max_stream_bytes`` one streamed (None: ``max_bytes``; None both: no
+    limit), each request within ``timeout`` seconds a read, within ``request_deadline`` seconds in
+    all (None: none) and all of them within ``deadline`` of the session's start (None: none), each
+    retried ``max_retries`` times when it fails transiently. ``purpose`` words the messages."""
 
     allow_private: bool = True
     max_bytes: int | None = None
@@ -232,10 +441,14 @@ class FetchPolicy:
     deadline: float | None = None
     max_retries: int = 1
     allowed: frozenset = field(default_factory=frozenset)
+    own_hosts: frozenset = field(default_factory=frozenset)
+    request_deadline: float | None = None
+    max_stream_bytes: int | None = None
+    purpose: Purpose = VALIDATION
 
     @classmethod
     def from_settings(cls, environ: Mapping[str, str] | None = None) -> "FetchPolicy":
-        """The API's: HARVESTER_VALIDATE_ALLOW_PRIVATE, _MAX_BYTES and _TIMEOUT_SECS."""
+        """The validation API's: HARVESTER_VALIDATE_ALLOW_PRIVATE, _MAX_BYTES and _TIMEOUT_SECS."""
         from harvester.config.settings import env_values
         from harvester.domain.sizes import parse_size
 
@@ -247,20 +460,41 @@ class FetchPolicy:
                    max_bytes=parse_size(size) if isinstance(size, str) else int(size), timeout=seconds,
                    deadline=seconds)
 
+    @classmethod
+    def for_harvest(cls, portal_url: str, *, timeout: float = 60.0,
+                    environ: Mapping[str, str] | None = None) -> "FetchPolicy":
+        """A harvest's, for the portal at ``portal_url`` (its host reached whatever its addresses):
+        HARVESTER_FETCH_ALLOW_PRIVATE, _MAX_BYTES, _MAX_STREAM_BYTES and _DEADLINE_SECS."""
+        from harvester.config.settings import env_values
+        from harvester.domain.sizes import parse_size
+
+        got = env_values(("HARVESTER_FETCH_ALLOW_PRIVATE", "HARVESTER_FETCH_MAX_BYTES",
+                          "HARVESTER_FETCH_MAX_STREAM_BYTES", "HARVESTER_FETCH_DEADLINE_SECS"), environ)
+
+        def size(name: str) -> int:
+            value = got[name]
+            return parse_size(value) if isinstance(value, str) else int(value)
+
+        host = (urlsplit(portal_url).hostname or "").lower().rstrip(".")
+        return cls(allow_private=bool(got["HARVESTER_FETCH_ALLOW_PRIVATE"]),
+                   max_bytes=size("HARVESTER_FETCH_MAX_BYTES"),
+                   max_stream_bytes=size("HARVESTER_FETCH_MAX_STREAM_BYTES"), timeout=timeout,
+                   request_deadline=float(got["HARVESTER_FETCH_DEADLINE_SECS"]),
+                   own_hosts=frozenset({host}) if host else frozenset(), purpose=HARVEST)
+
     def ends_at(self) -> float:
-        """The deadline of a validation starting now (time.monotonic; infinity for none)."""
+        """The deadline of a session starting now (time.monotonic; infinity for none)."""
         return float("inf") if self.deadline is None else time.monotonic() + self.deadline
 
     def session(self) -> requests.Session:
-        """A new session for one validation (its deadline starts now: ``ends_at``)."""
+        """A new session (its deadline starts now: ``ends_at``)."""
         session = requests.Session()
         session.trust_env = False  # no proxy, no .netrc: the connection checked is the one made
         session.max_redirects = MAX_REDIRECTS
         adapter = _GuardedAdapter(self, self.ends_at())
         session.ends_at = adapter._deadline  # type: ignore[attr-defined]  (what the document adapter keeps too)
+        session.purpose = self.purpose  # type: ignore[attr-defined]  (how HttpFetcher words a refused scheme)
         session.adapters.clear()
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         return session
-
-
