@@ -186,3 +186,31 @@ def test_a_streamed_catalogue_has_its_own_larger_cap(portal, monkeypatch):
     huge = source_for(Portal(name="huge", url=portal.url("/huge.json"), type=DCAT_JSON, politeness_delay=0))
     raised, _ = ended_within(60, lambda: [p for p in huge.iter_records(None, 500, Listing())])
     assert isinstance(raised, TooLarge) and "larger than 4MB" in str(raised), raised
+
+
+# -- one client --------------------------------------------------------------------------------------
+# Modules that may open a connection of their own, and why: the guard itself; a notifier posting to
+# the webhook URL the operator configured; the embedding providers at the addresses the operator set
+# (Ollama's, and Gemini's through google-genai).
+OWN_CONNECTIONS = {"http/guard.py", "pipeline/notify.py", "embeddings/ollama.py", "embeddings/gemini.py"}
+OPENERS = ("requests.get", "requests.post", "requests.head", "requests.request", "requests.Session",
+           "urllib.request", "urlopen", "http.client", "urllib3.PoolManager", "httpx")
+
+
+def test_no_runtime_module_opens_a_url_behind_the_guards_back():
+    """Every other module reaches a stranger's server through HttpFetcher or a guarded session: a
+    new ``requests.get`` or ``urlopen`` in a source or the pipeline fails here, naming the line."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "plugins" / "harvester"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("testing/") or relative in OWN_CONNECTIONS:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if any(opener in code for opener in OPENERS) and "requests.Session |" not in code \
+                    and "session: requests.Session" not in code:
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert found == []
