@@ -308,6 +308,31 @@ def forget(conn, dataset_id: int) -> int:
     return len(pairs)
 
 
+def portals_concerned(conn, dataset_id: int, *, others: list[int] = (), group: bool = False,
+                      overrides: bool = False) -> dict[str, str | None]:
+    """The portals of the datasets an override operation about ``dataset_id`` decides about, portal
+    url -> the name its runs recorded (None when none): the dataset's own and ``others``' (a merge's
+    other dataset, a split's ``from_ids``); with ``group``, every other member of its group (a split
+    from all of them writes a decision with each); with ``overrides``, every dataset an override
+    about it names (``forget`` drops those decisions). Ask inside the transaction that holds
+    ``lock`` and makes the change: the group cannot change in between."""
+    rows = conn.execute(
+        """
+        WITH ids AS (
+            SELECT unnest(%(ids)s::bigint[]) AS id
+            UNION
+            SELECT m2.dataset_id FROM duplicate_members m JOIN duplicate_members m2 ON m2.group_id = m.group_id
+            WHERE %(group)s AND m.dataset_id = %(id)s
+            UNION
+            SELECT CASE WHEN o.a = %(id)s THEN o.b ELSE o.a END FROM duplicate_overrides o
+            WHERE %(overrides)s AND (o.a = %(id)s OR o.b = %(id)s)
+        )
+        SELECT DISTINCT d.portal_url, p.portal_name FROM ids JOIN datasets d ON d.id = ids.id
+        LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+        """, {"ids": [dataset_id, *others], "id": dataset_id, "group": group, "overrides": overrides}).fetchall()
+    return dict(rows)
+
+
 # -- reading ---------------------------------------------------------------------------------------
 _MEMBER_COLUMNS = """d.id, d.portal_url, coalesce(p.portal_name, d.portal_url), d.source_id, d.title, d.url,
                      d.removed_at, m.is_canonical, m.evidence, m.confidence, m.matched_id, m.copy_of, m.group_id"""
