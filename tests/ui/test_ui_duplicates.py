@@ -5,6 +5,10 @@ group once, a dataset's page shows its group, operators split and merge groups.
 The world: a CKAN portal ("national") and a DCAT aggregator republishing its ten Birmingham
 purchase-card datasets, both harvested with the local model (ten groups of two), plus data.gov.uk's
 first four records on the national portal alone.
+
+Airflow's auth manager is the simple one with per-DAG edit rights on top
+(harvester.testing.per_dag_auth): ``nat_editor`` may edit harvest_national only, ``etl_editor`` a
+DAG that harvests nothing; the other users are the simple manager's roles.
 """
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ from urllib.parse import quote
 
 import pytest
 
-from harvester.testing import aggregator
+from harvester.testing import aggregator, per_dag_auth
 
-PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3"}
+PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3", "op": "op-pw-4",
+             "nat_editor": "nat-editor-pw-5", "etl_editor": "etl-editor-pw-6"}
+EDITORS = {"nat_editor": ["harvest_national"], "etl_editor": ["etl_daily"]}  # per-DAG edit rights
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 UK = "data-gov-uk.jsonl"
 API = "/harvester/api"
@@ -44,9 +50,10 @@ def world(pg_server, template_db, airflow_db, tmp_path_factory, samples):
     passwords.write_text(json.dumps(PASSWORDS))
     mp.setenv("HARVESTER_DATABASE_URL", url)
     mp.setenv("AIRFLOW_CONN_HARVESTER_DB", url)
-    mp.setenv("AIRFLOW__CORE__AUTH_MANAGER",
-              "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
-    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,editor:user")
+    mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", per_dag_auth.AUTH_MANAGER)
+    mp.setenv("AIRFLOW__HARVESTER_TESTING__DAG_EDITORS", per_dag_auth.policy(EDITORS))
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+              "admin:admin,viewer:viewer,editor:user,op:op,nat_editor:user,etl_editor:user")
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
     mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", uuid.uuid4().hex * 2)
@@ -201,7 +208,7 @@ def test_decisions_need_review_rights_and_name_what_is_missing(client, tokens, w
                           ("/duplicates/merge", {**body, "other_portal": "aggregator",
                                                  "other_source_id": world["agg_ids"][record["id"]]})):
         refused = post(client, tokens, path, payload, user="viewer", status=403)
-        assert "viewer may not split or merge duplicates of" in refused["detail"] and "harvest_" in refused["detail"]
+        assert refused["detail"] == REFUSED.format(user="viewer")
     assert get(client, tokens, f"/datasets/national/{record['id']}")["group"]["overrides"] == []
 
     missing = post(client, tokens, "/duplicates/split", {"portal": "national", "source_id": "no-such-id"}, status=404)
@@ -221,3 +228,142 @@ def test_decisions_need_review_rights_and_name_what_is_missing(client, tokens, w
     assert "is in no duplicate group" in alone["detail"]
     post(client, tokens, "/duplicates/split", {**body, "extra": 1}, status=422)
     assert get(client, tokens, f"/datasets/national/{record['id']}")["group"]["group_id"] is not None
+
+
+# -- who may write: every write route, and every portal an operation decides about (issue 35) -----------
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+REFUSED = ("{user} may not edit any harvest DAG (harvest_aggregator, harvest_national): the Harvester's write "
+           "routes need edit access (PUT) to at least one")
+
+
+def write_routes():
+    """(method, path, route) of every write route of the Harvester app, as the app holds them."""
+    from fastapi.routing import APIRoute
+
+    from harvester.ui.app import app
+
+    return [(method, route.path, route) for route in app.routes if isinstance(route, APIRoute)
+            for method in sorted(route.methods & WRITE_METHODS)]
+
+
+def test_every_write_route_is_gated_before_its_body_is_read():
+    """Walks the app: a write route must declare a write gate (auth.writer, or auth.validator for
+    validate), and the gate must run before FastAPI reads and parses the body (a route of the
+    app's GatedRoute class, or one that reads its body itself)."""
+    from harvester.ui import auth
+
+    found = write_routes()
+    assert {(m, p) for m, p, _ in found} >= {
+        ("POST", "/api/changes/{change_id}/review"), ("POST", "/api/duplicates/split"),
+        ("POST", "/api/duplicates/merge"), ("POST", "/api/duplicates/forget"), ("POST", "/api/validate")}
+    for method, path, route in found:
+        gates = [d.call for d in route.dependant.dependencies if d.call in auth.WRITE_GATES]
+        assert gates, f"{method} {path} has no write gate (Depends(auth.writer))"
+        assert isinstance(route, auth.GatedRoute) or route.body_field is None, (
+            f"{method} {path} reads its body before its gate")
+
+
+def test_whoever_may_not_write_is_refused_first_on_every_write_route(client, tokens, world):
+    """Before its body is read, an id looked up or a 404 / 422: 401 without a token, 403 for a user
+    who may edit no harvest DAG (a viewer, a user who may edit another DAG only, a user of no role)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    nobody = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="nobody", role=None))
+    record = world["copied"][7]
+    real = {"portal": "national", "source_id": record["id"], "other_portal": "aggregator",
+            "other_source_id": world["agg_ids"][record["id"]], "action": "reviewed", "url": "http://127.0.0.1/"}
+    bodies = [{"json": real}, {"json": {}}, {"json": {"portal": "elsewhere", "source_id": "no-such-id"}},
+              {"content": b"{not json", "headers": {"Content-Type": "application/json"}},
+              {"content": b"\x00" * 64, "headers": {"Content-Type": "application/octet-stream"}}]
+    before = _decisions(world, [])
+    for method, path, _ in write_routes():
+        for change_id in ("0", "999999", "not-a-number") if "{change_id}" in path else ("",):
+            url = "/harvester" + path.replace("{change_id}", change_id)
+            for body in bodies:
+                headers = body.get("headers", {})
+                send = {k: v for k, v in body.items() if k != "headers"}
+                response = client.request(method, url, headers=headers, **send)
+                assert (response.status_code, response.headers.get("www-authenticate")) == (401, "Bearer"), (
+                    url, body, response.text)
+                for user, token in (("viewer", tokens["viewer"]), ("etl_editor", tokens["etl_editor"]),
+                                    ("nobody", nobody)):
+                    response = client.request(method, url, headers={**headers, "Authorization": f"Bearer {token}"},
+                                              **send)
+                    assert (response.status_code, response.json()) == (
+                        403, {"detail": REFUSED.format(user=user)}), (user, url, body, response.text)
+    assert _decisions(world, []) == before
+    assert get(client, tokens, "/me", "etl_editor") == {"user": "etl_editor", "can_review": False}
+    assert get(client, tokens, "/me", "nat_editor") == {"user": "nat_editor", "can_review": True}
+
+
+def _decisions(world, source_ids: list[tuple[str, str]]):
+    """The overrides in the database (all of them), and the group of each (portal, source id)."""
+    import psycopg
+
+    urls = {"national": world["nat"].url, "aggregator": world["agg"].url}
+    with psycopg.connect(world["url"]) as conn:
+        overrides = conn.execute("SELECT a, b, decision, decided_by FROM duplicate_overrides ORDER BY a, b").fetchall()
+        groups = [conn.execute("SELECT m.group_id FROM datasets d LEFT JOIN duplicate_members m ON m.dataset_id = d.id"
+                               " WHERE d.portal_url = %s AND d.source_id = %s", (urls[p], s)).fetchone()
+                  for p, s in source_ids]
+    return overrides, groups
+
+
+def test_a_split_needs_the_portal_of_every_member_it_decides_about(client, tokens, world):
+    """nat_editor may edit harvest_national only: splitting a national dataset from its group
+    (whose other member is the aggregator's) decides about the aggregator's dataset too."""
+    record = world["copied"][5]
+    agg_id = world["agg_ids"][record["id"]]
+    members = [("national", record["id"]), ("aggregator", agg_id)]
+    before = _decisions(world, members)
+    assert before[1][0] == before[1][1] and before[1][0][0] is not None  # one group
+
+    refused = post(client, tokens, "/duplicates/split", {"portal": "national", "source_id": record["id"]},
+                   user="nat_editor", status=403)
+    assert refused["detail"] == (f"nat_editor may not edit harvest_aggregator: splitting {record['id']!r} of "
+                                 "national from its group decides about datasets of aggregator; nothing was changed")
+    refused = post(client, tokens, "/duplicates/split", {"portal": "national", "source_id": record["id"],
+                                                          "from": [{"portal": "aggregator", "source_id": agg_id}]},
+                   user="nat_editor", status=403)
+    assert refused["detail"] == (f"nat_editor may not edit harvest_aggregator: splitting {record['id']!r} of "
+                                 "national from the datasets named decides about datasets of aggregator; nothing "
+                                 "was changed")
+    assert _decisions(world, members) == before
+
+    split = post(client, tokens, "/duplicates/split", {"portal": "national", "source_id": record["id"]}, user="op")
+    assert split["group_id"] is None and [(o["decision"], o["decided_by"]) for o in split["overrides"]] == [
+        ("different", "op")]
+
+
+def test_forget_needs_the_portal_of_every_decision_it_drops(client, tokens, world):
+    """An admin tied a national dataset to an aggregator's: nat_editor may not drop that decision
+    (it is about the aggregator's dataset too), nor merge across the two portals."""
+    record, lone = world["copied"][6], world["alone"][3]
+    agg_id = world["agg_ids"][record["id"]]
+    pair = {"portal": "national", "source_id": lone["id"], "other_portal": "aggregator", "other_source_id": agg_id}
+    merged = post(client, tokens, "/duplicates/merge", {**pair, "note": "same survey"})
+    assert {m["source_id"] for m in merged["members"]} == {lone["id"], agg_id}  # the decision wins over evidence
+    members = [("national", lone["id"]), ("aggregator", agg_id), ("national", record["id"])]
+    before = _decisions(world, members)
+
+    refused = post(client, tokens, "/duplicates/forget", {"portal": "national", "source_id": lone["id"]},
+                   user="nat_editor", status=403)
+    assert refused["detail"] == (f"nat_editor may not edit harvest_aggregator: forgetting the overrides about "
+                                 f"{lone['id']!r} of national decides about datasets of aggregator; nothing was "
+                                 "changed")
+    assert _decisions(world, members) == before
+    assert ("same", "admin") in {(d, by) for _, _, d, by in before[0]}
+    refused = post(client, tokens, "/duplicates/merge", pair, user="nat_editor", status=403)
+    assert refused["detail"] == (f"nat_editor may not edit harvest_aggregator: merging {lone['id']!r} of national "
+                                 f"with {agg_id!r} of aggregator decides about datasets of aggregator; nothing was "
+                                 "changed")
+    assert _decisions(world, members) == before
+
+    forgot = post(client, tokens, "/duplicates/forget", {"portal": "national", "source_id": lone["id"]},
+                  user="editor")
+    assert forgot["forgotten"] == 1 and forgot["group"]["group_id"] is None
+    # with no decision about it left, forgetting concerns national alone: nat_editor may
+    again = post(client, tokens, "/duplicates/forget", {"portal": "national", "source_id": lone["id"]},
+                 user="nat_editor")
+    assert again["forgotten"] == 0

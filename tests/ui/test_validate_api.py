@@ -1,6 +1,7 @@
 """POST /harvester/api/validate, served by the real Airflow api-server app with the simple auth
-manager (real users, real tokens): the report of a catalogue, and the guards of a URL anybody with
-the Harvester view may name (schemes, inward addresses, redirects, sizes, media types)."""
+manager (real users, real tokens): who may (whoever may edit a harvest DAG; readers too with
+HARVESTER_VALIDATE_READERS, which the other tests set, as the viewer), the report of a catalogue,
+and the guards of a URL a caller may name (schemes, inward addresses, redirects, sizes, media types)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from harvester.testing.dcat_portal import DcatServer
 from harvester.testing.samples import dcat_samples_dir
 
 PATH = "/harvester/api/validate"
-PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2"}
+PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "op": "op-pw-3", "editor": "editor-pw-4"}
 SAMPLE = dcat_samples_dir() / "dcat-us" / "dcatus3_0.json"  # 4 datasets, 1 failed, 3 with warnings
 TURTLE = dcat_samples_dir() / "dcat-ap" / "ckanext-dcat" / "dataset_gob_es.ttl"
 
@@ -29,7 +30,10 @@ def client(airflow_db, tmp_path_factory):
     passwords.write_text(json.dumps(PASSWORDS))
     mp.setenv("AIRFLOW__CORE__AUTH_MANAGER",
               "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
-    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,op:op,editor:user")
+    portals = passwords.parent / "portals.yaml"  # who may validate: whoever may edit one of its DAGs
+    portals.write_text("portals:\n  - {name: national, url: 'https://data.example.org'}\n")
+    mp.setenv("HARVESTER_PORTALS_FILE", str(portals))
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
     mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", uuid.uuid4().hex * 2)
@@ -56,6 +60,12 @@ def catalogue():
         yield server
 
 
+@pytest.fixture(autouse=True)
+def readers_allowed(monkeypatch):
+    """The viewer's requests below are let in by HARVESTER_VALIDATE_READERS (off by default)."""
+    monkeypatch.setenv("HARVESTER_VALIDATE_READERS", "true")
+
+
 @pytest.fixture
 def private_allowed(monkeypatch):
     monkeypatch.setenv("HARVESTER_VALIDATE_ALLOW_PRIVATE", "true")
@@ -80,6 +90,47 @@ def test_no_token_401_and_a_user_without_the_view_403(client, catalogue):
                            headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 403
     assert catalogue.requests == []
+
+
+def test_by_default_only_a_user_who_may_edit_a_harvest_dag_may_validate(client, tokens, catalogue, monkeypatch,
+                                                                           tmp_path):
+    """It makes the server fetch URLs of the caller's choosing: a viewer is refused (before the
+    body is read, nothing fetched) unless HARVESTER_VALIDATE_READERS opens it to readers."""
+    monkeypatch.delenv("HARVESTER_VALIDATE_READERS")
+    upload = {"files": {"file": ("data.json", SAMPLE.read_bytes(), "application/json")}}
+    refused = {"detail": "viewer may not edit any harvest DAG (harvest_national): the Harvester's write routes "
+                         "need edit access (PUT) to at least one"}
+    for request in ({"json": {"url": catalogue.url("/data.json")}}, upload, {"json": {}},
+                    {"content": b"{not json", "headers": {"Content-Type": "application/json"}}):
+        headers = {**request.get("headers", {}), "Authorization": f"Bearer {tokens['viewer']}"}
+        response = client.post(PATH, headers=headers, **{k: v for k, v in request.items() if k != "headers"})
+        assert (response.status_code, response.json()) == (403, refused), (request, response.text)
+    assert catalogue.requests == []
+    for user in ("editor", "op", "admin"):  # User, Op, Admin: as before
+        response = client.post(PATH, headers={"Authorization": f"Bearer {tokens[user]}"}, **upload)
+        assert response.status_code == 200 and response.json()["records"] == 4, (user, response.text)
+        response = client.post(PATH, json={}, headers={"Authorization": f"Bearer {tokens[user]}"})
+        assert response.status_code == 422 and "url" in detail(response)
+
+    # with no portal in portals.yaml: edit access to DAGs as such
+    empty = tmp_path / "portals.yaml"
+    empty.write_text("portals: []\n")
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(empty))
+    response = client.post(PATH, headers={"Authorization": f"Bearer {tokens['viewer']}"}, **upload)
+    assert (response.status_code, response.json()) == (403, {
+        "detail": "viewer may not edit DAGs: with no portal in portals.yaml, the Harvester's write routes need "
+                  "edit access (PUT) to DAGs"})
+    assert client.post(PATH, headers={"Authorization": f"Bearer {tokens['editor']}"}, **upload).status_code == 200
+
+    monkeypatch.setenv("HARVESTER_VALIDATE_READERS", "true")
+    response = client.post(PATH, headers={"Authorization": f"Bearer {tokens['viewer']}"}, **upload)
+    assert response.status_code == 200 and response.json()["records"] == 4
+    monkeypatch.setenv("HARVESTER_VALIDATE_READERS", "sometimes")
+    response = client.post(PATH, headers={"Authorization": f"Bearer {tokens['viewer']}"}, **upload)
+    assert (response.status_code, response.json()) == (503, {
+        "detail": "validation is misconfigured: HARVESTER_VALIDATE_READERS='sometimes' is neither on nor off; "
+                  "use one of on, true, yes, 1 or one of off, false, no, 0"})
+    assert client.post(PATH, **upload).status_code == 401
 
 
 # -- the report ----------------------------------------------------------------------------------------------

@@ -352,6 +352,9 @@ _ALL = (
             "internal services)", "reports"),
     Setting("HARVESTER_VALIDATE_TIMEOUT_SECS", "float", 60.0, "The longest `POST /harvester/api/validate` spends "
             "fetching a URL", "reports", 1, 3600),
+    Setting("HARVESTER_VALIDATE_READERS", "bool", False, "Whether users who may only read the Harvester view may "
+            "call `POST /harvester/api/validate` (off: it needs edit access to a harvest DAG, as every write route: "
+            "it makes the server fetch URLs of the caller's choosing)", "reports"),
     # -- processes ----------------------------------------------------------------------------------
     Setting("MALLOC_ARENA_MAX", "str", None, "glibc's malloc arenas; when set, a task leaves it to rule instead "
             "of capping the arenas itself", "process", default_text="unset: tasks cap them at 2"),
@@ -458,6 +461,7 @@ class ReportSettings:
     validate_max_bytes: int
     validate_allow_private: bool
     validate_timeout: float
+    validate_readers: bool = False  # readers may validate too (harvester.ui.auth.validator)
 
 
 def report_settings(environ: Mapping[str, str] | None = None) -> ReportSettings:
@@ -466,11 +470,13 @@ def report_settings(environ: Mapping[str, str] | None = None) -> ReportSettings:
     from harvester.domain.sizes import parse_size
 
     got = env_values(("HARVESTER_OUTCOMES_KEEP_DAYS", "HARVESTER_VALIDATE_MAX_BYTES",
-                      "HARVESTER_VALIDATE_ALLOW_PRIVATE", "HARVESTER_VALIDATE_TIMEOUT_SECS"), environ)
+                      "HARVESTER_VALIDATE_ALLOW_PRIVATE", "HARVESTER_VALIDATE_TIMEOUT_SECS",
+                      "HARVESTER_VALIDATE_READERS"), environ)
     return ReportSettings(keep=timedelta(days=got["HARVESTER_OUTCOMES_KEEP_DAYS"]),
                           validate_max_bytes=parse_size(got["HARVESTER_VALIDATE_MAX_BYTES"]),
                           validate_allow_private=got["HARVESTER_VALIDATE_ALLOW_PRIVATE"],
-                          validate_timeout=got["HARVESTER_VALIDATE_TIMEOUT_SECS"])
+                          validate_timeout=got["HARVESTER_VALIDATE_TIMEOUT_SECS"],
+                          validate_readers=got["HARVESTER_VALIDATE_READERS"])
 
 
 def breaker_config(environ: Mapping[str, str] | None = None) -> breaker.BreakerConfig:

@@ -45,8 +45,13 @@ changes and their review, dataset versions, search.
 Airflow's `POST /auth/token`) or the `_token` cookie Airflow's UI sets at login. Without one: 401.
 
 **Permissions**: reading needs access to the custom view `Harvester` of Airflow's auth manager
-(403 otherwise); reviewing a change needs edit access (PUT) to its portal's DAG, `harvest_<portal>`;
-splitting or merging duplicate groups needs it for the portal of every dataset the request names.
+(403 otherwise). Every write route (POST) first needs edit access (PUT) to at least one harvest
+DAG, `harvest_<portal>`: without it, 403 before the body is read or anything looked up
+(`POST /api/validate` too, unless `HARVESTER_VALIDATE_READERS` opens it to readers). Then
+reviewing a change needs edit access to its portal's DAG; deciding about duplicates needs it for
+the portal of every dataset whose decisions the request writes or drops (a split from the whole
+group: every member's; a merge: both; forgetting: every dataset the dropped overrides name);
+else 403 naming the DAGs, and nothing is changed.
 
 **Lists** take `limit` (default 50, at most 500) and `offset`, and answer
 `{"items": [...], "total": N, "limit": L, "offset": O}`.
@@ -59,6 +64,8 @@ reason codes page), grouped by code and downloadable as CSV.
 
 app = FastAPI(title="Harvester", description=DESCRIPTION, version="1", docs_url=None, redoc_url=None,
               openapi_url=None)
+# A write route's gate (auth.writer) runs before its body is read (auth.GatedRoute).
+app.router.route_class = auth.GatedRoute
 # Static assets need no login: they hold no data (the pages fetch the data from the API).
 app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
 
@@ -124,6 +131,7 @@ def _portal_named(name: str, parameter: str | None = None):
 
 
 Reader = Depends(auth.reader)
+Writer = Depends(auth.writer)  # every write route's: tests/ui/test_ui_duplicates.py walks the routes
 Limit = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=f"page size (at most {MAX_LIMIT})")
 Offset = Query(0, ge=0, description="items to skip")
 
@@ -616,7 +624,7 @@ class ReviewBody(BaseModel):
 @app.post("/api/changes/{change_id}/review", tags=["changes"], summary="Mark a change reviewed, or dismiss it",
           responses={401: {"description": "not authenticated"}, 403: {"description": "may not edit the portal's DAG"},
                      404: {"description": "no such change"}, 409: {"description": "already reviewed"}})
-def api_review(request: Request, change_id: int, body: ReviewBody, user=Reader, conn=Depends(database)):
+def api_review(request: Request, change_id: int, body: ReviewBody, user=Writer, conn=Depends(database)):
     """Records who (the Airflow user), when and the note, once. Needs edit (PUT) access to the DAG of
     the change's portal. Answers with the change as `GET /api/changes` lists it."""
     from harvester.store import history, review
@@ -793,14 +801,27 @@ def _dataset_ref(conn, portal_name: str, source_id: str) -> tuple[int, object]:
                             f"no dataset with id {source_id!r} in portal {portal_name}") from None
 
 
-def _may_edit_groups(user, portals: list) -> None:
-    """403 unless the user may edit the DAG of every portal concerned (as reviewing a change)."""
-    allowed = auth.reviewable(user, {p.dag_id for p in portals})
-    refused = {p.name: p.dag_id for p in portals if p.dag_id not in allowed}
+def _may_decide(user, conn, dataset_id: int, what: str, **concerned) -> None:
+    """403 unless the user may edit the DAG of the portal of every dataset the operation decides
+    about (duplicates.portals_concerned; as reviewing a change). Asked inside the operation's
+    transaction, which holds the groups' lock: nothing changes between the check and the write."""
+    from harvester.store import duplicates
+
+    by_url = {p.url: p for p in _portals()}
+    dags = {}  # portal name -> its DAG id (None: not in portals.yaml, no name recorded)
+    for url, recorded in duplicates.portals_concerned(conn, dataset_id, **concerned).items():
+        portal = by_url.get(url)
+        if portal is not None:
+            dags[portal.name] = portal.dag_id
+        else:
+            dags[recorded or "a portal not in portals.yaml"] = f"harvest_{recorded}" if recorded else None
+    allowed = auth.reviewable(user, {d for d in dags.values() if d})
+    refused = {name: dag_id for name, dag_id in dags.items() if dag_id not in allowed}
     if refused:
+        named = sorted({d or f"the DAG of {name}" for name, d in refused.items()})
         raise HTTPException(status.HTTP_403_FORBIDDEN,
-                            f"{user.get_name()} may not split or merge duplicates of {', '.join(sorted(refused))}: "
-                            f"that needs edit access to the DAG {', '.join(sorted(set(refused.values())))}")
+                            f"{user.get_name()} may not edit {', '.join(named)}: {what} decides about datasets of "
+                            f"{', '.join(sorted(refused))}; nothing was changed")
 
 
 class DatasetRef(BaseModel):
@@ -823,7 +844,7 @@ class MergeBody(DatasetRef):
 
 
 GROUP_RESPONSES = {401: {"description": "not authenticated"},
-                   403: {"description": "may not edit the DAG of a portal concerned"},
+                   403: {"description": "may edit no harvest DAG, or not the DAG of a portal concerned"},
                    404: {"description": "no such portal or dataset"},
                    409: {"description": "the dataset is in no group (split)"},
                    422: {"description": "a dataset with itself, or a bad body"}}
@@ -843,19 +864,23 @@ def api_duplicates(request: Request, portal: str | None = Query(None, descriptio
 
 @app.post("/api/duplicates/split", tags=["duplicates"], summary="Take a dataset out of its duplicate group",
           responses=GROUP_RESPONSES)
-def api_split(request: Request, body: SplitBody, user=Reader, conn=Depends(database)):
+def api_split(request: Request, body: SplitBody, user=Writer, conn=Depends(database)):
     """Kept across runs (an override 'different' with each other member, or only with `from`),
-    decided by the Airflow user. Answers with the dataset's group afterwards."""
+    decided by the Airflow user. Needs edit access to the DAG of every dataset it decides about:
+    each member of the group (without `from`), else the dataset's and those of `from`. Answers
+    with the dataset's group afterwards."""
     from harvester.store import duplicates
 
     dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
-    others = [_dataset_ref(conn, o.portal, o.source_id) for o in body.from_ or []]
-    if dataset_id in {i for i, _ in others}:
+    others = [_dataset_ref(conn, o.portal, o.source_id)[0] for o in body.from_ or []]
+    if dataset_id in others:
         raise _invalid("from", f"dataset {body.source_id!r} of {body.portal} cannot be split from itself", "body")
-    _may_edit_groups(user, [portal] + [p for _, p in others])
+    what = f"splitting {body.source_id!r} of {body.portal} from {'the datasets named' if others else 'its group'}"
     try:
-        group = duplicates.split(conn, dataset_id, by=user.get_name(), note=body.note,
-                                 from_ids=[i for i, _ in others] or None)
+        with conn.transaction():
+            duplicates.lock(conn)
+            _may_decide(user, conn, dataset_id, what, others=others, group=not others)
+            group = duplicates.split(conn, dataset_id, by=user.get_name(), note=body.note, from_ids=others or None)
     except duplicates.DuplicateError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"dataset {body.source_id!r} of {body.portal}: {exc}") from None
@@ -864,31 +889,39 @@ def api_split(request: Request, body: SplitBody, user=Reader, conn=Depends(datab
 
 @app.post("/api/duplicates/merge", tags=["duplicates"], summary="Put two datasets in one duplicate group",
           responses=GROUP_RESPONSES)
-def api_merge(request: Request, body: MergeBody, user=Reader, conn=Depends(database)):
-    """Kept across runs (an override 'same'), decided by the Airflow user. Answers with the
-    dataset's group afterwards."""
+def api_merge(request: Request, body: MergeBody, user=Writer, conn=Depends(database)):
+    """Kept across runs (an override 'same'), decided by the Airflow user. Needs edit access to
+    the DAGs of both datasets' portals. Answers with the dataset's group afterwards."""
     from harvester.store import duplicates
 
-    dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
-    other_id, other_portal = _dataset_ref(conn, body.other_portal, body.other_source_id)
+    dataset_id, _ = _dataset_ref(conn, body.portal, body.source_id)
+    other_id, _ = _dataset_ref(conn, body.other_portal, body.other_source_id)
     if dataset_id == other_id:
         raise _invalid("other_source_id", f"dataset {body.source_id!r} of {body.portal} cannot be merged with "
                                           "itself", "body")
-    _may_edit_groups(user, [portal, other_portal])
-    group = duplicates.merge(conn, dataset_id, other_id, by=user.get_name(), note=body.note)
+    what = f"merging {body.source_id!r} of {body.portal} with {body.other_source_id!r} of {body.other_portal}"
+    with conn.transaction():
+        duplicates.lock(conn)
+        _may_decide(user, conn, dataset_id, what, others=[other_id])
+        group = duplicates.merge(conn, dataset_id, other_id, by=user.get_name(), note=body.note)
     return _group_item(group, request)
 
 
 @app.post("/api/duplicates/forget", tags=["duplicates"],
           summary="Drop the operators' overrides about a dataset: the evidence alone decides again",
           responses=GROUP_RESPONSES)
-def api_forget(request: Request, body: DatasetRef, user=Reader, conn=Depends(database)):
-    """Answers with `forgotten` (how many overrides were dropped) and the dataset's group afterwards."""
+def api_forget(request: Request, body: DatasetRef, user=Writer, conn=Depends(database)):
+    """Needs edit access to the DAG of the portal of every dataset the dropped overrides name
+    (decisions other portals' editors may have made). Answers with `forgotten` (how many
+    overrides were dropped) and the dataset's group afterwards."""
     from harvester.store import duplicates
 
-    dataset_id, portal = _dataset_ref(conn, body.portal, body.source_id)
-    _may_edit_groups(user, [portal])
-    forgotten = duplicates.forget(conn, dataset_id)
+    dataset_id, _ = _dataset_ref(conn, body.portal, body.source_id)
+    with conn.transaction():
+        duplicates.lock(conn)
+        _may_decide(user, conn, dataset_id, f"forgetting the overrides about {body.source_id!r} of {body.portal}",
+                    overrides=True)
+        forgotten = duplicates.forget(conn, dataset_id)
     return {"forgotten": forgotten, "group": _group_item(duplicates.group_of(conn, dataset_id), request)}
 
 

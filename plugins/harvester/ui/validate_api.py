@@ -1,5 +1,7 @@
 """``POST /api/validate`` of the Harvester app: check a catalogue as a harvest would, storing
-nothing (harvester.pipeline.validate). Who may: whoever may read the Harvester view (auth.reader).
+nothing (harvester.pipeline.validate). Who may: whoever may edit a harvest DAG, as on every write
+route (auth.validator: auth.writer), since it makes the server fetch URLs of the caller's choosing;
+whoever may read the Harvester view when HARVESTER_VALIDATE_READERS is on.
 
 Two ways to name the catalogue:
 
@@ -219,7 +221,7 @@ def _answer(report) -> dict:
 
 
 @router.post("/api/validate", tags=["validate"], summary="Check a catalogue (a URL or an upload) as a harvest would")
-async def api_validate(request: Request, user=Depends(auth.reader)):
+async def api_validate(request: Request, user=Depends(auth.validator)):
     """The grouped report of a catalogue's records, as a harvest would write it, with nothing stored:
     a JSON body ``{"url", "type"?, "pages"?}`` or a multipart upload (``file``, ``type``?)."""
     from harvester.pipeline import validate as v
