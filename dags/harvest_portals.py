@@ -12,6 +12,7 @@ from airflow.sdk import Asset, Param, dag, task
 
 from harvester.pipeline import tasks
 from harvester.config.portals import Portal, load_portals
+from harvester.config.secrets import redact_url
 from harvester.config.settings import task_settings
 from harvester.domain.run import DAG_RUN_TIMEOUT, format_duration
 
@@ -57,14 +58,14 @@ To sync again within that time, trigger the DAG with `full_sync`.
 def build(portal: Portal):
     @dag(
         dag_id=portal.dag_id,
-        description=f"Harvest {portal.url}",
+        description=f"Harvest {redact_url(portal.url)}",  # shown to every Airflow user: never a secret
         schedule=portal.schedule,
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
         dagrun_timeout=DAG_RUN_TIMEOUT,
         tags=["harvester", portal.type, portal.name],
-        doc_md=DOC.format(name=portal.name, url=portal.url, kind=portal.type,
+        doc_md=DOC.format(name=portal.name, url=redact_url(portal.url), kind=portal.type,
                           lookback=format_duration(portal.lookback),
                           reconcile_every="when the last one is older than " + format_duration(portal.reconcile_every)
                           if portal.reconcile_every is not None else "(reconcile_every is off)",

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from harvester.config.secrets import redact_url
 from harvester.store import export as store
 
 SCHEMA_VERSION = 1
@@ -193,7 +194,7 @@ def export(conn, directory: Path, what: str, fmt: str, *, portal_name: str | Non
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
-    filters = {"portal": portal_name, "portal_url": portal_url, "since": _utc(since)}
+    filters = {"portal": portal_name, "portal_url": portal_url and redact_url(portal_url), "since": _utc(since)}
     if what == "datasets":
         filters.update(include_removed=include_removed, raw=raw)
     manifest = {

@@ -106,6 +106,7 @@ def payload(portal: str, outcomes: list[str], *, dag_id: str | None, dag_run_id:
     """What WebhookNotifier posts, and what other notifiers find as ``harvester`` in their context.
     ``reasons``: the run's per-record outcomes per reason code (store.outcomes.by_code)."""
     counts = {key: int((stats or {}).get(key) or 0) for key in COUNT_KEYS}
+    error = redact_text(error) if error else error  # a URL in it without its secrets, like every error shown
     out = {"portal": portal, "dag_id": dag_id, "dag_run_id": dag_run_id, "run_id": run_id,
            "outcome": outcomes[0], "outcomes": list(outcomes), "counts": counts,
            "reasons": {str(c): int(n) for c, n in (reasons or {}).items()},

@@ -32,11 +32,13 @@ def run_ids(triggering_asset_events, *, with_changes: bool = False) -> list[int]
 def log_changes_needing_review(conn, ids: list[int]) -> int:
     """Log each change of the runs ``ids`` that requires review (most significant first), then
     how many there are; returns that count."""
+    from harvester.config.secrets import redact_url
     from harvester.store import review
 
     rows = review.needing_review(conn, ids)
     for change_type, score, title, url, portal_url in rows:
-        log.warning("REVIEW %s (%.0f%%): %s %s [%s]", change_type.upper(), float(score) * 100, title, url, portal_url)
+        log.warning("REVIEW %s (%.0f%%): %s %s [%s]", change_type.upper(), float(score) * 100, title, url,
+                    redact_url(portal_url))
     log.info("%d changes need review in runs %s", len(rows), ids)
     return len(rows)
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import datetime
+from functools import lru_cache
 from typing import Iterator, NamedTuple
+
+from harvester.config.secrets import redact_url
 
 # A batch ends at BATCH_ROWS rows or at about BATCH_CHARS characters of text, whichever comes first:
 # datasets with their raw records run to several KB a row, and the client holds a batch two or three
@@ -139,7 +142,19 @@ def committed_runs(conn, portal_url: str | None = None) -> list[dict]:
         WHERE status = 'committed' AND (%(portal)s::text IS NULL OR portal_url = %(portal)s)
         ORDER BY portal_url, finished_at DESC NULLS LAST, run_id DESC
         """, {"portal": portal_url}).fetchall()
-    return [dict(zip(("portal_name", "portal_url", "run_id", "finished_at"), row)) for row in rows]
+    return [dict(zip(("portal_name", "portal_url", "run_id", "finished_at"), row), portal_url=_shown(row[1]))
+            for row in rows]
+
+
+# A portal's url as an export shows it: a secret in a url stored before portals.yaml refused them
+# (config/portals.py) never leaves in a file. A handful of portals: each url redacted once.
+_shown = lru_cache(maxsize=1024)(redact_url)
+
+
+def _with_shown_url(batches: Iterator[list[tuple]], at: int) -> Iterator[list[tuple]]:
+    """``batches`` with each row's portal url (column ``at``) as ``_shown`` makes it."""
+    for batch in batches:
+        yield [row[:at] + (_shown(row[at]),) + row[at + 1:] for row in batch]
 
 
 def _batches(conn, name: str, sql: str, params: dict, batch_rows: int) -> Iterator[list[tuple]]:
@@ -165,8 +180,8 @@ def dataset_batches(conn, *, portal_url: str | None = None, since: datetime | No
     """The datasets, by id, as tuples in ``dataset_columns(raw)``'s order: live ones only unless
     ``include_removed``; with ``since``, those updated (or removed) at or after it."""
     sql = _DATASETS_SQL.format(raw=", d.raw::text" if raw else "")
-    yield from _batches(conn, "harvester_export_datasets", sql,
-                        {"portal": portal_url, "since": since, "include_removed": include_removed}, batch_rows)
+    yield from _with_shown_url(_batches(conn, "harvester_export_datasets", sql, {
+        "portal": portal_url, "since": since, "include_removed": include_removed}, batch_rows), 2)
 
 
 def change_batches(conn, *, portal_url: str | None = None, since: datetime | None = None,
@@ -178,4 +193,4 @@ def change_batches(conn, *, portal_url: str | None = None, since: datetime | Non
     # the summary from the change's type and fields, as `harvester changes` words it
     for batch in _batches(conn, "harvester_export_changes", _CHANGES_SQL, {"portal": portal_url, "since": since},
                           batch_rows):
-        yield [row[:9] + (describe(row[7], row[9] or {}),) + row[10:] for row in batch]
+        yield [row[:3] + (_shown(row[3]),) + row[4:9] + (describe(row[7], row[9] or {}),) + row[10:] for row in batch]

@@ -41,6 +41,7 @@ from collections import Counter
 from datetime import datetime
 from decimal import Decimal
 
+from harvester.config.secrets import redact_url
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
 from harvester.pipeline.readahead import read_ahead
@@ -304,9 +305,9 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
               "review": change.requires_review}).rowcount
     if force and share > max_share:
         log.warning("removed %d of %d live datasets of %s (%.1f%%): the removal guard was overridden (force)",
-                    removed, live, portal_url, share * 100)
+                    removed, live, redact_url(portal_url), share * 100)
     else:
-        log.info("removed %d datasets of %s no longer listed by the portal", removed, portal_url)
+        log.info("removed %d datasets of %s no longer listed by the portal", removed, redact_url(portal_url))
     return {**out, "removed": removed}
 
 

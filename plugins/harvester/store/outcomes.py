@@ -22,6 +22,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterator
 
+from harvester.config.secrets import redact_url
 from harvester.domain import outcomes as oc
 
 _STAGED = (oc.PARSE, oc.VALIDATE)
@@ -156,7 +157,7 @@ def page(conn, run_id: int, *, severity: str | None = None, code: str | None = N
         f"SELECT {', '.join(ROW_COLUMNS)} FROM record_outcomes WHERE {where}"
         f" ORDER BY severity, {_ORDER} LIMIT %(limit)s OFFSET %(offset)s",
         {**params, "limit": limit, "offset": offset}).fetchall()
-    return [dict(zip(ROW_COLUMNS, r)) for r in rows], int(total)
+    return [_row(r) for r in rows], int(total)
 
 
 def iter_rows(conn, run_id: int, *, severity: str | None = None, code: str | None = None) -> Iterator[dict]:
@@ -165,7 +166,15 @@ def iter_rows(conn, run_id: int, *, severity: str | None = None, code: str | Non
     with conn.cursor() as cur:
         for r in cur.stream(f"SELECT {', '.join(ROW_COLUMNS)} FROM record_outcomes WHERE {where}"
                             f" ORDER BY severity, {_ORDER}", params):
-            yield dict(zip(ROW_COLUMNS, r))
+            yield _row(r)
+
+
+def _row(values: tuple) -> dict:
+    """A row as a page or a CSV shows it: its portal url through the redactor (a url stored before
+    portals.yaml refused secrets in urls keeps none in a report)."""
+    row = dict(zip(ROW_COLUMNS, values))
+    row["portal_url"] = redact_url(row["portal_url"])
+    return row
 
 
 def counts(conn, run_ids: list[int]) -> dict[int, dict[str, int]]:

@@ -26,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
+from harvester.config.secrets import redact_url
 from harvester.ui import auth, validate_api
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ def _portal_items(conn, portals: list, request: Request) -> list[dict]:
                 "dag_run_url": _dag_run_url(root, portal.dag_id, last["dag_run_id"]),
             }
         items.append({
-            "name": portal.name, "url": portal.url, "dag_id": portal.dag_id, "enabled": portal.enabled,
+            "name": portal.name, "url": redact_url(portal.url), "dag_id": portal.dag_id, "enabled": portal.enabled,
             "schedule": portal.schedule, "live_datasets": seen.get("live_datasets", 0),
             "pending_embeddings": seen.get("pending_embeddings", 0),
             "last_successful_sync": last_sync,
@@ -320,12 +321,13 @@ def _change_items(changes: list[dict], user, request: Request) -> list[dict]:
     named = []
     for change in changes:
         portal = by_url.get(change["portal_url"])
-        name = portal.name if portal else (change["portal_name"] or change["portal_url"])
+        name = portal.name if portal else (change["portal_name"] or redact_url(change["portal_url"]))
         dag_id = portal.dag_id if portal else (f"harvest_{change['portal_name']}" if change["portal_name"] else None)
         named.append((change, name, dag_id))
     allowed = auth.reviewable(user, {dag_id for _, _, dag_id in named})
     return [{
-        "id": c["id"], "portal": name, "portal_url": c["portal_url"], "dag_id": dag_id, "source_id": c["source_id"],
+        "id": c["id"], "portal": name, "portal_url": redact_url(c["portal_url"]), "dag_id": dag_id,
+        "source_id": c["source_id"],
         "dataset_title": c["title"], "dataset_url": c["url"], "dataset_removed_at": c["removed_at"],
         "change_type": c["change_type"], "changed_fields": c["changed_fields"], "summary": c["summary"],
         "significance": c["significance"], "requires_review": c["requires_review"], "detected_at": c["detected_at"],
@@ -472,7 +474,8 @@ def api_portal(request: Request, name: str, user=Reader, conn=Depends(database))
     copies = duplicates.portal_copies(conn, portal.url)
     by_url = {p.url: p.name for p in _portals()}
     for key in ("copies_of", "copied_by"):
-        copies[key] = [{**c, "portal": by_url.get(c["portal_url"], c["portal_name"])} for c in copies[key]]
+        copies[key] = [{**c, "portal": by_url.get(c["portal_url"], c["portal_name"]),
+                        "portal_url": redact_url(c["portal_url"])} for c in copies[key]]
     item["duplicates"] = copies
     return item
 
@@ -548,7 +551,7 @@ def api_outcomes(request: Request, run_id: int,
     items, total = outcomes.page(conn, run_id, severity=severity, code=code, limit=limit, offset=offset)
     return {
         "run": _run_item(run, dag_id, _airflow_root(request), task) | {
-            "portal": portal.name if portal else run["portal_name"], "portal_url": run["portal_url"],
+            "portal": portal.name if portal else run["portal_name"], "portal_url": redact_url(run["portal_url"]),
             "dag_id": dag_id, "portal_configured": portal is not None},
         "counts": outcomes.counts(conn, [run_id]).get(run_id, {"errors": 0, "warnings": 0}),
         "groups": outcomes.groups(conn, run_id, severity=severity),
@@ -764,7 +767,8 @@ def api_search(request: Request,
     except EmbeddingError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"search is unavailable: {exc}") from None
     return {"items": [{"rank": r["rank"], "score": round(float(r["score"]), 6),
-                       "portal": by_url.get(r["portal_url"], r["portal_url"]), "title": r["title"], "url": r["url"],
+                       "portal": by_url.get(r["portal_url"], redact_url(r["portal_url"])), "title": r["title"],
+                       "url": r["url"],
                        "source_id": r["source_id"], "matched": r["matched"], "organization": r["organization"],
                        "snippet": r["snippet"], "similarity": r["similarity"], "text_rank": r["text_rank"],
                        "metadata_modified": r["metadata_modified"], "removed": r["removed_at"] is not None,
@@ -778,8 +782,8 @@ def api_search(request: Request,
 def _member_link(member: dict, by_url: dict[str, str], root: str) -> dict:
     """A group member with its portal's name in portals.yaml (else the name its runs recorded) and
     its page here."""
-    name = by_url.get(member["portal_url"], member.get("portal_name") or member["portal_url"])
-    return {**member, "portal": name,
+    name = by_url.get(member["portal_url"], member.get("portal_name") or redact_url(member["portal_url"]))
+    return {**member, "portal": name, "portal_url": redact_url(member["portal_url"]),
             "dataset_page": f"{root}{PREFIX}/datasets/{quote(name, safe='')}/{quote(member['source_id'], safe='')}"}
 
 
