@@ -13,7 +13,7 @@ dataset. What a kind of portal can do differs, and the source says so in its ``C
   ``fetch_by_ids`` and ``count``, and the pipeline reconciles through them alone, whatever the kind.
 
 Failures are ``SourceError`` (terminal: a bad answer, a refused request) or ``SourceUnavailable``
-(transient: what outlived the retries of http.py). One more is the pipeline's to handle:
+(transient: what outlived the retries of harvester.http). One more is the pipeline's to handle:
 ``FilterRejected``, the portal refusing (or ignoring) the modified-since filter of an incremental
 listing, after which the run falls back to a full listing.
 """

@@ -29,7 +29,7 @@ and ``fetch_by_ids`` fetches chosen records in full, ``package_search`` with ``f
 ``rows=0`` request. ``requests_made`` and ``bytes_received`` count every request and every body byte
 as it came over the wire (compressed, if the portal compresses).
 
-HTTP is http.py's ``HttpFetcher`` (``client.http``): retries with backoff and Retry-After,
+HTTP is harvester.http's ``HttpFetcher`` (``client.http``): retries with backoff and Retry-After,
 politeness delay, counters, auth, timeouts, scrubbed messages. This module adds what is CKAN's: the
 action URLs, the ``{"success": ..., "result": ...}`` envelope and CKAN's errors.
 
@@ -413,7 +413,7 @@ class CkanClient:
 
     # HTTP ---------------------------------------------------------------------------------------
     def _call(self, action: str, params: dict, *, fq: str | None = None) -> Any:
-        """One action's ``result``, through the shared retrying path (http.py), where an answer CKAN
+        """One action's ``result``, through the shared retrying path (harvester.http), where an answer CKAN
         did not write (``_NotCkanAnswer``) is retried like a 5xx."""
         what = f"{self.portal} {action}"
         try:

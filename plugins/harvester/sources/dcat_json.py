@@ -807,7 +807,7 @@ def _conditional_headers(validators: Mapping | None) -> dict[str, str]:
 
 class DcatJsonSource(CountsTraffic):
     """A ``data.json`` catalogue at ``url``, fetched whole with one (conditional) GET through
-    ``fetcher`` (sources/http.py) and streamed into pages of records.
+    ``fetcher`` (harvester.http.HttpFetcher) and streamed into pages of records.
 
     After ``iter_pages``: ``not_modified`` (the portal answered 304), ``validators`` (the
     response's ETag / Last-Modified, to send next time) and ``listed`` (entries read).
