@@ -217,6 +217,7 @@ def _readers():
     from harvester.embeddings.gemini import GeminiProvider
     from harvester.embeddings.local import LocalProvider
     from harvester.embeddings.ollama import OllamaProvider
+    from harvester.http.guard import FetchPolicy
     from harvester.store import db
     from harvester.store.embedded import server
     from harvester.store.search import SearchSettings
@@ -226,6 +227,7 @@ def _readers():
     return [
         (("HARVESTER_TASK_", "HARVESTER_BUSY_", "HARVESTER_BACKFILL_"), task_settings, SettingError),
         (("HARVESTER_OUTCOMES_", "HARVESTER_VALIDATE_"), report_settings, SettingError),
+        (("HARVESTER_FETCH_",), lambda: FetchPolicy.for_harvest("https://portal.example/"), SettingError),
         (("CB_",), breaker_config, BreakerConfigError),
         (("HARVESTER_EMBED_",), EmbedSettings.from_env, ValueError),
         (("HARVESTER_INDEX_",), IndexSettings.from_env, ValueError),
