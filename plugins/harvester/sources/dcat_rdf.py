@@ -47,22 +47,47 @@ with the stored record. Field = the property's prefixed name (``dcat:distributio
 Paging (``iter_pages``) follows Hydra ``next`` / legacy ``nextPage`` links of the page's
 ``PagedCollection`` / ``PartialCollectionView`` node; a page seen twice or more than ``max_pages``
 pages end the listing with a warning (``complete`` False). A page that does not parse raises
-``RdfParseError`` naming the URL. Remote JSON-LD ``@context`` documents are fetched through the
-same ``fetch`` (never by rdflib itself), once per listing.
+``RdfParseError`` naming the URL.
+
+Untrusted pages (issue 35). Remote JSON-LD contexts, at any depth (a context string or list, one a
+fetched context names, ``@import``, scoped contexts of term definitions), are fetched through the
+same ``fetch`` (the source's guarded client), once per listing, and inlined: only http(s), at most
+``_MAX_CONTEXT_FETCHES`` fetches and ``_MAX_CONTEXT_DEPTH`` levels a page, no cycle, inlined copies
+capped (``_MAX_INLINED_CONTEXT_BYTES``); anything else is an ``RdfParseError`` naming it, never
+opened. rdflib opens nothing itself: its JSON-LD context loader is replaced by a refusal, and RDF/XML
+is read by our expat reader, which reads no external DTD or entity and refuses entity declarations
+other than short plain text. Parsing is linear in the page: rdflib's RDF/XML handler, Turtle/N3
+string reading and N-Triples line reading are replaced (``_PARSERS``) by versions that collect text
+in lists, the text an RDF/XML page expands to is capped, JSON nests at most ``_MAX_JSON_DEPTH``
+levels, and a page nested past Python's recursion limit is an ``RdfParseError``.
 """
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import logging
 import re
 import threading
+import xml.sax.handler
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urljoin, urlsplit
+from xml.parsers import expat as pyexpat
+from xml.sax.expatreader import ExpatParser
+from xml.sax.saxutils import escape as xml_escape, quoteattr
 
 import rdflib
+import rdflib.exceptions
+import rdflib.parser
+import rdflib.plugin
+import rdflib.plugins.shared.jsonld.context as _jsonld_context
 from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCAT, DCTERMS, FOAF, RDF, RDFS, SKOS, Namespace
+from rdflib.plugins.parsers.notation3 import BadSyntax as N3BadSyntax, RDFSink as N3RDFSink, SinkParser, TurtleParser
+from rdflib.plugins.parsers.notation3 import interesting as _N3_INTERESTING
+from rdflib.plugins.parsers.ntriples import NTGraphSink, NTParser, W3CNTriplesParser, r_line as _NT_LINE
+from rdflib.plugins.parsers.rdfxml import RDFXMLHandler, RDFXMLParser
 
 from harvester.config.portals import DCAT_RDF
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
@@ -88,7 +113,14 @@ _CONTENT_TYPES = {
 _SUFFIXES = {".rdf": "xml", ".xml": "xml", ".owl": "xml", ".ttl": "turtle", ".n3": "n3", ".nt": "nt",
              ".jsonld": "json-ld", ".json": "json-ld"}
 _GUESS_ORDER = ("xml", "turtle", "json-ld")
-_MAX_CONTEXT_FETCHES = 10  # remote JSON-LD contexts per page
+_MAX_CONTEXT_FETCHES = 10  # remote JSON-LD contexts fetched per page
+_MAX_CONTEXT_DEPTH = 5  # remote contexts naming remote contexts, this deep at most
+_MAX_INLINED_CONTEXT_BYTES = 32 * 1024 * 1024  # a page's remote contexts, as inlined where it names them
+_MAX_JSON_DEPTH = 100  # JSON nesting of a JSON-LD page or context (rdflib's parser recurses a level at a time)
+_MAX_XML_ENTITY_CHARS = 1024  # an RDF/XML entity's text
+# The text an RDF/XML page may expand to (character data and attribute values, entities expanded):
+# this many times its size, plus the extra (namespace entities in attributes expand a few times).
+_MAX_XML_TEXT_FACTOR, _MAX_XML_TEXT_EXTRA = 10, 1024 * 1024
 _NODE_DEPTH = 3  # how deep blank nodes are written out into extras
 
 # Predicates mapped to package fields; everything else the dataset says goes into extras.
@@ -177,68 +209,146 @@ def _lexical_forms_as_written() -> Iterator[None]:
 
 def _parse_as(body: bytes, fmt: str, url: str, fetch: Fetch | None, contexts: dict[str, Any]) -> Graph:
     graph = Graph()
+    args: dict[str, Any] = {}
     if fmt == "json-ld":
-        data: str | bytes = json.dumps(_inline_contexts(json.loads(body), url, fetch, contexts))
+        document = _json_document(body, url, "the page")
+        data: str | bytes = json.dumps(_inline_contexts(document, url, fetch, contexts))
     else:
         data = body
-    with _lexical_forms_as_written():
-        graph.parse(data=data, format=fmt, publicID=url)
+        if fmt == "xml":
+            args["text_limit"] = _MAX_XML_TEXT_FACTOR * len(body) + _MAX_XML_TEXT_EXTRA
+    try:
+        with _lexical_forms_as_written():
+            graph.parse(data=data, format=_PARSERS.get(fmt, fmt), publicID=url, **args)
+    except RdfParseError as exc:  # refused by our parsers or by the loaders rdflib must not reach
+        raise RdfParseError(f"{scrub_url(url)}: {exc}") from None
+    except RecursionError:
+        raise RdfParseError(f"{scrub_url(url)}: {fmt}: nested too deeply to read (over Python's recursion "
+                            "limit)") from None
     return graph
 
 
+def _json_document(body: bytes | str, url: str, what: str) -> Any:
+    """The JSON of ``body``; RdfParseError when it nests deeper than ``_MAX_JSON_DEPTH`` (rdflib's
+    JSON-LD parser and our context walk recurse once a level or more)."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise RdfParseError(f"{scrub_url(url)}: {what} nests JSON deeper than Python can read") from None
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_JSON_DEPTH:
+            raise RdfParseError(f"{scrub_url(url)}: {what} nests JSON more than {_MAX_JSON_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return document
+
+
 def _inline_contexts(document: Any, url: str, fetch: Fetch | None, contexts: dict[str, Any]) -> Any:
-    """The JSON-LD document with every remote ``@context`` (and ``@import``) replaced by its content,
-    so rdflib never opens a URL itself."""
-    budget = [_MAX_CONTEXT_FETCHES]
+    """The JSON-LD document with every remote context replaced by its content, at any depth: a
+    ``@context`` string or list of them (in the document, in a fetched context, in a scoped context
+    of a term definition), and ``@import``. Each is fetched with ``fetch`` (once per listing: kept in
+    ``contexts``); one that is not http(s) (file:, data:, ftp:, a relative reference against an
+    upload), that includes itself, nests more than ``_MAX_CONTEXT_DEPTH`` remote contexts deep, would
+    be the ``_MAX_CONTEXT_FETCHES``+1st fetch of the page, or would make the page's inlined contexts
+    larger than ``_MAX_INLINED_CONTEXT_BYTES`` is refused (RdfParseError naming it), never opened.
+    What comes out names no remote context, so rdflib has nothing to open."""
+    page = scrub_url(url)
+    fetched = [0]
+    inlined = [0]
+    sizes: dict[str, int] = {}
     active: list[str] = []  # the remote contexts being inlined, to stop one that includes itself
 
     def remote(ref: str, base: str) -> Any:
         target = urljoin(base, ref)
-        where = f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)}"
+        where = f"{page}: remote JSON-LD context {scrub_url(target)!r}"
+        if urlsplit(target).scheme.lower() not in ("http", "https"):
+            raise RdfParseError(f"{where} is not an http(s) URL: refused, never opened")
         if target in active:
-            raise RdfParseError(f"{where} includes itself")
+            raise RdfParseError(f"{where} includes itself (through {' -> '.join(map(scrub_url, active))})")
+        if len(active) >= _MAX_CONTEXT_DEPTH:
+            raise RdfParseError(f"{where}: remote contexts nested more than {_MAX_CONTEXT_DEPTH} deep "
+                                f"({' -> '.join(map(scrub_url, active))})")
         if target not in contexts:
             if fetch is None:
                 raise RdfParseError(f"{where} (nothing to fetch it with)")
-            if budget[0] <= 0:
+            if fetched[0] >= _MAX_CONTEXT_FETCHES:
                 raise RdfParseError(f"{where}: more than {_MAX_CONTEXT_FETCHES} remote contexts in one page")
-            budget[0] -= 1
+            fetched[0] += 1
             contexts[target] = _fetch_context(target, url, fetch)
+        if target not in sizes:
+            sizes[target] = len(json.dumps(contexts[target]))
+        inlined[0] += sizes[target]
+        if inlined[0] > _MAX_INLINED_CONTEXT_BYTES:
+            raise RdfParseError(f"{where}: the page's remote contexts, inlined where it names them, would come "
+                                f"to more than {_MAX_INLINED_CONTEXT_BYTES // (1024 * 1024)} MB")
         active.append(target)
         try:
-            return walk(contexts[target], target)
+            value = context(contexts[target], target)
         finally:
             active.pop()
+        # A remote context's @base is ignored (JSON-LD 1.1, Context Processing 5.7; rdflib too)
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k != "@base"}
+        if isinstance(value, list):
+            return [{k: v for k, v in item.items() if k != "@base"} if isinstance(item, dict) else item
+                    for item in value]
+        return value
 
-    def context_value(value: Any, base: str) -> Any:
+    def context(value: Any, base: str) -> Any:
+        """A context value (string, list, map or null) with nothing remote left in it."""
         if isinstance(value, str):
             return remote(value, base)
         if isinstance(value, list):
-            return [context_value(v, base) for v in value]
-        if isinstance(value, dict) and isinstance(value.get("@import"), str):
-            imported = remote(value["@import"], base)
-            rest = {k: v for k, v in value.items() if k != "@import"}
-            return {**imported, **rest} if isinstance(imported, dict) else rest
-        return value
+            out: list = []
+            for item in value:
+                got = context(item, base)
+                out.extend(got if isinstance(got, list) else [got])
+            return out
+        if not isinstance(value, dict):
+            return value
+        local = dict(value)
+        if "@import" in local:
+            ref = local.pop("@import")
+            if not isinstance(ref, str):
+                raise RdfParseError(f"{page}: @import {str(ref)[:100]!r} is not a URL")
+            imported = remote(ref, base)
+            if not isinstance(imported, dict):
+                raise RdfParseError(f"{page}: @import {scrub_url(urljoin(base, ref))!r} is not a single context")
+            local = {**imported, **local}
+            local.pop("@base", None)  # (rdflib ignores @base in a context that imports)
+        for key, definition in local.items():
+            if isinstance(definition, dict) and "@context" in definition:  # a scoped context
+                local[key] = {**definition, "@context": context(definition["@context"], base)}
+        return local
 
-    def walk(node: Any, base: str) -> Any:
+    def walk(node: Any) -> Any:
         if isinstance(node, list):
-            return [walk(v, base) for v in node]
+            return [walk(v) for v in node]
         if not isinstance(node, dict):
             return node
-        out = {k: walk(v, base) for k, v in node.items() if k != "@context"}
+        out = {k: (v if k == "@value" else walk(v)) for k, v in node.items() if k != "@context"}
         if "@context" in node:
-            out["@context"] = walk(context_value(node["@context"], base), base)
+            out["@context"] = context(node["@context"], url)
         return out
 
-    return walk(document, url)
+    return walk(document)
 
 
 def _fetch_context(target: str, url: str, fetch: Fetch) -> Any:
     try:
         body, _ = fetch(target)
-        document = json.loads(body)
     except SourceError:
+        raise
+    except Exception as exc:
+        raise RdfParseError(f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)}: "
+                            f"{type(exc).__name__}: {_shorten(str(exc))}") from exc
+    try:
+        document = _json_document(body, url, f"remote JSON-LD context {scrub_url(target)}")
+    except RdfParseError:
         raise
     except Exception as exc:
         raise RdfParseError(f"{scrub_url(url)}: remote JSON-LD context {scrub_url(target)}: "
@@ -251,6 +361,320 @@ def _fetch_context(target: str, url: str, fetch: Fetch) -> Any:
 def _shorten(text: str, limit: int = 400) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# -- rdflib's parsers, bounded -------------------------------------------------------------------
+# rdflib's own parsers with their super-linear parts replaced (text accumulated in lists, joined
+# once) and the RDF/XML reader closed to anything outside the document. Registered as rdflib plugins
+# under names of their own (``_PARSERS``): rdflib's stay as they are for anyone else in the process.
+def _no_remote_context(source: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands for rdflib's JSON-LD context loader (``source_to_json`` as the context module calls it
+    for a context string and ``@import``): Harvester inlines every remote context first, so reaching
+    this is a bug, refused before anything is opened."""
+    raise RdfParseError(f"rdflib tried to open {str(source)[:200]!r} itself: remote contexts are fetched only "
+                        "through Harvester's guarded client")
+
+
+_jsonld_context.source_to_json = _no_remote_context
+
+
+class _LinearSinkParser(SinkParser):
+    """rdflib's Turtle/N3 parser, but for string constants: rdflib's ``strconst`` appends to one
+    string piece by piece (a literal of a million lines took 46 s); this one collects the pieces in
+    a list and joins them once. Same values, same errors."""
+
+    def strconst(self, argstr: str, i: int, delim: str) -> tuple[int, str]:
+        delim1 = delim[0]
+        delim2, delim3, delim4, delim5 = delim1 * 2, delim1 * 3, delim1 * 4, delim1 * 5
+        j = i
+        parts: list[str] = []
+        startline = self.lines
+        len_argstr = len(argstr)
+        while j < len_argstr:
+            if argstr[j] == delim1:
+                if delim == delim1:
+                    return j + 1, "".join(parts)
+                if delim == delim3:
+                    if argstr[j: j + 5] == delim5:
+                        parts.append(delim2)
+                        return j + 5, "".join(parts)
+                    if argstr[j: j + 4] == delim4:
+                        parts.append(delim1)
+                        return j + 4, "".join(parts)
+                    if argstr[j: j + 3] == delim3:
+                        return j + 3, "".join(parts)
+                    j += 1
+                    parts.append(delim1)
+                    continue
+            m = _N3_INTERESTING.search(argstr, j)
+            assert m, "Quote expected in string at ^ in %s^%s" % (argstr[j - 20: j], argstr[j: j + 20])
+            i = m.start()
+            parts.append(argstr[j:i])
+            ch = argstr[i]
+            if ch == delim1:
+                j = i
+                continue
+            elif ch in {'"', "'"} and ch != delim1:
+                parts.append(ch)
+                j = i + 1
+                continue
+            elif ch in {"\r", "\n"}:
+                if delim == delim1:
+                    raise N3BadSyntax(self._thisDoc, startline, argstr, i, "newline found in string literal")
+                self.lines += 1
+                parts.append(ch)
+                j = i + 1
+                self.startOfLine = j
+            elif ch == "\\":
+                j = i + 1
+                ch = argstr[j]
+                if not ch:
+                    raise N3BadSyntax(self._thisDoc, startline, argstr, i, "unterminated string literal (2)")
+                k = "abfrtvn\\\"'".find(ch)
+                if k >= 0:
+                    parts.append("\a\b\f\r\t\v\n\\\"'"[k])
+                    j += 1
+                elif ch == "u":
+                    j, ch = self.uEscape(argstr, j + 1, startline)
+                    parts.append(ch)
+                elif ch == "U":
+                    j, ch = self.UEscape(argstr, j + 1, startline)
+                    parts.append(ch)
+                else:
+                    self.BadSyntax(argstr, i, "bad escape")
+        self.BadSyntax(argstr, i, "unterminated string literal")
+
+
+class _TurtleParser(TurtleParser):
+    """rdflib's Turtle parser (``TurtleParser.parse``) on ``_LinearSinkParser``."""
+
+    def parse(self, source, graph, encoding: str | None = "utf-8", turtle: bool = True) -> None:
+        if encoding not in (None, "utf-8"):
+            raise rdflib.exceptions.ParserError(f"N3/Turtle files are always utf-8 encoded, I was passed: {encoding}")
+        sink = N3RDFSink(graph)
+        base = graph.absolutize(source.getPublicId() or source.getSystemId() or "")
+        parser = _LinearSinkParser(sink, baseURI=base, turtle=turtle)
+        parser.loadStream(source.getCharacterStream() or source.getByteStream())
+        for prefix, namespace in parser._bindings.items():
+            graph.bind(prefix, namespace)
+
+
+class _N3Parser(_TurtleParser):
+    """rdflib's N3 parser (``N3Parser.parse``) on ``_LinearSinkParser``."""
+
+    def parse(self, source, graph, encoding: str | None = "utf-8", turtle: bool = False) -> None:
+        if not getattr(graph.store, "context_aware", False) or not getattr(graph.store, "formula_aware", False):
+            raise rdflib.exceptions.ParserError("Cannot parse N3 into a store that is not context- and formula-aware.")
+        conj_graph = rdflib.Dataset(store=graph.store)
+        conj_graph.default_context = graph
+        conj_graph.namespace_manager = graph.namespace_manager
+        super().parse(source, conj_graph, encoding, turtle=False)
+
+
+class _LineReader(W3CNTriplesParser):
+    """rdflib's N-Triples parser reading its lines from the whole text (in memory already): rdflib's
+    reads 2 kB at a time and matches a line from its start again after each read (a 2 MB line:
+    quadratic). Lines end as rdflib's end them (CRLF, CR or LF; the last one needs none)."""
+
+    __slots__ = ("_whole", "_at")
+
+    def readline(self) -> str | None:
+        if not hasattr(self, "_whole"):
+            self._whole, self._at = self.file.read(), 0  # type: ignore[union-attr]
+        m = _NT_LINE.match(self._whole, self._at)
+        if m:
+            self._at = m.end()
+            return m.group(1)
+        rest = self._whole[self._at:]
+        self._at = len(self._whole)
+        return None if not rest or rest.isspace() else rest
+
+
+class _NTriplesParser(NTParser):
+    """rdflib's N-Triples parser (``NTParser.parse``) on ``_LineReader``."""
+
+    @classmethod
+    def parse(cls, source, sink, **kwargs: Any) -> None:
+        stream = source.getCharacterStream()
+        if not stream:
+            stream = source.getByteStream()
+            if not isinstance(stream, io.TextIOBase):
+                stream = codecs.getreader("utf-8")(stream)
+        _LineReader(NTGraphSink(sink)).parse(stream, **kwargs)
+        stream.close()
+
+
+class _Markup(list):
+    """The markup of an ``rdf:parseType="Literal"`` property, in pieces, ``start`` the literal
+    rdflib begins it with (its text is added to that once, at the end, instead of piece by piece:
+    each ``Literal +`` parsed the whole XML written so far again)."""
+
+    def __init__(self, start: Literal):
+        super().__init__()
+        self.start = start
+
+    def literal(self) -> Literal:
+        return self.start + "".join(self) if self else self.start
+
+
+class _RdfXmlHandler(RDFXMLHandler):
+    """rdflib's RDF/XML handler, but linear: a property's text and a literal's markup are collected
+    in lists and joined once (rdflib appends to a string attribute piece by piece: a literal of a
+    million lines took 136 s), and the text the document expands to (entities included) is capped
+    at ``text_limit`` characters."""
+
+    def __init__(self, store: Graph, text_limit: int | None):
+        super().__init__(store)
+        self.text_limit = text_limit
+
+    def reset(self) -> None:
+        super().reset()
+        self._text_of: Any = None
+        self._text: list[str] = []
+        self._expanded = 0
+
+    def _count(self, n: int) -> None:
+        self._expanded += n
+        if self.text_limit is not None and self._expanded > self.text_limit:
+            raise RdfParseError(f"the document expands to more than {self.text_limit} characters of text "
+                                "(entities repeated): refused")
+
+    def _flush_text(self) -> None:
+        owner = self._text_of
+        if owner is not None:
+            if owner.data is not None:
+                owner.data += "".join(self._text)
+            self._text_of, self._text = None, []
+
+    def characters(self, content: str) -> None:
+        self._count(len(content))
+        super().characters(content)
+
+    def startElementNS(self, name, qname, attrs) -> None:
+        self._count(sum(len(v) for v in attrs.values()))
+        self._flush_text()
+        super().startElementNS(name, qname, attrs)
+
+    def endElementNS(self, name, qname) -> None:
+        self._flush_text()
+        super().endElementNS(name, qname)
+
+    def property_element_char(self, data: str) -> None:
+        current = self.current
+        if current.data is not None:
+            if self._text_of is not current:
+                self._flush_text()
+                self._text_of = current
+            self._text.append(data)
+
+    def property_element_start(self, name, qname, attrs) -> None:
+        super().property_element_start(name, qname, attrs)
+        current = self.current
+        if current.char == self.literal_element_char and isinstance(current.object, Literal):
+            current.object = _Markup(current.object)
+
+    def property_element_end(self, name, qname) -> None:
+        current = self.current
+        if isinstance(current.object, _Markup):
+            current.object = current.object.literal()
+        super().property_element_end(name, qname)
+
+    def literal_element_start(self, name, qname, attrs) -> None:
+        current = self.current
+        self.next.start = self.literal_element_start
+        self.next.char = self.literal_element_char
+        self.next.end = self.literal_element_end
+        current.declared = self.parent.declared.copy()
+        markup: list[str] = []
+        if name[0]:
+            prefix = self._current_context[name[0]]
+            markup.append(f"<{prefix}:{name[1]}" if prefix else f"<{name[1]}")
+            if name[0] not in current.declared:
+                current.declared[name[0]] = prefix
+                markup.append(f' xmlns:{prefix}="{name[0]}"' if prefix else f' xmlns="{name[0]}"')
+        else:
+            markup.append(f"<{name[1]}")
+        for att, value in attrs.items():
+            if att[0]:
+                if att[0] not in current.declared:
+                    current.declared[att[0]] = self._current_context[att[0]]
+                att_name = current.declared[att[0]] + ":" + att[1]
+            else:
+                att_name = att[1]
+            markup.append(f" {att_name}={quoteattr(value)}")
+        markup.append(">")
+        current.object = markup
+
+    def literal_element_char(self, data: str) -> None:
+        self.current.object.append(xml_escape(data))
+
+    def literal_element_end(self, name, qname) -> None:
+        if name[0]:
+            prefix = self._current_context[name[0]]
+            end = f"</{prefix}:{name[1]}>" if prefix else f"</{name[1]}>"
+        else:
+            end = f"</{name[1]}>"
+        self.parent.object.extend(self.current.object)
+        self.parent.object.append(end)
+
+
+class _ExpatReader(ExpatParser):
+    """Python's expat SAX reader (named, not picked by ``make_parser``, which PY_SAX_PARSER could
+    steer), closed to everything outside the document: no external DTD or parameter entity is read,
+    an external entity is refused; an entity declaration is refused unless it is plain text (no
+    reference to another entity, no markup) of at most ``_MAX_XML_ENTITY_CHARS`` characters, which
+    is what RDF/XML writers declare (``<!ENTITY xsd "http://www.w3.org/2001/XMLSchema#">``); text
+    comes in 64 kB runs."""
+
+    def reset(self) -> None:
+        super().reset()
+        self._parser.SetParamEntityParsing(pyexpat.XML_PARAM_ENTITY_PARSING_NEVER)
+        self._parser.EntityDeclHandler = self._entity_declared
+        self._parser.buffer_text = True
+        self._parser.buffer_size = 64 * 1024
+
+    def _entity_declared(self, name, is_parameter, value, base, system_id, public_id, notation) -> None:
+        if is_parameter:
+            raise RdfParseError(f"the document declares the parameter entity %{name}: refused (RDF/XML pages "
+                                "may declare only plain internal entities)")
+        if value is None:
+            raise RdfParseError(f"the document declares the external entity {name} (SYSTEM {system_id!r}): "
+                                "refused, never opened")
+        if "&" in value or "<" in value:
+            raise RdfParseError(f"the document declares the entity {name} with a reference or markup in it "
+                                f"({value[:100]!r}): refused (nested entities expand a small document into gigabytes)")
+        if len(value) > _MAX_XML_ENTITY_CHARS:
+            raise RdfParseError(f"the document declares the entity {name} of {len(value)} characters: refused "
+                                f"(at most {_MAX_XML_ENTITY_CHARS})")
+
+    def external_entity_ref(self, context, base, sysid, pubid):
+        raise RdfParseError(f"the document refers to the external entity {sysid!r}: refused, never opened")
+
+
+class _RdfXmlParser(RDFXMLParser):
+    """rdflib's RDF/XML parser on ``_ExpatReader`` and ``_RdfXmlHandler`` (``text_limit``: see there)."""
+
+    def parse(self, source, sink, text_limit: int | None = None, **args: Any) -> None:
+        reader = _ExpatReader()
+        reader.setFeature(xml.sax.handler.feature_namespaces, 1)
+        reader.setFeature(xml.sax.handler.feature_external_ges, 0)
+        reader.setFeature(xml.sax.handler.feature_external_pes, 0)
+        reader.start_namespace_decl("xml", "http://www.w3.org/XML/1998/namespace")
+        handler = _RdfXmlHandler(sink, text_limit)
+        handler.setDocumentLocator(source)
+        if args.get("preserve_bnode_ids") is not None:
+            handler.preserve_bnode_ids = args["preserve_bnode_ids"]
+        reader.setContentHandler(handler)
+        reader.setErrorHandler(xml.sax.handler.ErrorHandler())
+        reader.parse(source)
+
+
+_PARSERS = {"xml": "harvester-rdf-xml", "turtle": "harvester-turtle", "n3": "harvester-n3",
+            "nt": "harvester-nt"}
+for _fmt, _name in _PARSERS.items():
+    rdflib.plugin.register(_name, rdflib.parser.Parser, __name__,
+                           {"xml": "_RdfXmlParser", "turtle": "_TurtleParser", "n3": "_N3Parser",
+                            "nt": "_NTriplesParser"}[_fmt])
 
 
 # -- literals and nodes ------------------------------------------------------------------------
