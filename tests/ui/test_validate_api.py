@@ -256,3 +256,40 @@ def test_media_types(client, headers):
     response = client.post(PATH, content=b"url=https://example.org", headers={
         **headers, "Content-Type": "application/x-www-form-urlencoded"})
     assert response.status_code == 415 and "application/x-www-form-urlencoded" in detail(response)
+
+
+# -- bounds (issue 35): each validation a child process, its rows capped, its memory limited -------------------
+def test_a_5mb_data_json_of_broken_entries_is_counted_exactly_in_bounded_memory(client, headers, monkeypatch):
+    """5 MB of broken entries (a duplicate identifier each): 275,940 rows. The answer counts every one
+    of them and shows the first 1000; the child that validated them kept 1000 (the old code kept all,
+    151 MB; {} entries, 3.5 M rows, took 632 MB) and said its peak memory."""
+    from harvester.testing.hostile_documents import broken_data_json
+
+    monkeypatch.setenv("HARVESTER_VALIDATE_TIMEOUT_SECS", "120")
+    document = broken_data_json(5 * 1024 * 1024, b'{"identifier":"a"}')
+    response = client.post(PATH, files={"file": ("data.json", document, "application/json")}, headers=headers)
+    assert response.status_code == 200, response.text
+    report = response.json()
+    entries = document.count(b"{") - 1
+    assert (report["records"], report["failed"], report["rows_total"]) == (entries, entries, entries)
+    assert {g["code"]: g["count"] for g in report["groups"]} == {"no-title": 1, "duplicate-identifier": entries - 1}
+    assert len(report["rows"]) == 1000 and report["rows"][-1]["position"] == 1000
+    peak = int(response.headers["X-Validation-Peak-Memory"])
+    assert peak < 100 * 1024 * 1024, f"the validation's child peaked at {peak / 2 ** 20:.0f} MB"
+    assert float(response.headers["X-Validation-Seconds"]) < 120
+
+
+def test_a_validation_over_its_memory_is_413_naming_the_setting(client, headers, monkeypatch):
+    """11 MB of CKAN packages parse into some 200 MB: with HARVESTER_VALIDATE_MAX_MEMORY=150MB the
+    child stops at its limit (RLIMIT_AS), and the answer says which setting it met."""
+    monkeypatch.setenv("HARVESTER_VALIDATE_MAX_MEMORY", "150MB")
+    packages = b"[" + b",".join([b'{"name": "x"}'] * 800_000) + b"]"
+    response = client.post(PATH, files={"file": ("packages.json", packages, "application/json")},
+                           data={"type": "ckan"}, headers=headers)
+    assert response.status_code == 413, response.text
+    assert "HARVESTER_VALIDATE_MAX_MEMORY (150MB)" in detail(response)
+    assert int(response.headers["X-Validation-Peak-Memory"]) <= 150 * 1024 * 1024
+    monkeypatch.setenv("HARVESTER_VALIDATE_MAX_MEMORY", "banana")
+    response = client.post(PATH, files={"file": ("data.json", SAMPLE.read_bytes(), "application/json")},
+                           headers=headers)
+    assert response.status_code == 503 and "HARVESTER_VALIDATE_MAX_MEMORY='banana'" in detail(response)

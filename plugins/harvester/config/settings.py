@@ -350,8 +350,16 @@ _ALL = (
     Setting("HARVESTER_VALIDATE_ALLOW_PRIVATE", "bool", False, "Whether `POST /harvester/api/validate` may fetch "
             "URLs on loopback, private, link-local or reserved addresses (off: it must not become a way into "
             "internal services)", "reports"),
-    Setting("HARVESTER_VALIDATE_TIMEOUT_SECS", "float", 60.0, "The longest `POST /harvester/api/validate` spends "
-            "fetching a URL", "reports", 1, 3600),
+    Setting("HARVESTER_VALIDATE_TIMEOUT_SECS", "float", 60.0, "The longest one `POST /harvester/api/validate` "
+            "takes, fetching and parsing (its process is killed a second later: 504)", "reports", 1, 3600),
+    Setting("HARVESTER_VALIDATE_MAX_MEMORY", "size", "1GB", "The memory (address space) the process of one "
+            "`POST /harvester/api/validate` may use; past it the validation stops (413)", "reports"),
+    Setting("HARVESTER_VALIDATE_CONCURRENCY", "int", 2, "How many `POST /harvester/api/validate` run at once in "
+            "one api-server process; one more is answered 429 with Retry-After at once", "reports", 1, 64),
+    Setting("HARVESTER_VALIDATE_ALLOWED_ADDRESSES", "str", None, "Inward addresses `POST /harvester/api/validate` "
+            "may fetch all the same, as address:port pairs separated by commas (`10.0.0.5:443, [fd00::5]:8443`): "
+            "one intranet portal, without HARVESTER_VALIDATE_ALLOW_PRIVATE opening them all", "reports",
+            default_text="none"),
     Setting("HARVESTER_VALIDATE_READERS", "bool", False, "Whether users who may only read the Harvester view may "
             "call `POST /harvester/api/validate` (off: it needs edit access to a harvest DAG, as every write route: "
             "it makes the server fetch URLs of the caller's choosing)", "reports"),
@@ -461,6 +469,9 @@ class ReportSettings:
     validate_max_bytes: int
     validate_allow_private: bool
     validate_timeout: float
+    validate_max_memory: int
+    validate_concurrency: int
+    validate_allowed: frozenset  # of (address, port)
     validate_readers: bool = False  # readers may validate too (harvester.ui.auth.validator)
 
 
@@ -471,12 +482,39 @@ def report_settings(environ: Mapping[str, str] | None = None) -> ReportSettings:
 
     got = env_values(("HARVESTER_OUTCOMES_KEEP_DAYS", "HARVESTER_VALIDATE_MAX_BYTES",
                       "HARVESTER_VALIDATE_ALLOW_PRIVATE", "HARVESTER_VALIDATE_TIMEOUT_SECS",
-                      "HARVESTER_VALIDATE_READERS"), environ)
+                      "HARVESTER_VALIDATE_MAX_MEMORY", "HARVESTER_VALIDATE_CONCURRENCY",
+                      "HARVESTER_VALIDATE_ALLOWED_ADDRESSES", "HARVESTER_VALIDATE_READERS"), environ)
     return ReportSettings(keep=timedelta(days=got["HARVESTER_OUTCOMES_KEEP_DAYS"]),
                           validate_max_bytes=parse_size(got["HARVESTER_VALIDATE_MAX_BYTES"]),
                           validate_allow_private=got["HARVESTER_VALIDATE_ALLOW_PRIVATE"],
                           validate_timeout=got["HARVESTER_VALIDATE_TIMEOUT_SECS"],
-                          validate_readers=got["HARVESTER_VALIDATE_READERS"])
+                          validate_max_memory=parse_size(got["HARVESTER_VALIDATE_MAX_MEMORY"]),
+                          validate_concurrency=got["HARVESTER_VALIDATE_CONCURRENCY"],
+                          validate_readers=got["HARVESTER_VALIDATE_READERS"],
+                          validate_allowed=address_ports(got["HARVESTER_VALIDATE_ALLOWED_ADDRESSES"],
+                                                         "HARVESTER_VALIDATE_ALLOWED_ADDRESSES"))
+
+
+def address_ports(text: str | None, name: str) -> frozenset:
+    """``10.0.0.5:443, [fd00::5]:8443`` as {("10.0.0.5", 443), ("fd00::5", 8443)}; SettingError naming
+    ``name`` and the bad pair (a host name, no port)."""
+    import ipaddress
+
+    found = set()
+    for pair in (text or "").split(","):
+        pair = pair.strip()
+        if not pair:
+            continue
+        address, _, port = pair.rpartition(":")
+        address = address[1:-1] if address.startswith("[") and address.endswith("]") else address
+        try:
+            if not 0 < int(port) < 65536:
+                raise ValueError(port)
+            found.add((str(ipaddress.ip_address(address)), int(port)))
+        except ValueError:
+            raise SettingError(f"{name}={text!r}: {pair!r} is not an address:port pair (an IP address, not a "
+                               "host name, and a port: 10.0.0.5:443, [fd00::5]:8443)", [name]) from None
+    return frozenset(found)
 
 
 def breaker_config(environ: Mapping[str, str] | None = None) -> breaker.BreakerConfig:

@@ -335,8 +335,10 @@ def validate_file(fp: IO[bytes], kind: str | None, source_name: str, *, content_
         guessed = f"{kind}, from {how}"
     fp.seek(0)
     if kind == CKAN:
-        records = [normalize(pkg, source_name) for pkg in _ckan_packages(fp.read(), source_name, policy.max_bytes)]
-        return report_of(source_name, kind, [records], guessed=guessed, max_rows=max_rows)
+        packages = _ckan_packages(fp.read(), source_name, policy.max_bytes)
+        # one record at a time: a page of every record of a large file would hold them all
+        records = ([normalize(pkg, source_name)] for pkg in packages)
+        return report_of(source_name, kind, records, guessed=guessed, max_rows=max_rows)
     url = source_name if "://" in source_name else "upload:///" + quote(source_name.lstrip("/"))
     session = policy.session()  # remote JSON-LD contexts are fetched (guarded) like any page
     session.mount(url, _DocumentAdapter(url, fp, content_type, session.ends_at))  # type: ignore[attr-defined]

@@ -13,21 +13,31 @@ Two ways to name the catalogue:
 The answer: ``{source, kind, guessed, complete, records, failed, warned, groups, rows (the first
 1000), rows_total}``.
 
-Guards, since anybody with the view may name any URL: only http(s) (422); every address a host
-resolves to (on every request: redirects, pages, JSON-LD contexts) must be public, unless
-HARVESTER_VALIDATE_ALLOW_PRIVATE (422 naming the host and the address); a document, uploaded or
-fetched, of at most HARVESTER_VALIDATE_MAX_BYTES (413; an upload is counted as it streams in and
-spooled to a temporary file past a few MB, never held whole in memory); a fetch within
-HARVESTER_VALIDATE_TIMEOUT_SECS (504). Validation runs in a worker thread, not on the event loop.
+Guards, since a caller may name any URL: only http(s) (422); every address a host resolves to (on
+every request: redirects, pages, JSON-LD contexts) must be public, unless
+HARVESTER_VALIDATE_ALLOW_PRIVATE or it is one of HARVESTER_VALIDATE_ALLOWED_ADDRESSES (422 naming
+the host and the address); a document, uploaded or fetched, of at most HARVESTER_VALIDATE_MAX_BYTES
+(413; an upload is counted as it streams in and written to an unlinked temporary file, never held
+in memory).
+
+Bounds, since the document is a stranger's (harvester.pipeline.validate_worker): each validation
+runs in a child process of its own, its fetching and parsing within HARVESTER_VALIDATE_TIMEOUT_SECS
+(504 naming what it was doing; the process is killed a second later) and its address space within
+HARVESTER_VALIDATE_MAX_MEMORY (413 naming it); waiting for it holds no thread of the api-server.
+At most HARVESTER_VALIDATE_CONCURRENCY run at once in one api-server process: one more is answered
+429 with Retry-After at once, never queued. Every answer of a validation that ran says its time
+and its peak memory (X-Validation-Seconds, X-Validation-Peak-Memory: bytes).
 """
 from __future__ import annotations
 
 import json
 import logging
-from tempfile import SpooledTemporaryFile
+import math
+from contextlib import contextmanager
+from tempfile import TemporaryFile
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 
 from harvester.ui import auth
 
@@ -41,7 +51,7 @@ MAX_PAGES = 100
 MAX_JSON_BODY = 64 * 1024  # a JSON request names a URL: it is never large
 MAX_FIELD = 1024  # a form field besides the file
 FORM_OVERHEAD = 64 * 1024  # what a multipart body may hold besides the file (boundaries, headers, fields)
-SPOOL_BYTES = 4 * 1024 * 1024  # an upload past this is spooled to disk
+RETRY_AFTER_MAX = 10  # seconds a 429 asks to wait at most (most validations end well before their time)
 # Media types a catalogue can be uploaded as; text/plain and application/octet-stream (what a
 # browser sends for a suffix it does not know) only with a ``type``.
 UPLOAD_TYPES = frozenset({
@@ -68,14 +78,49 @@ def _too_large(limit: int) -> HTTPException:
                          f"the document is larger than {size_text(limit)} (HARVESTER_VALIDATE_MAX_BYTES)")
 
 
-def _policy():
-    from harvester.config.settings import SettingError
+def _settings():
+    """(the FetchPolicy, the ReportSettings) of a validation; 503 naming a bad setting."""
+    from dataclasses import replace
+
+    from harvester.config.settings import SettingError, report_settings
     from harvester.pipeline.validate import FetchPolicy
 
     try:
-        return FetchPolicy.from_settings()
+        settings = report_settings()
+        return replace(FetchPolicy.from_settings(), allowed=settings.validate_allowed), settings
     except SettingError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"validation is misconfigured: {exc}") from None
+
+
+class _Slots:
+    """The validations running in this api-server process. Taken and given back on the event loop
+    only (no lock: nothing awaits between the look and the take)."""
+
+    def __init__(self):
+        self.running = 0
+
+    def check(self, limit: int, seconds: float) -> None:
+        """429 with Retry-After when ``limit`` validations run already."""
+        if self.running >= limit:
+            from harvester.pipeline.validate_worker import KILL_MARGIN
+
+            wait = max(1, min(RETRY_AFTER_MAX, math.ceil(seconds + KILL_MARGIN)))
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                f"{self.running} validations are running, as many as may run at once "
+                                f"(HARVESTER_VALIDATE_CONCURRENCY={limit}): try again in {wait} s",
+                                headers={"Retry-After": str(wait)})
+
+    @contextmanager
+    def taken(self, limit: int, seconds: float):
+        self.check(limit, seconds)
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+
+
+_SLOTS = _Slots()
 
 
 def _kind(value, parameter: str = "type") -> str | None:
@@ -93,7 +138,7 @@ class _Upload:
 
     def __init__(self, limit: int):
         self.limit = limit
-        self.file = SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        self.file = TemporaryFile()  # (unlinked: gone with its last descriptor)
         self.size = 0
         self.filename: str | None = None
         self.content_type: str | None = None
@@ -201,23 +246,48 @@ async def _read_json(request: Request) -> dict:
 
 
 # -- running it -------------------------------------------------------------------------------------------
-def _failure(exc: Exception, parameter: str) -> HTTPException:
-    """What a validation that could not be made answers."""
-    from harvester.pipeline.validate import FetchTimeout, Refused, TooLarge
+def _failure(error: dict, parameter: str, deadline: float) -> HTTPException:
+    """What a validation that could not be made answers (``error``: the child's, validate_worker)."""
+    kind, message = error.get("kind"), str(error.get("message"))
+    if kind == "refused":
+        return _invalid(parameter, message)
+    if kind == "too-large":
+        return _too_large(int(error["limit"]))
+    if kind == "timeout":
+        if not error.get("killed"):  # (the child's own: FetchTimeout, naming the URL)
+            setting = f"(HARVESTER_VALIDATE_TIMEOUT_SECS={deadline:g})"
+            message = (message.replace("(HARVESTER_VALIDATE_TIMEOUT_SECS)", setting)
+                       if "(HARVESTER_VALIDATE_TIMEOUT_SECS)" in message
+                       else f"the validation's time ran out {setting}: {message}")
+        return HTTPException(status.HTTP_504_GATEWAY_TIMEOUT, message)
+    if kind == "memory":
+        return HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, message)
+    if kind == "transient":  # the portal failed (5xx, timeouts, connection errors)
+        return HTTPException(status.HTTP_502_BAD_GATEWAY, f"the catalogue could not be fetched: {message}")
+    if kind == "failed":
+        log.error("validation failed: %s\n%s", message, error.get("output", ""))
+        return HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR,
+                             f"{message} (the api-server's log has the details)")
+    return HTTPException(422, f"not a catalogue, or it cannot be read: {message}")
 
-    if isinstance(exc, Refused):
-        return _invalid(parameter, str(exc))
-    if isinstance(exc, TooLarge):
-        return _too_large(exc.limit)
-    if isinstance(exc, FetchTimeout):
-        return HTTPException(status.HTTP_504_GATEWAY_TIMEOUT, str(exc))
-    if getattr(exc, "transient", False):  # the portal failed (5xx, timeouts, connection errors)
-        return HTTPException(status.HTTP_502_BAD_GATEWAY, f"the catalogue could not be fetched: {exc}")
-    return HTTPException(422, f"not a catalogue, or it cannot be read: {exc}")
 
+async def _run(fields: dict, parameter: str, policy, settings, document: int | None = None) -> JSONResponse:
+    """The validation ``fields`` ask for, in a child process (validate_worker.run): its report, or
+    the HTTPException its error makes; either with the child's time and peak memory as headers."""
+    from harvester.pipeline import validate_worker as worker
 
-def _answer(report) -> dict:
-    return report.as_dict(rows=ROWS_SHOWN)
+    outcome = await worker.run({**fields, "rows": ROWS_SHOWN, "policy": worker.policy_fields(policy)},
+                               deadline=policy.deadline, memory=settings.validate_max_memory, document=document)
+    headers = {"X-Validation-Seconds": f"{outcome.seconds:.2f}"}
+    if outcome.peak_memory is not None:
+        headers["X-Validation-Peak-Memory"] = str(outcome.peak_memory)
+    log.info("validation of %s: %s in %.1f s, peak memory %s bytes", fields.get("url") or fields.get("name"),
+             (outcome.error or {}).get("kind", "done"), outcome.seconds, outcome.peak_memory)
+    if outcome.error is not None:
+        failure = _failure(outcome.error, parameter, policy.deadline)
+        failure.headers = {**(failure.headers or {}), **headers}
+        raise failure
+    return JSONResponse(outcome.report, headers=headers)
 
 
 @router.post("/api/validate", tags=["validate"], summary="Check a catalogue (a URL or an upload) as a harvest would")
@@ -228,8 +298,10 @@ async def api_validate(request: Request, user=Depends(auth.validator)):
     from harvester.sources import SourceError
 
     media = _media(request.headers.get("content-type"))
-    policy = _policy()
+    policy, settings = _settings()
+    cap, seconds = settings.validate_concurrency, policy.deadline
     if media == "multipart/form-data":
+        _SLOTS.check(cap, seconds)  # said before the upload is read (and again once it is)
         upload = await _read_upload(request, policy.max_bytes)
         try:
             kind = _kind(upload.fields.get("type"))
@@ -237,15 +309,13 @@ async def api_validate(request: Request, user=Depends(auth.validator)):
                 raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
                                     f"an upload of type {upload.content_type} is validated only with a type "
                                     f"({', '.join(KINDS)}): say which kind of catalogue it is")
-            name = upload.filename or "upload"
-            try:
-                report = await run_in_threadpool(v.validate_file, upload.file, kind, name,
-                                                 content_type=upload.content_type, fetcher=policy)
-            except (SourceError, ValueError) as exc:
-                raise _failure(exc, "file") from None
+            upload.file.flush()
+            with _SLOTS.taken(cap, seconds):
+                return await _run({"name": upload.filename or "upload", "kind": kind,
+                                   "content_type": upload.content_type}, "file", policy, settings,
+                                  document=upload.file.fileno())
         finally:
             upload.file.close()
-        return _answer(report)
     if media != "application/json":
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
                             "send JSON ({\"url\": ...}) or a multipart upload (field 'file'), "
@@ -260,7 +330,7 @@ async def api_validate(request: Request, user=Depends(auth.validator)):
         raise _invalid("pages", f"{pages!r} must be a whole number from 1 to {MAX_PAGES}")
     try:
         v.check_url(url.strip())
-        report = await run_in_threadpool(v.validate_url, url.strip(), kind, pages=pages, fetcher=policy)
     except (SourceError, ValueError) as exc:
-        raise _failure(exc, "url") from None
-    return _answer(report)
+        raise _invalid("url", str(exc)) from None
+    with _SLOTS.taken(cap, seconds):
+        return await _run({"url": url.strip(), "kind": kind, "pages": pages}, "url", policy, settings)
