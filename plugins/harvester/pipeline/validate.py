@@ -126,18 +126,18 @@ def report_of(source: str, kind: str, pages: Iterable[list[DatasetRecord]], *, g
 
 
 class _DocumentBody:
-    """The body of a served document: ``fp`` read from its start, in chunks, as a streamed answer's
-    ``raw`` is read (``read``, ``stream``, ``tell``), until the ``deadline``; closing it leaves
-    ``fp`` to its owner."""
+    """The body of a served document (``url``): ``fp`` read from its start, in chunks, as a streamed
+    answer's ``raw`` is read (``read``, ``stream``, ``tell``), until the ``deadline``; closing it
+    leaves ``fp`` to its owner."""
 
     decode_content = False  # (a source may set it: the document is served as it is)
 
-    def __init__(self, fp: IO[bytes], deadline: float = float("inf")):
-        self._fp, self._read, self.closed, self._deadline = fp, 0, False, deadline
+    def __init__(self, fp: IO[bytes], deadline: float = float("inf"), url: str = "the document"):
+        self._fp, self._read, self.closed, self._deadline, self._url = fp, 0, False, deadline, url
 
     def read(self, amt: int | None = None, *args, **kwargs) -> bytes:
         if time.monotonic() > self._deadline:
-            raise FetchTimeout("still reading the document after the validation's time "
+            raise FetchTimeout(f"{self._url}: still reading and parsing it after the validation's time "
                                "(HARVESTER_VALIDATE_TIMEOUT_SECS) ran out")
         data = b"" if self.closed else self._fp.read(-1 if amt is None else amt)
         self._read += len(data)
@@ -179,7 +179,7 @@ class _DocumentAdapter(BaseAdapter):
         response.status_code, response.reason = 200, "OK"
         if self.content_type:
             response.headers["Content-Type"] = self.content_type
-        response.raw = _DocumentBody(self.fp, self.deadline)
+        response.raw = _DocumentBody(self.fp, self.deadline, self.url)
         return response
 
     def close(self) -> None:
