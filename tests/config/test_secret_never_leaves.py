@@ -17,15 +17,12 @@ import copy
 import importlib.util
 import json
 import logging
-import os
-import sqlite3
 import uuid
-import zlib
-from pathlib import Path
 
 import pytest
 
 from harvester.cli.main import main
+from harvester.testing.leaks import airflow_home_text, database_text
 from harvester.testing.samples import ROOT
 
 SECRET = "Pl4nted-S3cret-of-the-catalogue-7e41c9"
@@ -45,38 +42,6 @@ def catalogue():
 def connection(monkeypatch, conn_id: str, **fields) -> None:
     """An Airflow connection, defined the way Airflow reads them from the environment."""
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "generic", **fields}))
-
-
-def harvester_database(db) -> str:
-    """Every row of every table of the Harvester database, as text."""
-    tables = db.execute("SELECT table_schema, table_name FROM information_schema.tables"
-                        " WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
-                        " AND table_type = 'BASE TABLE'").fetchall()
-    assert len(tables) > 5
-    return "\n".join(str(row[0]) for schema, table in tables
-                     for row in db.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall())
-
-
-def airflow_files() -> str:
-    """Every file under $AIRFLOW_HOME as text (task log files, the metadata database's pages), and
-    every row of every table of the metadata database (SQLite), compressed values inflated: the
-    serialized DAG, the DAG's description and docs, task instances, XComs, run confs."""
-    home = Path(os.environ["AIRFLOW_HOME"])
-    files = [p for p in home.rglob("*") if p.is_file()]
-    assert home / "airflow.db" in files
-    text = [p.read_bytes().decode("utf-8", "replace") for p in files]
-    with sqlite3.connect(home / "airflow.db") as meta:
-        for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-            for row in meta.execute(f'SELECT * FROM "{table}"'):
-                for value in row:
-                    if isinstance(value, bytes):
-                        try:
-                            value = zlib.decompress(value)
-                        except zlib.error:
-                            pass
-                        value = value.decode("utf-8", "replace")
-                    text.append(str(value))
-    return "\n".join(text)
 
 
 def found(secret: str, places: dict[str, str]) -> dict[str, list[str]]:
@@ -192,8 +157,8 @@ def test_a_secret_in_a_portal_url_never_leaves(harvest, catalogue, db, gemini, r
 
     places = {
         "the DAG's description and doc": f"{dag.description}\n{dag.doc_md}",
-        "the harvester database": harvester_database(db),
-        "Airflow's metadata database and files": airflow_files(),
+        "the harvester database": database_text(db),
+        "Airflow's metadata database and files": airflow_home_text(),
         "the Harvester UI's JSON": ui_json(ui_client(monkeypatch, tmp_path), db),
         "an export and its manifest": export(tmp_path, "export"),
         "the notifications": json.dumps(receiver.requests, default=str),
@@ -226,7 +191,7 @@ def test_a_url_stored_with_a_key_before_is_shown_without_it(harvest, catalogue, 
     assert len(tables) > 3
     for (table,) in tables:
         db.execute(f'UPDATE "{table}" SET portal_url = %s WHERE portal_url = %s', (old, url))
-    assert LEGACY in harvester_database(db)
+    assert LEGACY in database_text(db)
 
     spec = importlib.util.spec_from_file_location("harvest_portals_legacy", ROOT / "dags" / "harvest_portals.py")
     module = importlib.util.module_from_spec(spec)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
-from pathlib import Path
 
 import pytest
 import yaml
 
 from harvester.cli.main import main
 from harvester.config.portals import parse_portals
+from harvester.testing.leaks import airflow_home_text, database_text
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 TOKEN = "ckan-token-Pr1vate-5f0d9c"
@@ -83,8 +82,8 @@ def test_private_datasets_are_harvested_with_the_connection_only(harvest, portal
                if action == "package_search")
     out, err = capfd.readouterr()
     assert "reconcil" in caplog.text
-    for where, text in {"logs": caplog.text + out + err, "database": _database_dump(db),
-                        "Airflow files": _airflow_files()}.items():
+    for where, text in {"logs": caplog.text + out + err, "database": database_text(db),
+                        "Airflow files": airflow_home_text()}.items():
         assert TOKEN not in text, f"the API token is in the {where}"
 
 
@@ -116,25 +115,6 @@ def test_cli_harvest_uses_the_connection_too(database_url, portal_server, sample
 # -- user:password in the URL -----------------------------------------------------------------------
 LITERAL = "Lit3ral-Pw-7c1e0b"
 FROM_ENV = "Env-Pw-93ab/x@y"  # characters a URL could not hold literally
-
-
-def _database_dump(db) -> str:
-    tables = db.execute("SELECT table_schema, table_name FROM information_schema.tables"
-                        " WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
-                        " AND table_type = 'BASE TABLE'").fetchall()
-    assert len(tables) > 5
-    return "\n".join(str(row[0]) for schema, table in tables
-                     for row in db.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall())
-
-
-def _airflow_files() -> str:
-    """Every file under $AIRFLOW_HOME as text: task log files (dag.test() runs tasks in-process and
-    logs through logging, caught by caplog and capfd, so there may be none) and the metadata
-    database (SQLite and its WAL), which holds the serialized DAG, task instances, XComs, run conf."""
-    home = Path(os.environ["AIRFLOW_HOME"])
-    files = [p for p in home.rglob("*") if p.is_file()]
-    assert home / "airflow.db" in files
-    return "\n".join(p.read_bytes().decode("utf-8", "replace") for p in files)
 
 
 def test_url_credentials_never_reach_the_dag_logs_errors_or_database(harvest, portal_server, db, samples,
@@ -175,8 +155,8 @@ def test_url_credentials_never_reach_the_dag_logs_errors_or_database(harvest, po
                                 + [o.uri for d in (dag, dag_env) for t in d.tasks for o in t.outlets]),
         "captured log records": caplog.text + "\n".join(str(r.args) + r.getMessage() for r in caplog.records),
         "stdout and stderr": out + err,
-        "Airflow task logs and metadata": _airflow_files(),
-        "harvester database": _database_dump(db),
+        "Airflow task logs and metadata": airflow_home_text(),
+        "harvester database": database_text(db),
     }
     assert "harvester://test/datasets" in places["Asset URIs"]
     assert "PortalUnavailable" in places["captured log records"]

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import urllib.request
 import xml.sax.saxutils
 import xml.sax.xmlreader
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 import rdflib
@@ -26,7 +24,7 @@ from rdflib import Graph
 from harvester.http.guard import AddressRefused, FetchPolicy
 from harvester.pipeline import validate as v
 from harvester.sources.dcat_rdf import RdfParseError, parse_page
-from harvester.testing.local_http import LocalServer
+from harvester.testing.hostile_http import Document, HostileServer
 
 DCAT = "http://www.w3.org/ns/dcat#"
 DCT = "http://purl.org/dc/terms/"
@@ -35,63 +33,24 @@ RDF_HEAD = (b'<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#" '
 TERMS = {"dcat": DCAT, "dct": DCT, "Dataset": "dcat:Dataset", "title": "dct:title"}
 
 
-class Documents(LocalServer):
-    """GET path -> (body, content type) from ``documents``; every request's path kept in ``hits``."""
-
-    name = "rdf-documents"
-
-    def __init__(self):
-        self.documents: dict[str, tuple[bytes, str]] = {}
-        self.hits: list[str] = []
-        self._lock = threading.Lock()
-        super().__init__()
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    def url(self, path: str) -> str:
-        return self.base_url + path
-
-    def serve(self, path: str, document, content_type: str = "application/ld+json") -> str:
-        body = document if isinstance(document, bytes) else json.dumps(document).encode()
-        self.documents[path] = (body, content_type)
-        return self.url(path)
-
-    def _handler(self):
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                with server._lock:
-                    server.hits.append(self.path)
-                body, content_type = server.documents.get(self.path, (b"{}", "application/json"))
-                self.send_response(200 if self.path in server.documents else 404)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        return Handler
+def serve(server: HostileServer, path: str, document, content_type: str = "application/ld+json") -> str:
+    """``document`` (bytes, or JSON to dump) served at ``path``; its URL."""
+    body = document if isinstance(document, bytes) else json.dumps(document).encode()
+    return server.serve(path, Document(body, content_type))
 
 
 @pytest.fixture
 def contexts():
     """The context server, the one address the guard lets through."""
-    with Documents() as server:
+    with HostileServer() as server:
         yield server
 
 
 @pytest.fixture
 def metadata():
     """Stands for 127.0.0.1 metadata: the guard refuses it, so it must never be asked anything."""
-    with Documents() as server:
-        server.serve("/latest/credentials", {"@context": {"secret": "http://leak.test/"}})
+    with HostileServer() as server:
+        serve(server, "/latest/credentials", {"@context": {"secret": "http://leak.test/"}})
         yield server
 
 
@@ -137,7 +96,7 @@ def rdflib_opens_nothing(monkeypatch):
     assert opened == [], f"rdflib opened something itself: {opened}"
 
 
-def strict(*servers: Documents) -> FetchPolicy:
+def strict(*servers: HostileServer) -> FetchPolicy:
     """The guard as the API runs it (no private addresses), letting through only ``servers``."""
     return FetchPolicy(allow_private=False, max_bytes=1024 * 1024, timeout=5, deadline=10, max_retries=0,
                        allowed=frozenset({("127.0.0.1", s.port) for s in servers}))
@@ -163,7 +122,7 @@ def test_a_context_naming_a_refused_address_never_reaches_it(contexts, metadata,
         "scoped": {"@context": {**TERMS, "Dataset": {"@id": "dcat:Dataset", "@context": inner}}},
         "scoped-in-page": {"@context": TERMS},
     }[shape]
-    first = contexts.serve("/first.jsonld", fetched)
+    first = serve(contexts, "/first.jsonld", fetched)
     context = ([first, {"title": {"@id": "dct:title", "@context": [inner]}}] if shape == "scoped-in-page"
                else [first, TERMS] if shape != "scoped" else first)
     with pytest.raises(AddressRefused, match="loopback"):
@@ -178,7 +137,7 @@ NOT_HTTP = ["file:///etc/passwd", "file:///dev/zero", "ftp://ftp.test/context.js
 @pytest.mark.parametrize("where, ref", [(where, ref) for where in ("page", "nested", "import") for ref in NOT_HTTP]
                          + [("page", "context.jsonld")])  # relative to an upload: no http(s) URL either
 def test_a_context_that_is_not_http_is_refused_by_name_never_opened(contexts, metadata, where, ref):
-    nested = contexts.serve("/nested.jsonld", {"@context": [TERMS, ref] if where == "nested" else
+    nested = serve(contexts, "/nested.jsonld", {"@context": [TERMS, ref] if where == "nested" else
                                                {"@import": ref, "dcat": DCAT}})
     context = [TERMS, ref] if where == "page" else [nested, TERMS]
     with pytest.raises(RdfParseError) as caught:
@@ -191,10 +150,10 @@ def test_a_context_that_is_not_http_is_refused_by_name_never_opened(contexts, me
 def test_nested_contexts_are_inlined_through_the_fetch(contexts):
     """A context naming another (relative to itself), a list, an @import and a scoped context: all
     fetched once through the guarded session, and the page reads as if they were written in it."""
-    contexts.serve("/ctx/terms.jsonld", {"@context": {"dcat": DCAT, "dct": DCT, "@base": "http://evil.test/"}})
-    contexts.serve("/ctx/title.jsonld", {"@context": {"title": {"@id": "dct:title"}}})
-    contexts.serve("/ctx/scoped.jsonld", {"@context": {"label": "dct:title"}})
-    top = contexts.serve("/ctx/top.jsonld", {"@context": [
+    serve(contexts, "/ctx/terms.jsonld", {"@context": {"dcat": DCAT, "dct": DCT, "@base": "http://evil.test/"}})
+    serve(contexts, "/ctx/title.jsonld", {"@context": {"title": {"@id": "dct:title"}}})
+    serve(contexts, "/ctx/scoped.jsonld", {"@context": {"label": "dct:title"}})
+    top = serve(contexts, "/ctx/top.jsonld", {"@context": [
         "terms.jsonld", {"@import": "title.jsonld"},
         {"Dataset": {"@id": "dcat:Dataset", "@context": "scoped.jsonld"}}]})
     data = json.dumps({"@context": [top, {"@base": "http://data.test/"}], "@graph": [
@@ -203,7 +162,7 @@ def test_nested_contexts_are_inlined_through_the_fetch(contexts):
     report = validate_jsonld(data, strict(contexts))
     assert report.records == 2 and report.failed == 0
     graph = parse_page(data, "application/ld+json", "http://data.test/page.jsonld",
-                       fetch=lambda url: (contexts.documents[url.removeprefix(contexts.base_url)][0], ""))
+                       fetch=lambda url: (contexts.routes[url.removeprefix(contexts.base_url)].body, ""))
     titles = {str(s): str(o) for s, o in graph.subject_objects(rdflib.URIRef(DCT + "title"))}
     assert titles == {"http://data.test/d/1": "One", "http://data.test/d/2": "Two"}
     assert sorted(set(contexts.hits)) == ["/ctx/scoped.jsonld", "/ctx/terms.jsonld", "/ctx/title.jsonld",
@@ -213,18 +172,18 @@ def test_nested_contexts_are_inlined_through_the_fetch(contexts):
 
 def test_a_context_including_itself_is_refused(contexts):
     a, b = contexts.url("/a.jsonld"), contexts.url("/b.jsonld")
-    contexts.serve("/a.jsonld", {"@context": [TERMS, b]})
-    contexts.serve("/b.jsonld", {"@context": {"@import": a}})
+    serve(contexts, "/a.jsonld", {"@context": [TERMS, b]})
+    serve(contexts, "/b.jsonld", {"@context": {"@import": a}})
     with pytest.raises(RdfParseError, match=r"/a\.jsonld' includes itself"):
         validate_jsonld(page(a), strict(contexts))
 
 
 def test_remote_contexts_are_bounded_in_depth_and_count(contexts):
     for n in range(8):
-        contexts.serve(f"/chain/{n}.jsonld", {"@context": [{"dcat": DCAT}, f"{n + 1}.jsonld"]})
+        serve(contexts, f"/chain/{n}.jsonld", {"@context": [{"dcat": DCAT}, f"{n + 1}.jsonld"]})
     with pytest.raises(RdfParseError, match="nested more than 5 deep"):
         validate_jsonld(page([contexts.url("/chain/0.jsonld"), TERMS]), strict(contexts))
-    many = [contexts.serve(f"/many/{n}.jsonld", {"@context": {f"t{n}": DCAT}}) for n in range(12)]
+    many = [serve(contexts, f"/many/{n}.jsonld", {"@context": {f"t{n}": DCAT}}) for n in range(12)]
     with pytest.raises(RdfParseError, match="more than 10 remote contexts in one page"):
         validate_jsonld(page([*many, TERMS]), strict(contexts))
     assert len([h for h in contexts.hits if h.startswith("/many/")]) == 10
@@ -233,8 +192,8 @@ def test_remote_contexts_are_bounded_in_depth_and_count(contexts):
 def test_a_small_context_named_many_times_cannot_blow_up(contexts):
     """A context of ~40 kB named in a list of itself a thousand times: refused once the inlined
     copies would pass 32 MB, not expanded."""
-    big = contexts.serve("/big.jsonld", {"@context": {f"term{n}": f"{DCAT}t{n}" for n in range(1500)}})
-    fan = contexts.serve("/fan.jsonld", {"@context": [big] * 1000})
+    big = serve(contexts, "/big.jsonld", {"@context": {f"term{n}": f"{DCAT}t{n}" for n in range(1500)}})
+    fan = serve(contexts, "/fan.jsonld", {"@context": [big] * 1000})
     started = time.monotonic()
     with pytest.raises(RdfParseError, match="more than 32 MB"):
         validate_jsonld(page([fan, fan, TERMS]), strict(contexts))

@@ -89,6 +89,15 @@ class HostileServer(LocalServer):
     def url(self, path: str) -> str:
         return self.base_url + path
 
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def hits(self) -> list[str]:
+        """The path (and query) of every request received, in order."""
+        return [r.path for r in self.seen()]
+
     def seen(self, path: str | None = None) -> list[Seen]:
         with self._lock:
             return [r for r in self.requests if path is None or r.path.split("?")[0] == path]
