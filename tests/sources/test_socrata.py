@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,13 @@ def synthetic(n: int, start: datetime = datetime(2020, 1, 1, tzinfo=timezone.utc
         result["permalink"] = f"https://{DOMAIN}/d/{ident}"
         out.append(result)
     return out
+
+
+def small(n: int, start: datetime = datetime(2020, 1, 1, tzinfo=timezone.utc)) -> list[dict]:
+    """n small results (id, name, type, update time, domain): enough for listings of thousands."""
+    return [{"resource": {"id": f"n{i:04d}-{i:05d}", "name": f"Dataset {i}", "type": "dataset",
+                          "updatedAt": (start + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.000Z")},
+             "metadata": {"domain": DOMAIN}, "permalink": f"https://{DOMAIN}/d/n{i:04d}-{i:05d}"} for i in range(n)]
 
 
 @pytest.fixture
@@ -223,22 +230,82 @@ def test_an_incremental_listing_that_would_pass_the_api_window_is_rejected(serve
     assert len(records) == 21 and listing.complete
 
 
-def test_a_catalogue_over_the_api_window_is_listed_whole(server):
-    for result in synthetic(10_250):
+def test_twelve_thousand_datasets_past_the_capped_count_are_listed_exactly(server):
+    # issue 36: resultSetSize says 10000 for 12,000 (as the 2025 recordings do for any query
+    # matching more); the listing used to stop at 10,000 and call itself complete
+    for result in small(12_000 - 21):
         server.put(result)
     src = source(server)
     records, listing = listed(src, page_size=1000)
     ids = [r.source_id for r in records]
-    assert listing.complete and len(ids) == len(set(ids)) == src.total == 10_271
-    assert ids == sorted(ids)
+    assert listing.complete and len(ids) == len(set(ids)) == 12_000
+    assert ids == sorted(ids) and set(ids) == set(server.records)
+    assert src.total == 10_000 and not src.capabilities.count.is_exact(src.total)
     queries = server.catalog_requests()
-    assert len(queries) == 11 and all("offset" not in q for q in queries)   # never the window's 400
+    # 12 full pages, then the empty page that proves the end (the count cannot); never an offset
+    assert len(queries) == 13 and all("offset" not in q and "order" not in q for q in queries)
     server.requests.clear()
     listed_ids = [i for page in source(server).list_ids(1000) for i, _ in page.ids]
     assert listed_ids == ids
 
 
-# -- errors ----------------------------------------------------------------------------------------
+def test_a_server_capping_its_page_size_is_listed_whole(server):
+    # the server sends at most 7 a page whatever limit asks: a short page is not the end
+    server.max_page_size = 7
+    records, listing = listed(source(server), page_size=20)
+    assert sorted(r.source_id for r in records) == sorted(r["resource"]["id"] for r in real_results())
+    assert listing.complete
+    assert len(server.catalog_requests()) == 3   # 7 + 7 + 7: the exact count (21) reached
+    # newest first (an incremental listing reaching the end) as well
+    server.requests.clear()
+    records, listing = listed(source(server), since=datetime(2000, 1, 1, tzinfo=timezone.utc), page_size=20)
+    assert len(records) == 21 and listing.complete
+    assert [q["offset"] for q in server.catalog_requests()] == [["0"], ["7"], ["14"]]
+
+
+def test_a_capped_page_size_over_a_capped_count_is_read_to_the_empty_page(server):
+    for result in small(12_000 - 21):
+        server.put(result)
+    server.max_page_size = 500
+    src = source(server)
+    records, listing = listed(src, page_size=1000)
+    assert listing.complete and len({r.source_id for r in records}) == len(records) == 12_000
+    assert len(server.catalog_requests()) == 24 + 1   # pages of 500, then the empty one
+
+
+def test_the_local_api_keeps_the_documented_limits(server):
+    for result in small(12_000 - 21):
+        server.put(result)
+    fetcher = HttpFetcher(server.base_url, max_retries=0, backoff=0, sleep=lambda s: None)
+    src = SocrataSource(server.base_url, fetcher=fetcher, portal="chicago")
+    # offset + limit past 10,000: 400
+    with pytest.raises(SourceError, match="HTTP 400"):
+        src._get(src._params(1000, 9_500))
+    assert src._get(src._params(500, 9_500))["resultSetSize"] == 10_000   # capped
+    # order with scroll_id: 400
+    with pytest.raises(SourceError, match="HTTP 400"):
+        src._get({**src._scroll_params(10, ""), "order": "updatedAt DESC"})
+    assert src.count() == 10_000
+    assert len(src._get(src._scroll_params(10_000, ""))["results"]) == 10_000
+    server.max_page_size = 100
+    assert len(src._get(src._scroll_params(1000, ""))["results"]) == 100
+
+
+def test_the_kinds_count_is_capped_at_ten_thousand():
+    from harvester.config.portals import SOCRATA
+    from harvester.sources import CAPABILITIES
+    from harvester.sources.base import CountKind
+
+    assert SocrataSource.capabilities == CAPABILITIES[SOCRATA]
+    assert SocrataSource.capabilities.count == CountKind("capped", 10_000)
+    count = SocrataSource.capabilities.count
+    assert [count.is_exact(n) for n in (0, 9_999, 10_000, 150_680, None)] == [True, True, False, False, False]
+    with pytest.raises(ValueError, match="a capped count needs a positive cap, not cap=None"):
+        CountKind("capped")
+    with pytest.raises(ValueError, match="count kind 'rough' is not one of: exact, capped, absent"):
+        CountKind("rough")
+
+
 def test_503_and_429_are_retried(server):
     server.fail_next(2, 503)
     server.fail_next(1, 429, retry_after="0")

@@ -12,26 +12,45 @@ import logging
 
 from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES,
                                       RECONCILE_TYPES, SOCRATA)
-from harvester.sources.base import Capabilities, FilterRejected, Listing, Source, SourceError, SourceUnavailable
+from harvester.sources.base import (EXACT_COUNT, Capabilities, FilterRejected, Listing, Source, SourceError,
+                                    SourceUnavailable, capped_count)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
-           "as_source", "source_for"]
+           "as_source", "count_kind", "source_for"]
+
+# Socrata's resultSetSize stops here (sources/socrata.py COUNT_CAP; tests/sources/test_socrata.py
+# checks that the two say the same).
+SOCRATA_COUNT_CAP = 10_000
 
 # What each kind can do (sources/base.py): begin() plans runs with it before any request is made.
+# ``count``: how far the kind's own count can be trusted, from each platform's documentation and
+# recorded answers (../shared/portal-samples/*/README.md): CKAN's ``count`` (Solr's numFound),
+# ArcGIS Hub's ``numberMatched``, CSW's ``numberOfRecordsMatched`` and OpenDataSoft's
+# ``total_count`` are exact; Socrata's ``resultSetSize`` stops at 10,000 (the 2025 answers say
+# exactly 10000 for queries that match more; 2018's said 150680); the DCAT kinds give none.
 CAPABILITIES = {
-    CKAN: Capabilities(incremental=True, reconcile=True),
+    CKAN: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
     DCAT_JSON: Capabilities(conditional=True),
     DCAT_RDF: Capabilities(),
-    ARCGIS_HUB: Capabilities(incremental=True, reconcile=True),
-    CSW: Capabilities(incremental=True, reconcile=True),  # an OGC Filter on apiso:Modified / dct:modified (sources/csw.py)
-    SOCRATA: Capabilities(reconcile=True),  # no modified-since filter; ordered by updatedAt (sources/socrata.py)
-    OPENDATASOFT: Capabilities(incremental=True, reconcile=True),  # ODSQL where on default.modified
+    ARCGIS_HUB: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
+    # an OGC Filter on apiso:Modified / dct:modified (sources/csw.py)
+    CSW: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
+    # no modified-since filter; ordered by updatedAt (sources/socrata.py)
+    SOCRATA: Capabilities(reconcile=True, count=capped_count(SOCRATA_COUNT_CAP)),
+    OPENDATASOFT: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),  # ODSQL where on default.modified
 }
 assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
 assert {kind for kind, can in CAPABILITIES.items() if can.reconcile} == set(RECONCILE_TYPES), \
     "config/portals.py RECONCILE_TYPES (the kinds that take reconcile_every) must be those whose Capabilities reconcile"
+
+
+def count_kind(portal, source: Source):
+    """How far the count of ``portal``'s kind can be trusted (Capabilities.count): the kind's entry
+    above, else (a kind unknown here) the source's own."""
+    can = CAPABILITIES.get(getattr(portal, "type", None))
+    return can.count if can is not None else source.capabilities.count
 
 
 def source_for(portal, **overrides) -> Source:

@@ -81,10 +81,49 @@ class CountsTraffic:
 
 
 @dataclass(frozen=True)
+class CountKind:
+    """How far a kind's own count of its datasets (``Source.count``, a listing's ``total``) can be
+    trusted: ``exact``; ``capped`` at ``cap`` (a count of ``cap`` or more means "at least ``cap``":
+    Socrata's ``resultSetSize`` stops at 10,000); ``absent`` (the kind gives none). A count that is
+    not exact never proves a listing complete and never, alone, says a dataset is gone."""
+
+    kind: str = "absent"
+    cap: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("exact", "capped", "absent"):
+            raise ValueError(f"count kind {self.kind!r} is not one of: exact, capped, absent")
+        if (self.kind == "capped") != (self.cap is not None and self.cap > 0):
+            raise ValueError(f"a {self.kind} count needs {'a positive cap' if self.kind == 'capped' else 'no cap'}, "
+                             f"not cap={self.cap!r}")
+
+    def is_exact(self, count: int | None) -> bool:
+        """Whether ``count`` is the portal's exact number (a capped count only below its cap)."""
+        if count is None or self.kind == "absent":
+            return False
+        return self.kind == "exact" or count < self.cap
+
+    def describe(self) -> str:
+        return f"capped at {self.cap}" if self.kind == "capped" else self.kind
+
+
+EXACT_COUNT = CountKind("exact")
+NO_COUNT = CountKind("absent")
+
+
+def capped_count(cap: int) -> CountKind:
+    return CountKind("capped", cap)
+
+
+@dataclass(frozen=True)
 class Capabilities:
+    """``count``: how far the kind's count can be trusted (``CountKind``); the reconciliation's
+    count check judges drift only from an exact count (domain/run.py ``count_drift``)."""
+
     incremental: bool = False
     conditional: bool = False
     reconcile: bool = False
+    count: CountKind = NO_COUNT
 
 
 @dataclass

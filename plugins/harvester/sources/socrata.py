@@ -25,12 +25,20 @@ Paging and since: the Discovery API pages with ``limit``/``offset`` only up to o
 answers 400 past that window). Its deep paging is ``scroll_id``: the results come ordered by id and
 each request passes ``scroll_id=<the id of the last result of the previous page>`` with ``limit``
 and no offset (the first page an empty ``scroll_id``); the answer holds the results strictly after
-that id, the end being a short or empty page. (Its reference is
+that id, the end being an empty page. (Its reference is
 https://socratadiscovery.docs.apiary.io/, which the search corpora did not hold: these semantics
 are those issue 23 gives; dev.socrata.com/docs/paging only covers SODA's ``$limit``/``$offset``.
 Sending an empty ``scroll_id`` for the first page is our reading, not checked on the live API.)
 A full listing (``since=None``) and ``list_ids`` scroll, so a catalogue of any size is read to
 its end.
+
+A listing is complete only on proof (issue 36). ``resultSetSize`` is capped: the 2025 recordings
+answer exactly 10000 for queries matching more (2018's answered 150680), so a count of 10,000 or
+more means "at least that many" (``Capabilities.count``, sources/__init__.py): only a count below
+the cap is exact, and only an exact count reached ends a listing. Otherwise the end is an empty page
+(asked for after the last non-empty one). A page shorter than asked is not the end: the server may
+cap the page size below ``limit``; the listing asks on, and the empty page after it is the proof
+(one more request for a catalogue of 10,000 or more).
 The API has NO modified-since filter. It orders, though: ``order=updatedAt DESC``. A listing with
 ``since`` reads newest first with offsets and stops at the first dataset not updated after
 ``since`` (what other Socrata harvesters do); the listing is then not the whole catalogue
@@ -44,7 +52,9 @@ before it, anywhere in the pages read, the rest of the page holding the stop inc
 cut at ``since``: ``FilterRejected`` (the pipeline lists everything instead).
 
 Reconciliation (``capabilities.reconcile``): ``count`` is ``resultSetSize`` of a one-result page,
-so an incremental run notices a deletion (or anything its cut listing missed) for one request;
+so an incremental run notices a deletion (or anything its cut listing missed) for one request, on a
+portal of fewer than 10,000 datasets (above, the count is capped and says only "at least 10,000":
+the count check judges no drift from it, see domain/run.py ``count_drift``);
 ``fetch_by_ids`` uses the API's ``ids=`` filter; ``list_ids`` has no narrower answer to ask for and
 sends the whole results (the pipeline stages them), refusing a listing it could not read to its end.
 
@@ -68,7 +78,7 @@ from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normali
 from harvester.domain.outcomes import problem
 from harvester.http import scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
-                                    SourceError, coded, to_ms)
+                                    SourceError, capped_count, coded, to_ms)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +86,7 @@ CATALOG_PATH = "/api/catalog/v1"
 ORDER = "updatedAt DESC"
 MAX_WINDOW = 10_000   # the Discovery API answers offset + limit up to 10,000
 MAX_LIMIT = 1_000     # a polite page (the API allows up to 10,000)
+COUNT_CAP = 10_000    # resultSetSize never says more (2025 answers: exactly 10000 for a query matching more)
 
 # Fields that change without the dataset changing (views, downloads, the data refresh time), or
 # are already mapped: kept out of the extras so the metadata hash does not see them.
@@ -216,7 +227,7 @@ class SocrataSource(CountsTraffic):
     (harvester.http.HttpFetcher). ``total``: ``resultSetSize`` of the last answer."""
 
     kind = SOCRATA
-    capabilities = Capabilities(reconcile=True)
+    capabilities = Capabilities(reconcile=True, count=capped_count(COUNT_CAP))   # as sources/__init__.py says
 
     def __init__(self, url: str, *, fetcher, portal: str | None = None):
         self.url = url
@@ -228,6 +239,11 @@ class SocrataSource(CountsTraffic):
     def __repr__(self) -> str:
         return f"SocrataSource({scrub_url(self.catalog_url)!r}, domain={self.domain!r})"
 
+
+    def _count_reached(self, listed: int) -> bool:
+        """Whether ``listed`` results prove the listing whole: the last ``resultSetSize`` is exact
+        (below the cap) and that many were listed. A capped count proves nothing."""
+        return self.capabilities.count.is_exact(self.total) and listed >= self.total
 
     # -- one page --------------------------------------------------------------------------------
     def _get(self, params: dict) -> dict:
@@ -298,9 +314,11 @@ class SocrataSource(CountsTraffic):
                             "listing stops there and is incomplete (nothing is removed)", self.portal, scroll_id,
                             repeated)
                 return
-            if len(results) < limit or (self.total is not None and len(seen) >= self.total):
-                listing.complete = True  # the end: everything was listed
+            if self._count_reached(len(seen)):
+                listing.complete = True  # an exact count, reached: everything was listed
                 return
+            # A short page is not the end (the server may cap the page size): the empty page after
+            # the last one is.
             scroll_id = last
 
     # -- the protocol ----------------------------------------------------------------------------
@@ -375,13 +393,15 @@ class SocrataSource(CountsTraffic):
                             "there and is incomplete (nothing is removed)", self.portal, offset)
                 return
             offset += len(results)
-            if len(results) < asked or (self.total is not None and offset >= self.total):
-                listing.complete = True  # the end, never cut at since: everything was listed
+            if self._count_reached(offset):
+                listing.complete = True  # an exact count reached, never cut at since: everything was listed
                 return
+            # a short page is not the end (the server may cap the page size): the empty page after it is
 
     # -- reconciliation (sources/base.py) --------------------------------------------------------
     def count(self) -> int | None:
-        """``resultSetSize`` of a one-result page: how many datasets the portal lists."""
+        """``resultSetSize`` of a one-result page: how many datasets the portal lists, exact only
+        below the API's cap of 10,000 (``capabilities.count``); at the cap it means "at least"."""
         params = self._params(1, 0)
         del params["order"]
         size = self._get(params).get("resultSetSize")

@@ -10,8 +10,15 @@ semantics the harvester relies on:
 - ``limit`` (default 100) and ``offset``; ``offset + limit`` beyond 10,000 is refused with 400,
   as the API does;
 - ``scroll_id`` (deep paging; an empty one starts the scroll): the results ordered by id, those
-  strictly after the given id, ``limit`` of them; no offset and no window;
-- the answer: ``{"results": [...], "resultSetSize": N, "timings": {...}}``.
+  strictly after the given id, ``limit`` of them; no offset and no window; ``order`` with
+  ``scroll_id`` is refused with 400, as the API's OpenAPI document says;
+- the answer: ``{"results": [...], "resultSetSize": N, "timings": {...}}``, ``resultSetSize``
+  capped at 10,000 as the 2025 recordings show (exactly 10000 for a query matching more);
+- ``max_page_size``: when set, a page holds at most that many results whatever ``limit`` asked (a
+  server capping its pages below the request).
+
+The 400 bodies are ``{"error": "..."}`` naming the parameter: the recordings hold no 400 of the
+Discovery API, so their exact text is ours.
 
 Faults: ``fail_next(n, status, retry_after=..., truncated=...)`` answers the next n catalogue
 requests with that status (or a body cut short); ``ignore_order`` answers in relevance order
@@ -29,6 +36,7 @@ from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler
 
 CATALOG_PATH = "/api/catalog/v1"
 MAX_WINDOW = 10_000
+RESULT_SET_CAP = 10_000   # resultSetSize never says more (../shared/portal-samples/socrata/README)
 
 
 def _values(query: dict, key: str) -> list[str]:
@@ -47,6 +55,7 @@ class SocrataServer(LocalServer):
         self.ignore_order = False
         self.ignore_offset = False
         self.ignore_scroll = False
+        self.max_page_size: int | None = None
         self._fail = FailureQueue()
         self._lock = threading.Lock()
         super().__init__()
@@ -100,6 +109,8 @@ class SocrataServer(LocalServer):
         if ids:
             records = [r for r in records if r["resource"]["id"] in set(ids)]
         if "scroll_id" in query:
+            if "order" in query:
+                return 400, {"error": "'order' cannot be combined with 'scroll_id'"}
             after = query["scroll_id"][0].strip()
             try:
                 limit = int((query.get("limit") or ["100"])[0])
@@ -109,7 +120,7 @@ class SocrataServer(LocalServer):
             total = len(records)
             if after and not self.ignore_scroll:
                 records = [r for r in records if r["resource"]["id"] > after]
-            return 200, {"results": records[:limit], "resultSetSize": total,
+            return 200, {"results": records[:self._page_size(limit)], "resultSetSize": min(total, RESULT_SET_CAP),
                          "timings": {"serviceMillis": 1, "searchMillis": [0, 1]}}
         order = (query.get("order") or ["relevance"])[0].split()
         if order and order[0] != "relevance" and not self.ignore_order:
@@ -128,9 +139,12 @@ class SocrataServer(LocalServer):
             return 400, {"error": f"offset + limit must be at most {MAX_WINDOW}; use scroll_id to page deeper"}
         if self.ignore_offset:
             offset = 0
-        page = records[offset:offset + limit]
-        return 200, {"results": page, "resultSetSize": len(records), "timings": {"serviceMillis": 1,
-                                                                                 "searchMillis": [0, 1]}}
+        page = records[offset:offset + self._page_size(limit)]
+        return 200, {"results": page, "resultSetSize": min(len(records), RESULT_SET_CAP),
+                     "timings": {"serviceMillis": 1, "searchMillis": [0, 1]}}
+
+    def _page_size(self, limit: int) -> int:
+        return limit if self.max_page_size is None else min(limit, self.max_page_size)
 
     def _handler(self):
         server = self
