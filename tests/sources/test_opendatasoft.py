@@ -1,11 +1,14 @@
 """The OpenDataSoft source (harvester.sources.opendatasoft) on the real fixtures of
 tests/data/opendatasoft, over real HTTP to a local Explore v2.1 catalogue
-(harvester.testing.opendatasoft_portal): mapping, paging, keyset paging past the 10,000 offset cap,
-a looping portal cut, errors, and a modified-since filter the portal ignores."""
+(harvester.testing.opendatasoft_portal, which keeps the API's documented limits): mapping, paging,
+the exports endpoint past the 10,000 offset cap (full, incremental and identifier listings, a
+catalogue growing past it, an export cut short), complete only on proof, a looping portal cut,
+errors, and a modified-since filter the portal ignores."""
 from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from harvester.domain.dataset import clean_text
 from harvester.http import HttpFetcher, RetriesExhausted
 from harvester.sources.base import FilterRejected, Listing, SourceError
 from harvester.sources.opendatasoft import ListingCut, OpenDataSoftSource, modified_filter, portal_root
-from harvester.testing.opendatasoft_portal import CATALOG, OpenDataSoftPortal, fixture_datasets
+from harvester.testing.opendatasoft_portal import CATALOG, EXPORT, OpenDataSoftPortal, fixture_datasets
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "opendatasoft"
 RTE = json.loads((DATA / "rte-catalog-v2.0.json").read_text(encoding="utf-8"))
@@ -47,6 +50,33 @@ def harvest(source, since=None, page_size=100):
 
 def by_id(records):
     return {r.source_id: r for r in records}
+
+
+def numbered(n: int, modified: str = "2024-01-01T00:00:00+00:00") -> list[dict]:
+    """``n`` datasets copied from the first real fixture, ``ds-00000``..., modified at ``modified``."""
+    template = fixture_datasets()[0]
+    out = []
+    for i in range(n):
+        ds = copy.deepcopy(template)
+        ds["dataset_id"] = f"ds-{i:05d}"
+        ds["metas"]["default"].update(title=f"Dataset {i}", modified=modified)
+        out.append(ds)
+    return out
+
+
+def listed(source, since=None, page_size=100, select=None):
+    listing = Listing()
+    ids = [dataset_id for page in source.iter_items(since, page_size, listing, select=select)
+           for dataset_id in (d["dataset_id"] for d in page)]
+    return ids, listing
+
+
+def within_the_documented_limits(server):
+    """No request the real API would refuse: limit at most 100 and offset + limit within the cap on
+    the records endpoint, no comparison of dataset_id but `=`."""
+    for q in server.catalog_requests():
+        assert int(q["limit"]) <= 100 and int(q["offset"]) + int(q["limit"]) <= server.offset_cap, q
+    assert not any(op in q.get("where", "") for _, q in server.requests for op in ("dataset_id >", "dataset_id <"))
 
 
 # -- mapping of the real fixtures ------------------------------------------------------------------
@@ -130,45 +160,160 @@ def test_a_page_size_over_the_api_maximum_is_asked_as_100(portal):
     assert [q["limit"] for q in portal.catalog_requests()] == ["100"]
 
 
-def test_past_the_offset_cap_pages_on_by_dataset_id_keyset():
-    template = fixture_datasets()[0]
-    many = []
-    for n in range(10_250):
-        ds = copy.deepcopy(template)
-        ds["dataset_id"] = f"ds-{n:05d}"
-        many.append(ds)
-    with OpenDataSoftPortal(many) as server:
+@pytest.mark.slow
+def test_12000_datasets_are_listed_exactly_the_rest_through_the_export():
+    with OpenDataSoftPortal(numbered(12_000)) as server:
         source = source_for(server)
+        ids, listing = listed(source)
+        assert ids == [f"ds-{i:05d}" for i in range(12_000)] and listing.complete and source.total == 12_000
+        assert source.listed == 12_000
+        # the first page (its total_count decides), then the whole catalogue in one export
+        [page], [export] = server.catalog_requests(), server.export_requests()
+        assert (page["limit"], page["offset"]) == ("100", "0")
+        assert export == {"order_by": "dataset_id"} and source.requests_made == 2
+        within_the_documented_limits(server)
+        assert source.bytes_received > 12_000 * 1_000      # the streamed export's bytes are counted
+
+
+def test_a_total_exactly_at_the_cap_is_exported_and_one_below_it_paged():
+    with OpenDataSoftPortal(numbered(20)) as server:
+        server.offset_cap = 20                               # the API's 10,000, scaled down
+        ids, listing = listed(source_for(server, offset_cap=20), page_size=5)
+        assert ids == [f"ds-{i:05d}" for i in range(20)] and listing.complete
+        assert len(server.catalog_requests()) == 1 and len(server.export_requests()) == 1
+        server.remove("ds-00019")
+        server.requests.clear()
+        ids, listing = listed(source_for(server, offset_cap=20), page_size=5)
+        assert ids == [f"ds-{i:05d}" for i in range(19)] and listing.complete
+        assert [q["offset"] for q in server.catalog_requests()] == ["0", "5", "10", "15"]
+        assert server.export_requests() == []
+        within_the_documented_limits(server)
+
+
+def test_a_catalogue_growing_past_the_window_while_paged_goes_on_through_the_export():
+    with OpenDataSoftPortal(numbered(18)) as server:
+        server.offset_cap = 20
+        source = source_for(server, offset_cap=20)
         listing = Listing()
-        ids = [dataset_id for page in source.iter_items(None, 100, listing)
-               for dataset_id in (d["dataset_id"] for d in page)]
-        assert ids == [d["dataset_id"] for d in many] and listing.complete and source.total == 10_250
-        asked = server.catalog_requests()
-        assert max(int(q["offset"]) + int(q["limit"]) for q in asked) <= 10_000   # never refused
-        keyset = [q for q in asked if "where" in q]
-        assert keyset and keyset[0]["where"] == 'dataset_id > "ds-09999"' and keyset[0]["offset"] == "0"
-        assert len(asked) == 103
+        pages = source.iter_items(None, 5, listing)
+        first = [d["dataset_id"] for d in next(pages)]
+        for ds in numbered(30)[18:]:                         # 12 more while it pages
+            server.put(ds)
+        ids = first + [d["dataset_id"] for page in pages for d in page]
+        assert ids == [f"ds-{i:05d}" for i in range(30)] and listing.complete   # each once
+        assert [q["offset"] for q in server.catalog_requests()] == ["0", "5", "10", "15"]
+        assert len(server.export_requests()) == 1
+        within_the_documented_limits(server)
 
 
-def test_a_portal_ignoring_the_keyset_is_cut(caplog):
-    template = fixture_datasets()[0]
-    many = [{**copy.deepcopy(template), "dataset_id": f"ds-{n:02d}"} for n in range(12)]
-    with OpenDataSoftPortal(many) as server:
-        server.ignore_keyset = True
-        source = source_for(server, offset_cap=6)
-        records, listing = harvest(source, page_size=2)
-        assert [r.source_id for r in records] == [f"ds-{n:02d}" for n in range(6)] and not listing.complete
-        assert "after 'ds-05' repeats datasets already listed" in source.cut and "incomplete" in caplog.text
-        asked = server.catalog_requests()
-        assert [(q["offset"], q.get("where")) for q in asked] == [("0", None), ("2", None), ("4", None),
-                                                                  ("0", 'dataset_id > "ds-05"')]
+def test_a_short_page_alone_does_not_end_the_listing(portal):
+    portal.page_cap = 3          # the portal answers 3 where 5 were asked, and its total_count says 5
+    ids, listing = listed(source_for(portal), page_size=5)
+    assert ids == sorted(fixture_ids()) and listing.complete
+    assert [q["offset"] for q in portal.catalog_requests()] == ["0", "3"]
 
 
-def test_the_server_refuses_offset_past_the_cap(portal):
+def test_a_short_page_without_a_total_is_followed_by_an_empty_one(portal):
+    # a portal that gives no total_count: the listing ends on the empty page that follows, not before
+    portal.page_cap, portal.no_total = 3, True
+    source = source_for(portal)
+    ids, listing = listed(source, page_size=5)
+    assert ids == sorted(fixture_ids()) and listing.complete and source.total is None
+    assert [q["offset"] for q in portal.catalog_requests()] == ["0", "3", "5"]
+
+
+@pytest.mark.slow
+def test_an_incremental_run_past_10000_changed_datasets_is_exported_with_its_filter():
+    datasets = numbered(12_000)
+    for ds in datasets[:10_500]:
+        ds["metas"]["default"]["modified"] = "2024-06-01T00:00:00+00:00"
+    with OpenDataSoftPortal(datasets) as server:
+        source = source_for(server)
+        since = datetime(2024, 5, 1, tzinfo=timezone.utc)
+        ids, listing = listed(source, since=since)
+        assert ids == [f"ds-{i:05d}" for i in range(10_500)] and source.total == 10_500
+        assert not listing.complete                            # a filtered listing never removes anything
+        [export] = server.export_requests()
+        assert export["where"] == f"({modified_filter(since)})" == server.catalog_requests()[0]["where"]
+        within_the_documented_limits(server)
+
+
+def test_an_exported_listing_ignoring_the_filter_is_detected():
+    datasets = numbered(30)
+    for ds in datasets[:25]:                 # the last 5 are older than asked: only the export shows them
+        ds["metas"]["default"]["modified"] = "2024-06-01T00:00:00+00:00"
+    with OpenDataSoftPortal(datasets) as server:
+        server.offset_cap = 20
+        server.ignore_filter = True
+        with pytest.raises(FilterRejected, match="ignored the modified-since filter .*'ds-00025' was modified"):
+            listed(source_for(server, offset_cap=20), since=datetime(2024, 5, 1, tzinfo=timezone.utc))
+        assert len(server.export_requests()) == 1
+
+
+def test_an_identifier_listing_past_the_cap_exports_ids_and_modified_only():
+    with OpenDataSoftPortal(numbered(12_000)) as server:
+        source = source_for(server)
+        pages = list(source.list_ids(100))
+        ids = [i for page in pages for i, _ in page.ids]
+        assert ids == [f"ds-{i:05d}" for i in range(12_000)] and not any(page.records for page in pages)
+        assert {m for page in pages for _, m in page.ids} == {datetime(2024, 1, 1, tzinfo=timezone.utc)}
+        [export] = server.export_requests()
+        assert export["select"] == "dataset_id,modified" == server.catalog_requests()[0]["select"]
+        within_the_documented_limits(server)
+
+
+def test_an_export_cut_short_is_asked_again_and_each_dataset_listed_once(caplog):
+    with OpenDataSoftPortal(numbered(30)) as server:
+        server.offset_cap = 20
+        source = source_for(server, offset_cap=20)
+        listing = Listing()
+        pages = source.iter_items(None, 5, listing)
+        ids = [d["dataset_id"] for d in next(pages)]        # the first page, then the export ...
+        server.truncate_next(1)                              # ... which stops after 15 of its 30
+        ids += [d["dataset_id"] for page in pages for d in page]
+        assert ids == [f"ds-{i:05d}" for i in range(30)] and listing.complete
+        assert len(server.export_requests()) == 2
+        # (the count it says is what was parsed when the connection broke: the parser reads ahead)
+        assert re.search(r"exports/json: the export ended after \d+ datasets, before its end: the connection broke",
+                         caplog.text)
+
+
+def test_an_export_always_cut_short_fails_the_listing_never_complete():
+    with OpenDataSoftPortal(numbered(30)) as server:
+        server.offset_cap = 20
+        server.cut_export_after = 12
+        source = source_for(server, offset_cap=20, max_retries=2)
+        listing = Listing()
+        got = []
+        with pytest.raises(RetriesExhausted, match=r"the export ended after \d+ datasets, before its end") as err:
+            for page in source.iter_items(None, 5, listing):
+                got += [d["dataset_id"] for d in page]
+        assert not listing.complete and err.value.transient
+        assert "asked 3 times, the listing is incomplete" in str(err.value) and server.base_url in str(err.value)
+        assert 5 <= len(got) <= 12 and got == [f"ds-{i:05d}" for i in range(len(got))]
+        assert len(server.export_requests()) == 3
+        with pytest.raises(RetriesExhausted):                  # an identifier listing so cut fails too
+            list(source_for(server, offset_cap=20, max_retries=0).list_ids(5))
+
+
+def test_the_server_refuses_what_the_api_documents_it_refuses(portal):
     import requests
 
-    resp = requests.get(portal.base_url + CATALOG, params={"limit": 100, "offset": 9_950}, timeout=10)
-    assert resp.status_code == 400 and "10000" in resp.json()["message"]
+    # the documented 400 body: {"message", "error_code"} (portal-samples/opendatasoft/
+    # explore-v2.1-error-400-odsql-openapi-example.json)
+    for params, code, said in [({"limit": 101}, "InvalidRESTParameterError", "-1 <= limit <= 100"),
+                               ({"limit": 100, "offset": 9_901}, "InvalidRESTParameterError", "<= 10000"),
+                               ({"where": 'dataset_id > "ds-09999"'}, "ODSQLError",
+                                "'dataset_id' can only be compared with '='"),
+                               ({"where": 'title < "m"'}, "ODSQLError", "'title' can only be compared with '='")]:
+        resp = requests.get(portal.base_url + CATALOG, params=params, timeout=10)
+        assert resp.status_code == 400, params
+        body = resp.json()
+        assert set(body) == {"message", "error_code"} and body["error_code"] == code and said in body["message"]
+    resp = requests.get(portal.base_url + CATALOG, params={"limit": 100, "offset": 9_900}, timeout=10)
+    assert resp.status_code == 200
+    resp = requests.get(portal.base_url + EXPORT, params={"where": 'dataset_id = "test-a"'}, timeout=10)
+    assert resp.headers["Transfer-Encoding"] == "chunked" and [d["dataset_id"] for d in resp.json()] == ["test-a"]
 
 
 def test_a_portal_repeating_its_first_page_is_cut_incomplete(portal, caplog):

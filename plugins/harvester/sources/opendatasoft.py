@@ -14,21 +14,40 @@ endpoint; the landing page ``<portal>/explore/dataset/<id>/``. Everything else (
 template's other keys, every other template key by key, fields, features, attachments) goes to
 ``extras``, so that the metadata hash sees an edit anywhere.
 
-Paging: ``limit`` (at most 100, the API's maximum) and ``offset``, ordered by ``dataset_id``. The API
-refuses ``offset + limit`` over 10,000; a larger catalogue is paged on from there by keyset,
-``where dataset_id > "<last id>"`` with offset 0 (the order makes it exact). A page that brings no
-dataset not already listed, or a keyset that does not move forward, ends the listing with a
-warning, incomplete (``listing.complete`` False): after a full one the pipeline removes nothing. An
-identifier listing so cut fails (``ListingCut``): it cannot be reconciled with.
+Listing, by documented means only (help.opendatasoft.com/apis/ods-explore-v2, the OpenAPI document
+of opendatasoft-explore-sdk; ../shared/portal-samples/README.md sums it up). The records endpoint
+pages with ``limit`` (at most 100) and ``offset``, ordered by ``dataset_id``, but only while
+``offset + limit`` stays within 10,000; past that the documentation sends one to the exports
+endpoint, ``GET <portal>/api/explore/v2.1/catalog/exports/json`` (the same ``where``, ``select`` and
+``order_by``, no limit: the whole selection as one JSON array). ODSQL compares text fields with
+``=`` only, so there is no keyset on ``dataset_id`` to page on with. So the first page's
+``total_count`` decides: below 10,000 the listing pages on; at 10,000 or more (a total exactly at
+the cap may be one that stopped there) the rest comes from one export, streamed and parsed a
+dataset at a time (ijson), never held whole, the datasets of the first page not listed twice. A
+catalogue that grows past the window while it is paged goes on through the export too.
 
-Incremental: ``where=default.modified >= date'<since>'`` (ODSQL, as the ODS documentation writes it).
+A listing is complete only on proof that the API has no more: an export whose JSON array closed
+and whose body ended cleanly; an empty page; a short page whose own ``total_count`` says it was
+the last one. A short page alone is not: a page shorter than asked while ``total_count`` says more
+is followed by the next one. An export cut short is asked again (the datasets already listed
+skipped) as often as the fetcher retries, then fails the listing (``RetriesExhausted``, transient).
+An export is one request, so ``HARVESTER_FETCH_DEADLINE_SECS`` and
+``HARVESTER_FETCH_MAX_STREAM_BYTES`` (http/guard.py) bound the whole of it. A page
+that brings no dataset not already listed ends the listing with a warning, incomplete
+(``listing.complete`` False): after a full one the pipeline removes nothing. An identifier listing
+so cut fails (``ListingCut``): it cannot be reconciled with.
+
+Incremental: ``where=default.modified >= date'<since>'`` (ODSQL, as the ODS documentation writes it),
+paged or exported like a full listing, so 10,000 changed datasets or more come through the export.
 A portal that answers a dataset modified before ``since`` ignored the filter: ``FilterRejected``
 (the pipeline falls back to a full listing). A 400 to the filtered request is a refused filter too.
 
 Reconciliation (sources/base.py): ``count`` is one ``limit=0`` request (``total_count``);
-``list_ids`` pages the catalogue narrowed with ``select=dataset_id,modified`` (whole datasets sent
-anyway are used as records); ``fetch_by_ids`` asks ``where dataset_id = "a" OR dataset_id = "b"...``,
-100 ids a request at most, and a portal answering other datasets ignored it (``FilterRejected``).
+``list_ids`` lists the catalogue narrowed with ``select=dataset_id,modified`` (paged, or exported
+past 10,000: the export takes ``select`` too; whole datasets sent anyway are used as records);
+``fetch_by_ids`` asks ``where dataset_id = "a" OR dataset_id = "b"...`` (``=``, the one comparison
+ODSQL has for text), 100 ids a request at most, and a portal answering other datasets ignored it
+(``FilterRejected``).
 
 All requests go through ``harvester.http.HttpFetcher`` (5xx, 429 and non-JSON 2xx bodies retried);
 any other 4xx is terminal, named with the portal and the URL.
@@ -41,9 +60,12 @@ from datetime import datetime
 from typing import Any, Iterator, Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import ijson
+from urllib3.exceptions import HTTPError as Urllib3Error
+
 from harvester.config.portals import OPENDATASOFT
 from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
-from harvester.http import Retryable, scrub_url
+from harvester.http import RetriesExhausted, Retryable, scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
 
@@ -51,6 +73,7 @@ log = logging.getLogger(__name__)
 
 KIND = OPENDATASOFT
 API = "/api/explore/v2.1"
+EXPORT = f"{API}/catalog/exports/json"   # the whole catalogue (or a where's selection), one JSON array
 MAX_LIMIT = 100          # the Explore API's largest page
 OFFSET_CAP = 10_000      # offset + limit may not exceed this
 SELECT_IDS = "dataset_id,modified"   # an identifier listing: ``modified`` is the basic meta default.modified
@@ -193,7 +216,12 @@ def normalize(item: Any, root: str) -> DatasetRecord:
 
 
 class ListingCut(SourceError):
-    """A full listing that could not be completed (a page repeated, a keyset that did not move)."""
+    """A full listing that could not be completed (a page that repeats datasets already listed)."""
+
+
+class ExportCut(Exception):
+    """An export's body ended before its JSON array did (the connection broke, or the document is
+    cut short): what it listed so far is not the whole selection."""
 
 
 def modified_of(item: Mapping) -> datetime | None:
@@ -269,70 +297,121 @@ class OpenDataSoftSource(CountsTraffic):
     def iter_items(self, since: datetime | None, page_size: int, listing: Listing | None = None,
                    select: str | None = None) -> Iterator[list]:
         """Pages of catalogue results (raw dataset objects), all of them or those modified at or
-        after ``since`` (``select``: only those fields, if the portal obliges). Sets ``total``, and
-        ``listing.complete`` when everything was listed."""
+        after ``since`` (``select``: only those fields, if the portal obliges): paged while the
+        first page's ``total_count`` is below the offset cap, the rest exported past it. Sets
+        ``total``, and ``listing.complete`` when everything was listed, on proof (the module's
+        docstring)."""
         listing = listing if listing is not None else Listing()
         listing.complete = False
         self.total, self.listed, self.cut = None, 0, None
         limit = max(1, min(int(page_size), self.max_limit))
         condition = modified_filter(since) if since is not None else None
-        boundary = since_second(since) if since is not None else None
-        seen: set[str] = set()
-        offset, after = 0, None
+        check = _Checked(self, condition, since_second(since) if since is not None else None)
+        base = {"order_by": "dataset_id"}
+        if condition:
+            base["where"] = f"({condition})"
+        if select:
+            base["select"] = select
+        offset = 0
         while True:
-            where = [f"({condition})"] if condition else []
-            if after is not None:
-                where.append(f"dataset_id > {_odsql_string(after)}")
-            params = {"limit": limit, "offset": offset, "order_by": "dataset_id"}
-            if where:
-                params["where"] = " AND ".join(where)
-            if select:
-                params["select"] = select
-            body = self._page(params, filtered=condition is not None)
+            size = min(limit, self.offset_cap - offset)
+            body = self._page({**base, "limit": size, "offset": offset}, filtered=condition is not None)
             items = [unwrap(i) for i in body.get("results", body.get("datasets")) or []]
-            if self.total is None and isinstance(body.get("total_count"), int):
-                self.total = body["total_count"]
+            told = body.get("total_count")
+            told = told if isinstance(told, int) and not isinstance(told, bool) else None
+            if self.total is None:
+                self.total = told
+                if told is not None and told >= self.offset_cap:
+                    log.info("%s: %d datasets%s, at or past the %d the records endpoint pages through: "
+                             "listed from the exports endpoint", scrub_url(self.root), told,
+                             " changed" if condition else "", self.offset_cap)
+                    page = check.fresh(items, offset)
+                    if page is None:
+                        return self._cut(since)
+                    if page:
+                        yield page
+                    yield from self._exported(base, limit, check)
+                    listing.complete = since is None
+                    return
             if not items:
-                break
-            ids = [dataset_id(i) for i in items]
-            fresh = [i for i in ids if i is not None and i not in seen]
-            if not fresh:
-                self.cut = (f"{scrub_url(self.root)}: the page at offset {offset}"
-                            f"{'' if after is None else f' after {after!r}'} repeats datasets already listed: "
-                            f"the listing stops there, incomplete ({self.listed} datasets)")
-                self._cut(since)
-                return
-            if boundary is not None:
-                for item in items:
-                    modified = modified_of(item)
-                    if modified is not None and modified < boundary:
-                        raise FilterRejected(
-                            f"{scrub_url(self.root)}: the catalogue ignored the modified-since filter "
-                            f"{condition!r}: dataset {dataset_id(item)!r} was modified {modified.isoformat()}, "
-                            f"before {boundary.isoformat()}")
-            page = []
-            for item, ident in zip(items, ids):
-                if ident is None or ident not in seen:  # (an id repeated within the page: once)
-                    page.append(item)
-                    if ident is not None:
-                        seen.add(ident)
-            self.listed += len(page)
+                break  # an empty page: the API has no more
+            page = check.fresh(items, offset)
+            if page is None:
+                return self._cut(since)
             yield page
-            if len(items) < limit:
+            offset += len(items)
+            if len(items) < size and told is not None and offset >= told:
+                break  # a short page that its own total_count says is the last one
+            if offset >= self.offset_cap:
+                # the catalogue grew past the window while it was paged: the rest through the export
+                log.info("%s: more than %d datasets%s after all: the rest listed from the exports endpoint",
+                         scrub_url(self.root), self.offset_cap, " changed" if condition else "")
+                yield from self._exported(base, limit, check)
                 break
-            if offset + 2 * limit <= self.offset_cap:
-                offset += limit
-                continue
-            # past the offset cap: on by keyset from the page's last id (in the portal's own order and
-            # collation of dataset_id, which its `>` follows too)
-            last = next(i for i in reversed(ids) if i is not None)
-            if last == after:
-                self.cut = (f"{scrub_url(self.root)}: paging by dataset_id after {after!r} did not move forward: "
-                            f"the listing stops there, incomplete ({self.listed} datasets)")
-                self._cut(since)
-                return
-            after, offset = last, 0
         listing.complete = since is None
+
+    def _exported(self, base: dict, page_size: int, check: "_Checked") -> Iterator[list]:
+        """The export of ``base``'s selection in pages of ``page_size``, without the datasets
+        already listed. Returns only once an export's array closed and its body ended cleanly; an
+        export cut short is asked again (the fetcher's ``max_retries`` times) and then raises
+        ``SourceUnavailable``."""
+        url = f"{self.root}{EXPORT}"
+        attempts = 1 + getattr(self.fetcher, "max_retries", 0)
+        for attempt in range(1, attempts + 1):
+            resp = self._export_response(url, base, filtered="where" in base)
+            raw = resp.raw
+            raw.decode_content = True  # a gzip / deflate Content-Encoding undone as the body streams
+            page: list = []
+            got = 0
+            try:
+                for item in _array_items(raw, scrub_url(resp.url or url)):
+                    got += 1
+                    page.append(unwrap(item))
+                    if len(page) >= page_size:
+                        fresh = check.fresh(page, None, exported=True)
+                        page = []
+                        if fresh:
+                            yield fresh
+                fresh = check.fresh(page, None, exported=True)
+                if fresh:
+                    yield fresh
+                return
+            except (ExportCut, Urllib3Error, OSError) as exc:
+                why = str(exc) if isinstance(exc, ExportCut) else f"the connection broke ({type(exc).__name__})"
+                last = f"{scrub_url(url)}: the export ended after {got} datasets, before its end: {why}"
+                if attempt >= attempts:
+                    raise RetriesExhausted(f"{scrub_url(self.root)}: {last}; asked {attempts} times, the listing is "
+                                           f"incomplete ({self.listed} datasets)", attempts=attempts, last=last,
+                                           status=resp.status_code) from exc
+                log.warning("%s; asking for it again (%d of %d), the %d datasets listed so far skipped", last,
+                            attempt, attempts - 1, self.listed)
+            finally:
+                self.fetcher.add_bytes(_wire_bytes(raw))
+                resp.close()
+
+    def _export_response(self, url: str, params: dict, filtered: bool):
+        """The export's answer, its body unread (retried by the fetcher on 5xx and 429)."""
+
+        def check(resp):
+            shown = scrub_url(resp.url or url)
+            if 200 <= resp.status_code < 300:
+                return resp
+            try:
+                text = resp.text[:200]
+            finally:
+                resp.close()
+            if resp.status_code == 400 and filtered:
+                raise FilterRejected(f"{scrub_url(self.root)}: the catalogue export refused the modified-since "
+                                     f"filter {params.get('where')!r} (HTTP 400 at {shown}): {text}")
+            if resp.status_code == 404:
+                raise SourceError(f"{scrub_url(self.root)}: no OpenDataSoft Explore v2.1 catalogue export at {shown} "
+                                  f"(HTTP 404), though the catalogue lists more datasets than its records endpoint "
+                                  f"pages through")
+            raise SourceError(f"{scrub_url(self.root)}: GET {shown} answered HTTP {resp.status_code} "
+                              f"{resp.reason or ''}: {text}".rstrip())
+
+        return self.fetcher.get(url, params=params, stream=True, parse=check,
+                                what=f"{scrub_url(self.root)}: GET {scrub_url(url)}")
 
     def _cut(self, since: datetime | None) -> None:
         """A listing that cannot go on ends with a warning, incomplete (``listing.complete`` stays
@@ -392,3 +471,80 @@ class OpenDataSoftSource(CountsTraffic):
         body = self._page({"limit": 0, "offset": 0}, filtered=False)
         total = body.get("total_count")
         return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+class _Checked:
+    """What a listing has seen: the ids listed (each dataset once, whatever the pages and the
+    export repeat), and the modified-since check (a dataset older than asked: the filter was
+    ignored)."""
+
+    def __init__(self, source: OpenDataSoftSource, condition: str | None, boundary: datetime | None):
+        self.source, self.condition, self.boundary = source, condition, boundary
+        self.seen: set[str] = set()
+
+    def fresh(self, items: list, offset: int | None, exported: bool = False) -> list | None:
+        """The datasets of ``items`` not listed before, counted in ``source.listed``; None (and
+        ``source.cut`` set) for a page of the records endpoint that brings none (a loop)."""
+        source = self.source
+        ids = [dataset_id(i) for i in items]
+        if items and not exported and not any(i is not None and i not in self.seen for i in ids):
+            source.cut = (f"{scrub_url(source.root)}: the page at offset {offset} repeats datasets already listed: "
+                          f"the listing stops there, incomplete ({source.listed} datasets)")
+            return None
+        if self.boundary is not None:
+            for item in items:
+                modified = modified_of(item) if isinstance(item, Mapping) else None
+                if modified is not None and modified < self.boundary:
+                    raise FilterRejected(
+                        f"{scrub_url(source.root)}: the catalogue ignored the modified-since filter "
+                        f"{self.condition!r}: dataset {dataset_id(item)!r} was modified {modified.isoformat()}, "
+                        f"before {self.boundary.isoformat()}")
+        page = []
+        for item, ident in zip(items, ids):
+            if ident is None or ident not in self.seen:  # (an id listed again: once)
+                page.append(item)
+                if ident is not None:
+                    self.seen.add(ident)
+        source.listed += len(page)
+        return page
+
+
+def _array_items(fp, where: str) -> Iterator[Any]:
+    """The items of the JSON array that ``fp`` holds, one at a time, parsed as they stream
+    (ijson). Raises ``ExportCut`` unless the array closes and the document ends there, and
+    ``SourceError`` for a document that is not an array."""
+    events = ijson.parse(fp, use_float=True)
+    closed = []
+
+    def checked():
+        first = next(events, None)
+        if first is None:
+            raise ExportCut("the body is empty")
+        if first[1] != "start_array":
+            raise SourceError(f"{where}: the export is not a JSON array (it starts with {first[1]}): not an "
+                              f"Explore v2.1 catalogue export")
+        yield first
+        for event in events:
+            if event[0] == "" and event[1] == "end_array":
+                closed.append(True)
+            yield event
+
+    try:
+        yield from ijson.items(checked(), "item")
+    except ijson.IncompleteJSONError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportCut(f"not a whole JSON document ({reason[:120]})") from exc
+    except ijson.JSONError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"{where}: the export is not valid JSON ({reason[:200]})") from exc
+    if not closed:
+        raise ExportCut("its JSON array never closed")
+
+
+def _wire_bytes(raw) -> int:
+    """A streamed body's bytes as they came over the wire (compressed, if they came compressed)."""
+    try:
+        told = raw.tell()
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return told if isinstance(told, int) and told > 0 else 0
