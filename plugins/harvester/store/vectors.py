@@ -335,14 +335,22 @@ def restore_index(conn, model: str, settings: IndexSettings | None = None) -> bo
     return built
 
 
-def _pending(checked: bool) -> str:
+# A text the provider answered an unusable vector for lately (sql/021, store/claims.py refuse):
+# waiting for its retry, or given up. Not pending work: no run reads, counts or sends it.
+_HELD_BACK = """EXISTS (SELECT 1 FROM embedding_failures f WHERE f.content_hash = t.content_hash
+                        AND f.model = %(model)s AND (f.retry_at IS NULL OR f.retry_at > now()))"""
+
+
+def _pending(checked: bool, held_back: bool = False) -> str:
     """The texts of a run's portal without a vector of the model: this run's created and updated
-    records, and the portal's other live datasets. With ``checked`` (copies_checked: a pass found
+    records, and the portal's other live datasets; less those held back by an earlier refusal
+    (``held_back``: only those). With ``checked`` (copies_checked: a pass found
     every live dataset with its copy of the model, sql/010 and sql/012), a dataset still linked to
     its current text (embedded_content_hash = content_hash) has that model's vector, so only the
     unlinked ones are looked at, through the datasets_pending partial index: a no-change run no
     longer probes embeddings once per dataset of the portal."""
     unlinked = "AND d.embedded_content_hash IS DISTINCT FROM d.content_hash" if checked else ""
+    held = f"AND {_HELD_BACK}" if held_back else f"AND NOT {_HELD_BACK}"
     return f"""
     FROM (
         SELECT s.content_hash, s.title, s.description, true AS from_run
@@ -358,6 +366,7 @@ def _pending(checked: bool) -> str:
     ) t
     WHERE NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = t.content_hash AND e.model = %(model)s)
       AND get_byte(decode(t.content_hash, 'hex'), 0) %% %(shards)s = %(shard)s
+      {held}
 """
 
 
@@ -393,6 +402,23 @@ def count_pending(conn, run_id: int, portal_url: str, model: str, shard: int = 0
         return conn.execute(f"SELECT count(DISTINCT content_hash) {_pending(checked)}", params).fetchone()[0]
 
 
+def count_held_back(conn, run_id: int, portal_url: str, model: str, shard: int = 0,
+                    shards: int = 1) -> tuple[int, int, object]:
+    """The portal's texts without a vector of ``model`` (in this shard) that are not pending work
+    because the provider answered unusable vectors for them (store/claims.py refuse): (waiting for
+    their retry, given up, the earliest retry)."""
+    params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
+    checked = copies_checked(conn, portal_url, model)
+    with _through_pending_index(conn, checked):
+        waiting, given_up, first = conn.execute(
+            "SELECT count(*) FILTER (WHERE f.retry_at IS NOT NULL), count(*) FILTER (WHERE f.retry_at IS NULL),"
+            " min(f.retry_at)"
+            f" FROM (SELECT DISTINCT t.content_hash {_pending(checked, held_back=True)}) p"
+            " JOIN embedding_failures f ON f.content_hash = p.content_hash AND f.model = %(model)s",
+            params).fetchone()
+    return int(waiting), int(given_up), first
+
+
 def count_run_pending(conn, run_id: int, portal_url: str, model: str) -> tuple[int, int]:
     """The portal's distinct pending texts of ``model`` split: (this run's new and changed ones,
     those earlier runs left pending), in one pass."""
@@ -408,8 +434,9 @@ def count_run_pending(conn, run_id: int, portal_url: str, model: str) -> tuple[i
 
 def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int, *, shard: int = 0,
                  shards: int = 1, backlog_limit: int | None = None) -> Iterator[list[tuple]]:
-    """(content_hash, title, description) of each pending text, once each, in batches: this run's
-    changes first, then at most ``backlog_limit`` texts left pending by earlier runs (a model
+    """(content_hash, title, description, retried) of each pending text, once each, in batches
+    (``retried``: the provider answered an unusable vector for it before, and its backoff is over:
+    the embed step sends it alone); this run's changes first, then at most ``backlog_limit`` texts left pending by earlier runs (a model
     switch re-embeds a portal over several runs). Read through a cursor WITH HOLD: the query runs
     to its end in a short transaction and the rows wait in the server, so no transaction stays open
     while the texts are embedded (one would hold back vacuum and every concurrent index build of
@@ -425,7 +452,8 @@ def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int
                 "WITH p AS MATERIALIZED ("
                 f" SELECT DISTINCT ON (content_hash) content_hash, title, description, from_run {pending}"
                 "  ORDER BY content_hash, from_run DESC)"
-                " SELECT content_hash, title, description FROM ("
+                " SELECT content_hash, title, description, EXISTS (SELECT 1 FROM embedding_failures f"
+                "  WHERE f.content_hash = q.content_hash AND f.model = %(model)s) FROM ("
                 "  SELECT * FROM p WHERE from_run"
                 "  UNION ALL (SELECT * FROM p WHERE NOT from_run ORDER BY content_hash LIMIT %(backlog)s)"
                 " ) q ORDER BY from_run DESC, content_hash", params)
@@ -452,13 +480,54 @@ def reuse(conn, run_id: int, model: str, started_at=None) -> dict:
     return {"embeddings_reused": int(reused), "embedding_tokens_saved": int(tokens)}
 
 
+# Why a vector cannot be stored (screen): reason codes, as recorded in embedding_failures (sql/021).
+UNUSABLE = {
+    "not-finite": "a value that is not a number (NaN or infinite)",
+    "out-of-range": "a value beyond +-65504, which half precision cannot hold",
+    "wrong-dimension": "another number of dimensions than the model's",
+    "empty": "no values at all",
+    "zero": "only zeros (no direction: cosine search cannot rank it)",
+    "count-mismatch": "a batch answered with another number of vectors than texts sent: none can be matched to "
+                      "its text",
+}
+
+
+def screen(dimension: int, vectors: Sequence[Sequence[float]]) -> list[tuple[str, str] | None]:
+    """For each vector: None when it can be stored as a vector of ``dimension``, else (reason, what
+    is wrong): a reason of UNUSABLE and a few words naming the bad value. Pure arithmetic, no IO."""
+    out: list[tuple[str, str] | None] = []
+    for vector in vectors:
+        try:
+            array = np.asarray(vector if vector is not None else [], dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError):
+            out.append(("not-finite", "values that are not numbers"))
+            continue
+        if array.size == 0:
+            out.append(("empty", "a vector of no values"))
+        elif array.size != dimension:
+            out.append(("wrong-dimension", f"a vector of {array.size} dimensions, expected {dimension}"))
+        elif not np.isfinite(array).all():
+            bad = int((~np.isfinite(array)).sum())
+            out.append(("not-finite", f"{bad} of its {array.size} values not finite (NaN or infinite)"))
+        elif np.abs(array).max(initial=0.0) > HALFVEC_MAX:
+            out.append(("out-of-range", f"a value of {float(np.abs(array).max()):g}, beyond +-{HALFVEC_MAX:g}"))
+        elif not array.any():
+            out.append(("zero", "a vector of zeros"))
+        else:
+            out.append(None)
+    return out
+
+
 def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequence[Sequence[float]],
           run_id: int | None = None) -> int:
     """Store vectors, committed at once: paid-for vectors are kept even if the run fails later.
     ``run_id``: the run that paid for them (its claims of these texts end in the same transaction,
     store/claims.py). Rows go in content-hash order, so two writers of overlapping texts cannot
     deadlock; a deadlock or serialization failure all the same (a writer of another version) is
-    retried, never losing a paid batch."""
+    retried, never losing a paid batch. A text's refusals (embedding_failures, sql/021) end with
+    its vector, in the same transaction. Callers screen the vectors first (``screen``: the embed
+    step stores a batch's usable vectors and refuses the others); an unusable one here raises
+    ValueError and nothing is stored."""
     if len(hashes) != len(vectors):
         raise ValueError(f"{len(hashes)} texts but {len(vectors)} vectors")
     rows = []
@@ -483,6 +552,8 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
                 if run_id is not None:
                     cur.execute("DELETE FROM embedding_claims WHERE model = %s AND run_id = %s"
                                 " AND content_hash = ANY(%s::text[])", (model, run_id, [r[0] for r in rows]))
+                cur.execute("DELETE FROM embedding_failures WHERE model = %s AND content_hash = ANY(%s::text[])",
+                            (model, [r[0] for r in rows]))
             return len(rows)
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
             if attempt == _WRITE_ATTEMPTS:
@@ -601,7 +672,9 @@ def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: st
     every vector of the model, or those of one portal's datasets, or of one dataset. Datasets
     whose text lost its vector are marked pending (not embedded) again; with ``all_of_model``,
     those whose text still has a vector of ``active_model`` (the model runs link datasets to)
-    stay embedded."""
+    stay embedded. The texts it names that the provider answered unusable vectors for
+    (embedding_failures: waiting for a retry, or given up) are tried again by their next run."""
+    _reset_refusals(conn, model, portal_url=portal_url, source_id=source_id, all_of_model=all_of_model)
     if all_of_model:
         # One statement: the UPDATE sees the table as it was before the DELETE, hence the
         # e.model <> model (a vector of the model being deleted does not count).
@@ -635,8 +708,35 @@ def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: st
     return len(gone)
 
 
+def _reset_refusals(conn, model: str, *, portal_url: str | None, source_id: str | None,
+                    all_of_model: bool) -> int:
+    """Forget the refusals (sql/021) of ``model`` for what invalidate names: its texts are sent again
+    by their next run, alone in their request."""
+    if not all_of_model and portal_url is None and source_id is None:
+        return 0
+    reset = conn.execute(
+        """
+        DELETE FROM embedding_failures f
+        WHERE f.model = %(model)s
+          AND (%(all)s OR EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = f.content_hash
+                                    AND (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
+                                    AND (%(source)s::text IS NULL OR d.source_id = %(source)s)))
+        """, {"model": model, "all": all_of_model, "portal": portal_url, "source": source_id}).rowcount
+    if reset:
+        log.info("%d texts whose vectors of %s were refused as unusable will be sent again by their next run", reset,
+                 model)
+    return reset
+
+
 def prune(conn) -> int:
-    """Delete vectors no dataset (nor a running run's staged record) has the text of."""
+    """Delete vectors no dataset (nor a running run's staged record) has the text of, and the
+    refusals (sql/021) of such texts."""
+    conn.execute(
+        """
+        DELETE FROM embedding_failures f
+        WHERE NOT EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = f.content_hash)
+          AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.content_hash = f.content_hash)
+        """)
     return conn.execute(
         """
         DELETE FROM embeddings e
