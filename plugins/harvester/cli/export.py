@@ -2,8 +2,9 @@
 with a manifest.json, for pandas, DuckDB, Polars, spreadsheets (docs/export.md).
 
 ``register(subparsers)`` adds the commands. The files go to ``--output DIR`` (created if need be;
-default: a new ``export-<what>-<UTC time>`` in the current directory); files already there are
-never overwritten without ``--force``. Prints a summary, or with ``--json`` the manifest.
+default: a new ``export-<what>-<UTC time>`` in the current directory; a symbolic link given as DIR is
+followed, nothing inside it is); an earlier export's files there are never replaced or removed
+without ``--force``. Prints a summary, or with ``--json`` the manifest.
 """
 from __future__ import annotations
 
@@ -47,19 +48,21 @@ def cmd_export(args) -> int:
     directory = _directory(args)
     if directory.exists() and not directory.is_dir():
         return output.error(f"--output {directory} is a file, not a directory")
-    if not args.force:
-        try:
-            export_files.check_free(directory, args.export_what, args.format)
-        except export_files.ExportExists as exc:
-            return output.error(str(exc))
     created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a symbolic link to nothing
+        return output.error(f"--output {directory} is a symbolic link to a directory that does not exist")
     try:
         with db.open_cli() as conn:
             manifest = export_files.export(
                 conn, directory, args.export_what, args.format, portal_name=args.portal, portal_url=url,
                 since=args.since, include_removed=getattr(args, "include_removed", False),
-                raw=getattr(args, "raw", False))
+                raw=getattr(args, "raw", False), force=args.force)
+    except export_files.ExportRefused as exc:
+        if created and not any(directory.iterdir()):
+            directory.rmdir()
+        return output.error(str(exc))
     except BaseException:
         if created and not any(directory.iterdir()):
             directory.rmdir()  # a failed export leaves no empty directory behind
@@ -83,7 +86,8 @@ def _common(p, since: str) -> None:
     p.add_argument("-o", "--output", metavar="DIR",
                    help="the directory to write to (default: a new export-<what>-<UTC time> here); '-': "
                         "CSV or JSON Lines on standard output, without a manifest")
-    p.add_argument("--force", action="store_true", help="overwrite this export's files in DIR")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier export in DIR (its manifest and data files, any format)")
     p.add_argument("--json", action="store_true", help="print the manifest instead of a summary")
     p.set_defaults(func=cmd_export)
 

@@ -2,20 +2,26 @@
 and the manifest that says what they hold.
 
 Memory stays flat in the number of rows: each batch is written (Parquet: as one row group) before
-the next is read. A file is written under a temporary name and renamed when complete, its SHA-256
-computed by re-reading it in chunks; manifest.json comes last, so a directory with a manifest holds
-a whole export. Every format reads without options in pyarrow/pandas, DuckDB and Polars: Parquet
-with an explicit schema (an empty export keeps its columns and types), CSV with a header row
-(RFC 4180 quoting, UTF-8, lists and JSON as JSON text), JSON Lines one object per row; instants in
-UTC (Parquet timestamp[us, tz=UTC]; text: ISO 8601 with +00:00).
+the next is read. At every moment manifest.json describes the files beside it, or is absent (see
+``export``): the data goes to a temporary file of our own (O_CREAT|O_EXCL|O_NOFOLLOW), is fsynced and
+checksummed; only then the old manifest and the stale files of an earlier export go, the data file is
+renamed into place, and the new manifest comes last, each step fsynced. Nothing inside the output
+directory is followed through a symbolic link: one at a name the export writes or removes is refused.
+
+Every format reads without options in pyarrow/pandas, DuckDB and Polars: Parquet with an explicit
+schema (an empty export keeps its columns and types), CSV with a header row (RFC 4180 quoting,
+UTF-8, lists and JSON as JSON text), JSON Lines one object per row; instants in UTC (Parquet
+timestamp[us, tz=UTC]; text: ISO 8601 with +00:00).
 """
 from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import hashlib
 import json
 import os
+import stat
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +36,11 @@ WHATS = ("datasets", "changes")
 MANIFEST = "manifest.json"
 
 
-class ExportExists(Exception):
+class ExportRefused(Exception):
+    """The export cannot write into its directory as asked (the message names the path)."""
+
+
+class ExportExists(ExportRefused):
     """The files an export would write exist already (and were not to be overwritten)."""
 
 
@@ -39,12 +49,56 @@ def file_names(what: str, fmt: str) -> tuple[str, str]:
     return f"{what}.{fmt}", MANIFEST
 
 
-def check_free(directory: Path, what: str, fmt: str) -> None:
-    """ExportExists naming the files of this export that ``directory`` holds already."""
-    taken = [str(directory / name) for name in file_names(what, fmt) if (directory / name).exists()]
-    if taken:
-        raise ExportExists(f"{' and '.join(taken)} {'exists' if len(taken) == 1 else 'exist'} already: "
+def partial_name(name: str) -> str:
+    """The temporary name ``name`` is written under before it is renamed into place."""
+    return f".{name}.partial"
+
+
+def export_names() -> tuple[list[str], list[str]]:
+    """Every name an export may leave in its directory, and their temporary names: the data files of
+    both exports in every format and the manifest. A directory holds one export (one manifest.json),
+    so with --force these are replaced or removed, whichever export and format wrote them."""
+    finals = [f"{what}.{fmt}" for what in WHATS for fmt in FORMATS] + [MANIFEST]
+    return finals, [partial_name(name) for name in finals]
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _refuse_unless_regular(directory: Path, name: str, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise ExportRefused(f"{directory / name} is a symbolic link: the export neither follows nor replaces one; "
+                            "remove it or choose another --output directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise ExportRefused(f"{directory / name} is not a regular file: the export does not replace it; "
+                            "remove it or choose another --output directory")
+
+
+def _preflight(directory: Path, dir_fd: int, force: bool) -> list[str]:
+    """Refuses (naming the path) a symbolic link or a non-file at any name an export writes or
+    removes, and without ``force`` any file an earlier export left; removes leftover temporary files
+    (of an export killed midway: the caller holds the directory's lock, so no export is writing
+    them); the final names present, which the export replaces or removes once its data is written."""
+    finals, partials = export_names()
+    present = {}
+    for name in finals + partials:
+        st = _lstat(dir_fd, name)
+        if st is not None:
+            _refuse_unless_regular(directory, name, st)
+            present[name] = st
+    taken = [name for name in finals if name in present]
+    if taken and not force:
+        named = " and ".join(str(directory / name) for name in taken)
+        raise ExportExists(f"{named} {'exists' if len(taken) == 1 else 'exist'} already: "
                            "choose another --output directory, or add --force to overwrite")
+    for name in partials:
+        if name in present:
+            os.unlink(name, dir_fd=dir_fd)
+    return taken
 
 
 # -- values per format ------------------------------------------------------------------------------
@@ -77,13 +131,14 @@ def arrow_schema(columns: Sequence[store.Column]):
 
 
 # -- writers: each takes the batches, writes the file, returns how many rows ---------------------------
-def write_parquet(path: Path, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
+# ``fd``: the open file descriptor to write to (left open), or None: standard output (CSV, JSON Lines).
+def write_parquet(fd: int, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = arrow_schema(columns)
     rows = 0
-    with pq.ParquetWriter(str(path), schema) as writer:
+    with open(fd, "wb", closefd=False) as out, pq.ParquetWriter(out, schema) as writer:
         for batch in batches:
             arrays = [pa.array(values, type=field.type) for values, field in zip(zip(*batch), schema)]
             writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
@@ -93,17 +148,17 @@ def write_parquet(path: Path, columns: Sequence[store.Column], batches: Iterable
 
 
 @contextlib.contextmanager
-def _text_file(path: Path | None, newline: str):
-    """``path`` opened for writing UTF-8 text; None: standard output."""
-    if path is None:
+def _text_file(fd: int | None, newline: str):
+    """``fd`` as UTF-8 text to write (left open); None: standard output."""
+    if fd is None:
         yield sys.stdout
         sys.stdout.flush()
         return
-    with open(path, "w", encoding="utf-8", newline=newline) as out:
+    with open(fd, "w", encoding="utf-8", newline=newline, closefd=False) as out:
         yield out
 
 
-def write_csv(path: Path | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
+def write_csv(fd: int | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
     kinds = [c.type for c in columns]
     rows = 0
 
@@ -117,7 +172,7 @@ def write_csv(path: Path | None, columns: Sequence[store.Column], batches: Itera
             return json.dumps(value, ensure_ascii=False)
         return value
 
-    with _text_file(path, "") as out:
+    with _text_file(fd, "") as out:
         writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
         writer.writerow([c.name for c in columns])
         for batch in batches:
@@ -126,10 +181,10 @@ def write_csv(path: Path | None, columns: Sequence[store.Column], batches: Itera
     return rows
 
 
-def write_jsonl(path: Path | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
+def write_jsonl(fd: int | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
     names, kinds = [c.name for c in columns], [c.type for c in columns]
     rows = 0
-    with _text_file(path, "\n") as out:
+    with _text_file(fd, "\n") as out:
         for batch in batches:
             out.writelines(json.dumps({n: _text_value(v, k) for n, v, k in zip(names, row, kinds)},
                                       ensure_ascii=False) + "\n" for row in batch)
@@ -140,12 +195,44 @@ def write_jsonl(path: Path | None, columns: Sequence[store.Column], batches: Ite
 WRITERS = {"parquet": write_parquet, "csv": write_csv, "jsonl": write_jsonl}
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+def _sha256_fd(fd: int, chunk: int = 1 << 20) -> str:
+    """SHA-256 of the whole file open at ``fd`` (read from its start, whatever its offset)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
+    offset = 0
+    while block := os.pread(fd, chunk, offset):
+        digest.update(block)
+        offset += len(block)
     return digest.hexdigest()
+
+
+# -- files in the output directory, never through a symbolic link ---------------------------------------
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _create(directory: Path, dir_fd: int, name: str) -> int:
+    """A new file ``name`` in the directory, to write (and read back); refused, naming it, if anything is at that
+    name already (a symbolic link planted there is neither followed nor replaced)."""
+    try:
+        return os.open(name, _CREATE, 0o666, dir_fd=dir_fd)
+    except FileExistsError:
+        st = _lstat(dir_fd, name)
+        if st is not None:
+            _refuse_unless_regular(directory, name, st)
+        raise ExportRefused(f"{directory / name} appeared while the export was starting: another process is "
+                            "writing into the directory") from None
+
+
+def _lock(directory: Path) -> int:
+    """The output directory opened (a symbolic link given as the directory is followed: the user's
+    choice), locked against another export writing into it; the descriptor, which the lock lasts with."""
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(dir_fd)
+        raise ExportRefused(f"another export is writing into {directory}: wait for it to end, "
+                            "or choose another --output directory") from None
+    return dir_fd
 
 
 # -- one export ---------------------------------------------------------------------------------------
@@ -177,34 +264,78 @@ def to_stdout(conn, what: str, fmt: str, *, portal_url: str | None = None, since
 
 def export(conn, directory: Path, what: str, fmt: str, *, portal_name: str | None = None,
            portal_url: str | None = None, since: datetime | None = None, include_removed: bool = False,
-           raw: bool = False, batch_rows: int = store.BATCH_ROWS) -> dict:
+           raw: bool = False, force: bool = False, batch_rows: int = store.BATCH_ROWS) -> dict:
     """Write ``what`` (datasets or changes) as ``fmt`` into ``directory`` (which exists) and its
-    manifest.json, from one snapshot of the database; the manifest."""
+    manifest.json, from one snapshot of the database; the manifest.
+
+    At every moment manifest.json is absent or describes the files beside it, whenever the process
+    dies (each step is fsynced, the directory's entries too):
+
+    1. The directory is locked (flock) against another export; a symbolic link or a non-file at any
+       name an export writes or removes is refused, naming it, before anything is written; without
+       ``force`` so is any file an earlier export left (ExportExists); leftover temporary files go.
+    2. The data is written to ``.<what>.<fmt>.partial``, created with O_EXCL|O_NOFOLLOW (never
+       through a link), fsynced, its size and SHA-256 taken from the bytes written. An earlier
+       export's manifest and files are still whole: a failed or killed export leaves them so.
+    3. The old manifest is removed, then the stale files of the earlier export (a data file of
+       another format or of the other export): from here no manifest is there to describe them.
+    4. The data file is renamed into place; then the manifest is written to
+       ``.manifest.json.partial`` (O_EXCL|O_NOFOLLOW), fsynced, and renamed into place, last.
+    """
     _check(what, fmt)
     data_name, manifest_name = file_names(what, fmt)
-    target = directory / data_name
-    partial = directory / f".{data_name}.partial"
     generated_at = datetime.now(timezone.utc)
+    dir_fd = _lock(directory)
+    created: list[str] = []
     try:
-        with store.snapshot(conn):
-            runs = store.committed_runs(conn, portal_url)
-            columns, batches = _source(conn, what, portal_url=portal_url, since=since,
-                                       include_removed=include_removed, raw=raw, batch_rows=batch_rows)
-            rows = WRITERS[fmt](partial, columns, batches)
-        os.replace(partial, target)
+        earlier = _preflight(directory, dir_fd, force)
+        partial = partial_name(data_name)
+        fd = _create(directory, dir_fd, partial)
+        created.append(partial)
+        try:
+            with store.snapshot(conn):
+                runs = store.committed_runs(conn, portal_url)
+                columns, batches = _source(conn, what, portal_url=portal_url, since=since,
+                                           include_removed=include_removed, raw=raw, batch_rows=batch_rows)
+                rows = WRITERS[fmt](fd, columns, batches)
+            os.fsync(fd)
+            size, digest = os.fstat(fd).st_size, _sha256_fd(fd)
+        finally:
+            os.close(fd)
+        filters = {"portal": portal_name, "portal_url": portal_url and redact_url(portal_url), "since": _utc(since)}
+        if what == "datasets":
+            filters.update(include_removed=include_removed, raw=raw)
+        manifest = {
+            "schema_version": SCHEMA_VERSION, "what": what, "format": fmt, "generated_at": _utc(generated_at),
+            "filters": filters,
+            "files": [{"path": data_name, "rows": rows, "bytes": size, "sha256": digest}],
+            "columns": [{"name": c.name, "type": c.type, "description": c.description} for c in columns],
+            "runs": [{**run, "finished_at": _utc(run["finished_at"])} for run in runs],
+        }
+        if manifest_name in earlier:
+            os.unlink(manifest_name, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        for name in earlier:
+            if name not in (manifest_name, data_name):
+                os.unlink(name, dir_fd=dir_fd)
+        os.rename(partial, data_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        created.remove(partial)
+        os.fsync(dir_fd)
+
+        manifest_partial = partial_name(manifest_name)
+        fd = _create(directory, dir_fd, manifest_partial)
+        created.append(manifest_partial)
+        try:
+            os.write(fd, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(manifest_partial, manifest_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        created.remove(manifest_partial)
+        os.fsync(dir_fd)
+        return manifest
     finally:
-        partial.unlink(missing_ok=True)
-    filters = {"portal": portal_name, "portal_url": portal_url and redact_url(portal_url), "since": _utc(since)}
-    if what == "datasets":
-        filters.update(include_removed=include_removed, raw=raw)
-    manifest = {
-        "schema_version": SCHEMA_VERSION, "what": what, "format": fmt, "generated_at": _utc(generated_at),
-        "filters": filters,
-        "files": [{"path": data_name, "rows": rows, "bytes": target.stat().st_size, "sha256": sha256_of(target)}],
-        "columns": [{"name": c.name, "type": c.type, "description": c.description} for c in columns],
-        "runs": [{**run, "finished_at": _utc(run["finished_at"])} for run in runs],
-    }
-    manifest_partial = directory / f".{manifest_name}.partial"
-    manifest_partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(manifest_partial, directory / manifest_name)
-    return manifest
+        for name in created:  # only what this export created: never a link someone else planted
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dir_fd)
+        os.close(dir_fd)
