@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from harvester.domain.outcomes import ERROR, Problem, error_text, problem
 from harvester.domain.quality import content_warnings
+from harvester.domain.screening import Unfit, fix_text, screen, screen_problems, without_surrogates
 
 # Bump when the text recipe changes: every content_hash changes with it, so everything re-embeds.
 TEXT_RECIPE = "harvester-text-v1"
@@ -76,9 +77,18 @@ class DatasetRecord:
 
 def failed(source_id: str | None, raw: Any, problems: list[Problem] | tuple[Problem, ...],
            prefix: str = "") -> DatasetRecord:
-    """A Failed record: ``problems`` (at least one error) and their summary as ``error``."""
-    return DatasetRecord(source_id=source_id, raw=raw, error=prefix + (error_text(problems) or "invalid record"),
-                         problems=tuple(problems))
+    """A Failed record: ``problems`` (at least one error) and their summary as ``error``. What it
+    holds is made storable (domain/screening.py): a ``raw`` too deep or too large is kept as its id
+    alone, with that error added."""
+    source_id = None if source_id is None else fix_text(source_id)
+    problems = screen_problems(problems)
+    try:
+        raw, found = screen(raw, source_id or "?")
+        problems += found.problems()
+    except Unfit as exc:
+        raw, problems = {"id": source_id}, problems + (exc.problem,)
+    return DatasetRecord(source_id=source_id, raw=raw,
+                         error=fix_text(prefix + (error_text(problems) or "invalid record")), problems=problems)
 
 
 class _TextExtractor(HTMLParser):
@@ -127,7 +137,13 @@ def embedding_text(title: str, description: str) -> str:
 
 
 def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """The hash of a text as it is stored: a lone surrogate (which UTF-8 cannot encode) as U+FFFD,
+    as domain/screening.py stores it."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        data = without_surrogates(text).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
 
 
 def content_hash(text: str) -> str:
@@ -290,7 +306,22 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
     ``notes_text``: ``clean_text(pkg.get("notes"))``, when the caller has it (see metadata_hash).
     The record carries the content-quality warnings of domain/quality.py and the source's own
     ``warnings`` (its validation's); ``url_is_landing_page``: False for a CKAN package, whose
-    ``url`` is a free-text source field."""
+    ``url`` is a free-text source field.
+
+    First the package is made storable (domain/screening.py): non-finite numbers as null, lone
+    surrogates as U+FFFD, U+0000 removed, each with its warning; a package too deep or too large
+    is a Failed record. The hashes are of what is stored."""
+    try:
+        pkg, found = screen(pkg, source_id)
+    except Unfit as exc:
+        return failed(source_id, {"id": source_id}, [exc.problem])
+    source_id, url = found.derived(source_id, "id"), found.derived(url, "url")
+    title, description = found.derived(title, "title"), found.derived(description, "description")
+    name = None if name is None else found.derived(name, "name")
+    organization = None if organization is None else found.derived(organization, "organization")
+    tags = [found.derived(t, "tags") for t in tags]
+    if found.found:  # (the caller's notes_text is of the package as it came)
+        notes_text = None
     modified = parse_timestamp(pkg.get("metadata_modified"))
     return DatasetRecord(
         source_id=source_id,
@@ -306,5 +337,6 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
         metadata_hash=metadata_hash(pkg, notes_text=notes_text),
         raw=pkg,
         problems=content_warnings(pkg, description=description, modified=modified,
-                                  parse_date=parse_timestamp, landing_page=url_is_landing_page) + tuple(warnings),
+                                  parse_date=parse_timestamp, landing_page=url_is_landing_page)
+        + screen_problems(tuple(warnings)) + found.problems(),
     )

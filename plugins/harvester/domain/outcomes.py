@@ -6,7 +6,9 @@ A record has problems (``DatasetRecord.problems``). A problem of severity ``erro
 record out (it is Failed; the run commits the others); one of severity ``warning`` is said and the
 record is stored all the same. Each code belongs to one stage of a run:
 
-- ``parse``: the record could not be read at all (not an object, a node without identity);
+- ``parse``: the record could not be read at all (not an object, a node without identity, too
+  deep or too large), or only with a value neutralised (a NaN, a lone surrogate, a NUL: see
+  domain/screening.py);
 - ``validate``: the record breaks the catalogue's schema or what Harvester needs, or (warnings)
   its content falls short of what a catalogue should say;
 - ``embed``: the record was stored but its text has no vector yet;
@@ -40,6 +42,10 @@ class Code:
 CODES: dict[str, Code] = {
     # -- errors: the record is not stored ------------------------------------------------------
     "not-an-object": Code(ERROR, PARSE, "the record is not a JSON object (or RDF node) that can be read as a dataset"),
+    "record-too-deep": Code(ERROR, PARSE, "the record nests objects and arrays more than 64 levels deep (real records "
+                                          "have fewer than 10)"),
+    "record-too-large": Code(ERROR, PARSE, "the record is more than 10 MB of JSON (real records have at most a few "
+                                           "hundred KB)"),
     "no-identifier": Code(ERROR, VALIDATE, "the record has no identifier (nor a landing page to derive one from)"),
     "duplicate-identifier": Code(ERROR, VALIDATE, "the identifier was already used by an earlier record of the listing"),
     "no-title": Code(ERROR, VALIDATE, "the record has no title"),
@@ -53,6 +59,13 @@ CODES: dict[str, Code] = {
     "invalid-record": Code(ERROR, VALIDATE, "the portal's record cannot be used (the message says why); the kinds of "
                                             "portal without a schema of their own report this"),
     # -- warnings: the record is stored --------------------------------------------------------
+    "non-finite-number": Code(WARNING, PARSE, "a number is NaN or ±Infinity (which JSON and PostgreSQL do not "
+                                              "have): it is stored as null"),
+    "lone-surrogate": Code(WARNING, PARSE, "a text (or a key) holds a lone UTF-16 surrogate (an escape such as "
+                                           "\\ud800 without its pair), which is not a character: it is stored as "
+                                           "U+FFFD (�)"),
+    "nul-character": Code(WARNING, PARSE, "a text (or a key) holds U+0000 (NUL), which PostgreSQL cannot store: it "
+                                          "is removed"),
     "no-description": Code(WARNING, VALIDATE, "the dataset has no description"),
     "no-license": Code(WARNING, VALIDATE, "the dataset names no licence"),
     "no-distribution": Code(WARNING, VALIDATE, "the dataset has no distribution (no resource, no file, no link)"),

@@ -1,10 +1,7 @@
 """Per-run staging: fetched records streamed into PostgreSQL page by page with binary COPY."""
 from __future__ import annotations
 
-import io
 import json
-import pickle
-import re
 from typing import Iterable
 
 import orjson
@@ -12,6 +9,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from harvester.domain.dataset import DatasetRecord
+from harvester.domain.screening import may_hold_non_finite
 
 _COLUMNS = ("run_id", "seq", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
             "description", "tags", "organization", "metadata_modified", "raw", "error", "problems")
@@ -63,38 +61,19 @@ def _as_is(text):
     return text
 
 
-# A non-finite float (NaN, ±Infinity) in a pickle: BINFLOAT ("G" and 8 bytes, big-endian IEEE 754)
-# with every exponent bit set. Strings and integers may show the pattern by chance (then the value
-# takes the slow path, which is exact anyway); a non-finite float always shows it.
-_NON_FINITE = re.compile(rb"G[\x7f\xff][\xf0-\xff]")
-
-
-def _may_hold_non_finite(value) -> bool:
-    """Whether ``value`` may hold a NaN or ±Infinity float (never False when it does). A pickle
-    without memo (fast mode: a tree of JSON values has nothing to share) is a cheap walk in C."""
-    buf = io.BytesIO()
-    pickler = pickle.Pickler(buf, protocol=5)
-    pickler.fast = True
-    try:
-        pickler.dump(value)
-    except Exception:  # noqa: BLE001 - not picklable (or cyclic): let json.dumps decide
-        return True
-    return _NON_FINITE.search(buf.getbuffer()) is not None
-
-
 def _serialized(value) -> bytes | str:
     """``value`` as JSON text that PostgreSQL reads into the same jsonb as the text of
     ``json.dumps`` (what psycopg's Jsonb sends). orjson writes it six times faster; json.dumps
     writes it where the two would differ: what orjson refuses (integers beyond 64 bits, keys that
     are not strings, lone surrogates, datetimes, dataclasses and other types json.dumps refuses
-    too) and NaN or ±Infinity (orjson writes null; json.dumps tokens PostgreSQL rejects, as it
-    always did). Numbers may be spelled differently (1e-05, 0.00001): PostgreSQL reads the same
-    numeric."""
+    too) and NaN or ±Infinity (orjson writes null; json.dumps tokens PostgreSQL rejects: the records
+    domain/dataset.py builds hold none, domain/screening.py made them null with a warning). Numbers
+    may be spelled differently (1e-05, 0.00001): PostgreSQL reads the same numeric."""
     try:
         text = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS)
     except TypeError:
         return json.dumps(value)
-    return json.dumps(value) if _may_hold_non_finite(value) else text
+    return json.dumps(value) if may_hold_non_finite(value) else text
 
 
 def as_jsonb(value) -> Jsonb:

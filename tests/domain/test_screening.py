@@ -1,0 +1,99 @@
+"""The screening of records before they are hashed or staged (issue 36): what is neutralised with a
+warning, what fails the record, at which caps, and that a clean record passes unchanged."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from harvester.domain import dataset as ds
+from harvester.domain import outcomes as oc
+from harvester.domain import screening as sc
+
+PORTAL = "https://p.org"
+
+
+def _codes(record: ds.DatasetRecord) -> dict[str, tuple]:
+    return {p.code: (p.field, p.value) for p in record.problems}
+
+
+def _nested(levels: int):
+    """``levels`` arrays, one in another."""
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_clean_record_is_the_same_object_and_unwarned(samples):
+    for pkg in samples("data-gov-uk.jsonl"):
+        clean, found = sc.screen(pkg, pkg["id"])
+        assert clean is pkg and not found.problems()
+
+
+def test_non_finite_numbers_read_from_json_become_null_anywhere():
+    pkg = json.loads('{"id": "r1", "title": "T", "resources": [{"size": NaN}],'
+                     ' "deep": {"a": [1, {"b": Infinity}], "c": -Infinity}}')
+    record = ds.normalize(pkg, PORTAL)
+    assert record.ok and record.raw["resources"] == [{"size": None}]
+    assert record.raw["deep"] == {"a": [1, {"b": None}], "c": None}
+    (found,) = [p for p in record.problems if p.code == "non-finite-number"]
+    assert (found.field, found.value, found.severity, found.stage) == ("resources[0].size", "NaN", "warning", "parse")
+    assert found.message == ("record 'r1': a non-finite number (NaN) was made null at resources[0].size"
+                             " (3 values in all)")
+    assert pkg["resources"] == [{"size": pkg["resources"][0]["size"]}]  # the caller's package is left as it was
+
+
+def test_lone_surrogates_become_the_replacement_character_in_texts_and_keys():
+    pkg = json.loads('{"id": "r\\ud800", "title": "A \\udc00 title", "extras": {"k\\ud83d": "v"},'
+                     ' "ok": "a pair \\ud83d\\ude00 stays"}')
+    record = ds.normalize(pkg, PORTAL)
+    assert record.ok and record.source_id == "r\ufffd" and record.title == "A \ufffd title"
+    assert record.raw["extras"] == {"k\ufffd": "v"} and record.raw["ok"] == "a pair \U0001F600 stays"
+    assert _codes(record)["lone-surrogate"] == ("id", "r\ufffd")
+    assert record.content_hash == ds.content_hash(ds.embedding_text("A \ufffd title", ""))
+
+
+def test_a_nul_is_removed_with_a_warning():
+    record = ds.normalize({"id": "r", "title": "T\x00", "notes": "a\x00b", "k\x00": ["x\x00"]}, PORTAL)
+    assert record.ok and (record.title, record.description) == ("T", "ab") and record.raw["k"] == ["x"]
+    assert _codes(record)["nul-character"] == ("title", "T")
+
+
+def test_the_hash_of_a_text_with_a_lone_surrogate_is_the_hash_of_what_is_stored():
+    assert ds.sha256_hex("a\ud800b") == ds.sha256_hex("a\ufffdb")
+    assert ds.sha256_hex("plain é") == hashlib.sha256("plain é".encode()).hexdigest()
+
+
+@pytest.mark.parametrize("levels, ok", [(sc.MAX_DEPTH, True), (sc.MAX_DEPTH + 1, False), (300, False)])
+def test_nesting_beyond_the_cap_fails_the_record_naming_where(levels, ok):
+    # The record itself is the first level: a field holding ``levels - 1`` nested arrays.
+    record = ds.normalize({"id": "deep", "title": "T", "x": _nested(levels - 1)}, PORTAL)
+    assert record.ok is ok
+    if not ok:
+        (found,) = record.problems
+        assert (found.code, found.severity) == ("record-too-deep", "error")
+        assert found.field == "x" + "[0]" * (sc.MAX_DEPTH - 1)  # the 65th level
+        assert record.error.startswith("record 'deep' nests objects and arrays more than 64 levels deep (at x[0]")
+        assert record.raw == {"id": "deep"}
+
+
+def test_a_record_beyond_the_size_cap_fails():
+    record = ds.normalize({"id": "big", "title": "T", "notes": "x" * sc.MAX_RECORD_BYTES}, PORTAL)
+    assert not record.ok and [p.code for p in record.problems] == ["record-too-large"]
+    assert record.error.startswith("record 'big' is 10,485,") and record.raw == {"id": "big"}
+    assert ds.normalize({"id": "fits", "title": "T", "notes": "x" * (sc.MAX_RECORD_BYTES - 1000)}, PORTAL).ok
+
+
+def test_a_failed_record_holds_only_what_can_be_stored():
+    record = ds.failed("id\ud800", {"title": float("inf"), "t": "\x00"},
+                       [oc.problem("no-title", "record 'x\ud800' has no title", "title", "\ud800")], prefix="p\ud800: ")
+    assert record.source_id == "id\ufffd" and record.raw == {"title": None, "t": ""}
+    assert record.error == "p\ufffd: record 'x\ufffd' has no title"
+    assert record.problems[0].value == "\ufffd"
+
+
+def test_the_caps_the_codes_document_are_the_caps_applied():
+    assert f"more than {sc.MAX_DEPTH} levels" in oc.CODES["record-too-deep"].summary
+    assert f"more than {sc.MAX_RECORD_BYTES // (1024 * 1024)} MB" in oc.CODES["record-too-large"].summary
