@@ -66,13 +66,18 @@ def test_staged_records_hold_the_jsonb_json_dumps_would_give(db, samples):
                       ).fetchone() == (2 ** 70, 1e-05)
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
-def test_a_record_with_a_non_finite_number_fails_its_copy_as_it_always_did(db, value):
-    """json.dumps writes NaN and Infinity, which PostgreSQL refuses; orjson would write null."""
+@pytest.mark.parametrize("value, shown", [(float("nan"), "NaN"), (float("inf"), "Infinity"),
+                                          (-float("inf"), "-Infinity")])
+def test_a_non_finite_number_is_staged_as_null_with_a_warning(db, value, shown):
+    """json.dumps writes NaN and Infinity, which PostgreSQL refuses: the record used to fail its page's
+    COPY on every run (issue 36); now the number is null and the record says so."""
     run_id = pipeline.begin(db, Portal(name="p", url="https://p.org"), full_sync=True)["run_id"]
     record = ds.normalize({"id": "x", "resources": [{"url": "u", "size": value}]}, "https://p.org")
-    with pytest.raises(psycopg.errors.InvalidTextRepresentation, match="invalid input syntax for type json"):
-        staging.write(db, run_id, 0, [record])
+    assert staging.write(db, run_id, 0, [record]) == 1
+    raw, problems = db.execute("SELECT raw, problems FROM staging_records WHERE run_id = %s", (run_id,)).fetchone()
+    assert raw["resources"] == [{"url": "u", "size": None}]
+    assert [(p["code"], p["field"], p["value"]) for p in problems if p["code"] == "non-finite-number"] == [
+        ("non-finite-number", "resources[0].size", shown)]
 
 
 _SEARCH_ROW = ("SELECT d.source_id, s.portal_url, s.content_hash, s.removed_at, s.metadata_modified, s.config::text,"

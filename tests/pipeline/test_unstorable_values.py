@@ -1,0 +1,153 @@
+"""A record holding what PostgreSQL or UTF-8 cannot take (issue 36): NaN and ±Infinity, lone
+surrogates, U+0000, absurd nesting or size, planted in real portals' records and harvested through
+a real run (the local CKAN portal and the local ArcGIS Hub, real HTTP, real PostgreSQL). Such a
+record used to fail its page's COPY (or the hashing of its text) on every run; now it is that
+record's coded outcome, the other records land, and the next run commits too.
+
+Expectations come from the planted values, not from the code under test."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from harvester.config.portals import Portal
+from harvester.pipeline import steps as pipeline
+from harvester.store import outcomes, runs
+
+UK = "data-gov-uk.jsonl"
+HUB_DATA = Path(__file__).resolve().parents[1] / "data" / "arcgis-hub"
+
+
+def _nested(levels: int):
+    value: object = "bottom"
+    for _ in range(levels - 1):
+        value = {"in": value}
+    return value
+
+
+def _run(db, reader, portal: Portal, *, full_sync: bool = True) -> tuple[int, dict]:
+    """One run through the pipeline's steps (without embeddings: datasets are stored without vectors)."""
+    run_id = pipeline.begin(db, portal, full_sync=full_sync)["run_id"]
+    fetched = pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
+    pipeline.hash_compare(db, reader, portal, run_id)
+    stats = pipeline.upsert(db, portal, run_id, "no-model")
+    assert runs.get(db, run_id).status == "committed"
+    return run_id, {**fetched, **stats}
+
+
+def _rows(db, run_id: int, severity: str) -> dict[tuple[str, str], dict]:
+    rows, _ = outcomes.page(db, run_id, severity=severity, limit=1000)
+    return {(r["source_id"], r["code"]): r for r in rows}
+
+
+def _stored(db, portal_url: str, source_id: str):
+    return db.execute("SELECT title, description, raw FROM datasets WHERE portal_url = %s AND source_id = %s",
+                      (portal_url, source_id)).fetchone()
+
+
+def _planted_ckan(good: list[dict]) -> list[dict]:
+    def like(i: int, ident: str) -> dict:
+        rec = copy.deepcopy(good[i % len(good)])
+        rec["id"] = rec["name"] = ident
+        return rec
+
+    nan = like(0, "planted-nan")
+    nan["resources"] = nan.get("resources") or [{"url": "https://example.org/file.csv", "format": "CSV"}]
+    nan["resources"][0]["size"] = float("nan")
+    nan["custom_bounds"] = {"range": [-float("inf"), float("inf")]}
+    surrogate = like(1, "planted-surrogate")
+    surrogate["title"] = "Broken \ud800 title"
+    surrogate["odd key \udc00"] = "a value"
+    nul = like(2, "planted-nul")
+    nul["notes"] = "Before\x00after"
+    nul["tags"] = [{"name": "t\x00ag"}]
+    deep = like(3, "planted-deep")
+    deep["spatial_tree"] = _nested(100)
+    large = like(4, "planted-large")
+    large["notes"] = "x" * (11 * 1024 * 1024)
+    return [nan, surrogate, nul, deep, large]
+
+
+def test_a_ckan_portals_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader, portal_server,
+                                                                                    samples):
+    good = samples(UK)
+    portal_server.set_records(good + _planted_ckan(good))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0, max_retries=0)
+
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["fetched"], stats["failed"], stats["created"]) == (len(good) + 3, 2, len(good) + 3)
+
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {("planted-deep", "record-too-deep"), ("planted-large", "record-too-large")}
+    deep = errors["planted-deep", "record-too-deep"]
+    assert deep["field"].startswith("spatial_tree.in.in") and "more than 64 levels deep" in deep["message"]
+    assert "'planted-deep'" in deep["message"]
+    large = errors["planted-large", "record-too-large"]
+    assert "'planted-large'" in large["message"] and "more than the 10,485,760" in large["message"]
+    assert _stored(db, portal.url, "planted-deep") is None and _stored(db, portal.url, "planted-large") is None
+
+    warnings = _rows(db, run_id, "warning")
+    nan = warnings["planted-nan", "non-finite-number"]
+    assert (nan["field"], nan["value"]) == ("resources[0].size", "NaN")
+    assert "'planted-nan'" in nan["message"] and "(3 values in all)" in nan["message"]
+    surrogate = warnings["planted-surrogate", "lone-surrogate"]
+    assert (surrogate["field"], surrogate["value"]) == ("title", "Broken \ufffd title")
+    assert "(2 values in all)" in surrogate["message"]
+    nul = warnings["planted-nul", "nul-character"]
+    assert (nul["field"], nul["value"]) == ("notes", "Beforeafter")
+    assert not any(code in ("non-finite-number", "lone-surrogate", "nul-character") for _, code in warnings
+                   if _ not in ("planted-nan", "planted-surrogate", "planted-nul"))
+
+    _, _, raw = _stored(db, portal.url, "planted-nan")
+    assert raw["resources"][0]["size"] is None and raw["custom_bounds"] == {"range": [None, None]}
+    title, _, raw = _stored(db, portal.url, "planted-surrogate")
+    assert title == "Broken \ufffd title" and raw["odd key \ufffd"] == "a value"
+    _, description, raw = _stored(db, portal.url, "planted-nul")
+    assert description == "Beforeafter" and raw["tags"] == [{"name": "tag"}]
+
+    # The portal has not fixed its records: the next run commits all the same, the stored records
+    # unchanged (their hashes are of what was stored), the two others failing again.
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"], stats["updated"]) == (2, 0, 0)
+    assert set(_rows(db, run_id, "error")) == set(errors)
+    assert not _rows(db, run_id, "warning")
+
+
+@pytest.fixture
+def hub():
+    from harvester.testing.arcgis_hub_portal import ArcGisHubServer
+
+    with ArcGisHubServer() as server:
+        yield server
+
+
+def test_an_arcgis_hubs_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader, hub):
+    from harvester.testing.arcgis_hub_portal import features_from_dcat
+
+    feed = json.loads((HUB_DATA / "sce-drpep-hub-dcat-us-1.1.json").read_text())
+    template = json.loads((HUB_DATA / "ogcItemsResponse.json").read_text())["features"][0]
+    features = features_from_dcat(feed, template)
+    nan, surrogate, nul, deep = (features[i]["id"] for i in range(4))
+    features[0]["properties"]["size"] = float("nan")
+    features[1]["properties"]["title"] = "Hub \udbff title"
+    features[2]["properties"]["description"] = "Hub\x00 description"
+    features[3]["properties"]["extent"] = {"coordinates": _nested(70)}
+    hub.set_features(features)
+    portal = Portal(name="hub", type="arcgis-hub", url=hub.url, politeness_delay=0, max_retries=0)
+
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, len(features) - 1)
+    assert set(_rows(db, run_id, "error")) == {(deep, "record-too-deep")}
+    warnings = _rows(db, run_id, "warning")
+    assert warnings[nan, "non-finite-number"]["value"] == "NaN"
+    assert warnings[surrogate, "lone-surrogate"]["value"] == "Hub \ufffd title"
+    assert warnings[nul, "nul-character"]["value"] == "Hub description"
+    assert _stored(db, portal.url, surrogate)[0] == "Hub \ufffd title"
+    assert _stored(db, portal.url, nul)[1] == "Hub description"
+
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"], stats["updated"]) == (1, 0, 0)
+    assert set(_rows(db, run_id, "error")) == {(deep, "record-too-deep")}
