@@ -187,9 +187,8 @@ def test_server_errors_are_transient(gemini, fake, status):
 
 @pytest.mark.parametrize("answer, says, terminal", [
     ("<html><body>502 Bad Gateway</body></html>", "not a JSON object", False),  # a proxy's page
-    ({"embeddings": [{"values": [0.5] * 767}]}, "a vector of 767 dimensions, expected 768", True),
     ({"embeddings": [{"values": ["x"] * 768}]}, "values that are not numbers", False),
-    ({"embeddings": []}, "returned 0 embeddings for 1 texts", False),
+    ({"error": "?"}, "returned no embeddings for 1 texts", False),
 ])
 def test_an_answer_of_the_wrong_shape_is_an_error_that_says_so(gemini, fake, answer, says, terminal):
     fake.answer_next(answer)
@@ -197,6 +196,34 @@ def test_an_answer_of_the_wrong_shape_is_an_error_that_says_so(gemini, fake, ans
         gemini.embed_documents(["one text"])
     assert isinstance(raised.value, TerminalEmbeddingError) is terminal
     assert len(gemini.embed_documents(["one text"])[0]) == 768  # the next answer is read as usual
+
+
+@pytest.mark.parametrize("answer, shapes", [
+    ({"embeddings": [{"values": [0.5] * 767}, {"values": [0.5] * 768}]}, [(767,), (768,)]),
+    ({"embeddings": [{"values": []}, {"values": [0.5] * 768}]}, [(0,), (768,)]),
+    ({"embeddings": [{"values": [0.5] * 768}]}, [(768,)]),  # one vector for two texts
+    ({"embeddings": []}, []),
+])
+def test_vectors_of_the_wrong_size_or_count_are_returned_as_they_came_for_the_embed_step_to_judge(
+        gemini, fake, answer, shapes):
+    """The embed step (embeddings/batching.py) refuses such texts alone (issue 36): the provider does
+    not fail the whole batch, nor the task, for them."""
+    fake.answer_next(answer)
+    assert [v.shape for v in gemini.embed_documents(["one text", "two texts"])] == shapes
+
+
+def test_nan_in_googles_json_comes_back_as_nan_and_a_query_refuses_it(gemini, fake):
+    fake.answer_next({"embeddings": [{"values": ["NaN"] + [0.5] * 767}, {"values": [0.5] * 767 + ["Infinity"]}]})
+    first, second = gemini.embed_documents(["one text", "two texts"])
+    assert np.isnan(first).any() and not np.isfinite(second).all()
+    for answer, says, terminal in [
+            ({"embeddings": [{"values": ["NaN"] * 768}]}, "not finite, or all zeros, for the query", False),
+            ({"embeddings": [{"values": [0.5] * 767}]}, "a vector of 767 dimensions, expected 768", True),
+            ({"embeddings": []}, "returned 0 embeddings for 1 texts", False)]:
+        fake.answer_next(answer)
+        with pytest.raises(EmbeddingError, match=says) as raised:
+            gemini.embed_query("a query")
+        assert isinstance(raised.value, TerminalEmbeddingError) is terminal
 
 
 def test_timeouts_and_unreachable_servers_are_transient(fake):

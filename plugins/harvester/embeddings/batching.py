@@ -6,6 +6,14 @@ it. When the breaker is open, or a batch keeps failing, the remaining texts stay
 (``embedded_content_hash <> content_hash``); the run still commits and the next run embeds them.
 An authentication error is not the provider being unwell: it fails the task at once.
 
+A batch the provider answers with vectors that cannot be stored (not finite, of the wrong size,
+empty, all zeros, or another count of vectors than texts) is the provider's answer about those
+texts, not an outage: the breaker records a success, the usable vectors of the batch are stored,
+and each unusable one's text is refused (store/claims.py refuse, sql/021): it stays pending, its
+claim is given back, and it is not sent again before a backoff (``refused_backoff``, doubling),
+alone in its request then; after ``refused_attempts`` refusals in a row it is given up until its
+text changes or an operator resets it (``harvester embeddings invalidate``). The run goes on.
+
 Up to ``concurrency`` batches are in flight at once (HARVESTER_EMBED_CONCURRENCY), so a remote
 provider's latency is not paid batch after batch. Only the provider calls run on worker threads;
 the reading, the breaker's bookkeeping (each call admitted before it is sent, its outcome recorded
@@ -46,6 +54,11 @@ class EmbedSettings:
     claim_ttl: float = 600.0      # seconds a claim of texts being embedded holds (store/claims.py)
     claim_wait: float = 600.0     # seconds a shard waits for texts another run claimed, after its own
     claim_poll: float = 0.5       # seconds between looks for the vectors of texts another run claimed
+    # A text whose vector came back unusable (NaN, wrong size, empty, ...): runs that send it before
+    # it is given up, and how long it is held back after its first refusal (doubling after each).
+    refused_attempts: int = 3
+    refused_backoff: float = 3600.0
+    refused_max_backoff: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
@@ -158,6 +171,8 @@ class _Batches:
         self.fatal: BaseException | None = None    # a terminal error: raised once in-flight calls are in
         self.unflushed = 0                         # calls counted here but not yet in the run's stats
         self.awaited: dict[str, tuple] = {}        # texts another run claimed: their rows, by content hash
+        self.refused = 0                           # texts whose vectors came back unusable (left pending)
+        self.held = 0                              # texts another run refused meanwhile (not sent)
 
     def run(self, batches: Iterator[list[tuple]]) -> int:
         """Embed from ``batches`` until they run out or the breaker stops the calls (the rest of
@@ -223,12 +238,9 @@ class _Batches:
         or leave it pending."""
         exc = future.exception()
         if exc is None:
+            # The provider answered: whatever its vectors are worth, it is not unwell.
             self.breaker.record_success(probe=batch.probe)
-            stored = vectors.write(self.conn, self.provider.model, self.dimension, [r[0] for r in batch.rows],
-                                   future.result(), run_id=self.run_id)
-            self.counts["embedded"] += stored
-            self._flush({"embedded": stored})
-            self.progress.advance(len(batch.rows))
+            self._store(batch, future.result())
             return
         self._flush({})
         if isinstance(exc, TerminalEmbeddingError) or not isinstance(exc, EmbeddingError):
@@ -247,6 +259,70 @@ class _Batches:
         self.waiting.append(batch)
         self.waiting.sort(key=lambda b: (b.not_before, b.seq))
 
+    def _store(self, batch: _Batch, answer) -> None:
+        """Store the usable vectors of a batch's answer, refuse the texts of the others (their vectors
+        cannot be stored: see the module's docstring), and count both."""
+        hashes = [r[0] for r in batch.rows]
+        answer = list(answer) if answer is not None else []
+        if len(answer) != len(hashes):
+            mismatch = ("count-mismatch", f"{len(answer)} vectors for the {len(hashes)} texts of its batch")
+            verdicts = [mismatch] * len(hashes)
+        else:
+            verdicts = vectors.screen(self.dimension, answer)
+            sizes = {len(v) for v in answer} if all(v is not None for v in answer) else set()
+            if (len(hashes) > 1 and all(v is not None and v[0] == "wrong-dimension" for v in verdicts)
+                    and len(sizes) == 1):
+                # Every vector of the batch of one other size: the model or a gateway ignores the size
+                # asked for, a setting to fix, not something about these texts.
+                self.fatal = self.fatal or TerminalEmbeddingError(
+                    f"{self.provider.name} model {self.provider.model} answered vectors of {sizes.pop()} dimensions "
+                    f"for all {len(hashes)} texts of a batch, expected {self.dimension}: the model (or a gateway "
+                    "before it) does not give the size configured; check the provider's dimension setting "
+                    "(GEMINI_EMBEDDING_DIMENSION, OLLAMA_EMBEDDING_DIMENSION) and its endpoint")
+                self._leave(batch.rows)
+                return
+        good = [i for i, verdict in enumerate(verdicts) if verdict is None]
+        stored = 0
+        if good:
+            stored = vectors.write(self.conn, self.provider.model, self.dimension, [hashes[i] for i in good],
+                                   [answer[i] for i in good], run_id=self.run_id)
+        refused = {hashes[i]: verdict for i, verdict in enumerate(verdicts) if verdict is not None}
+        if refused:
+            self._refuse(refused, len(hashes))
+        self.counts["embedded"] += stored
+        self._flush({"embedded": stored, **({"embeddings_refused": len(refused)} if refused else {})})
+        self.progress.advance(len(batch.rows))
+
+    def _refuse(self, refused: dict[str, tuple[str, str]], sent: int) -> None:
+        """Record the refusal of these texts (store/claims.py refuse; their claims given back in the
+        same transaction): they stay pending, held back from the next runs for a while, given up
+        after ``refused_attempts``. One warning naming the provider, the model and the counts."""
+        provider, model, settings = self.provider.name, self.provider.model, self.settings
+        by_hash = {h: (reason, f"{provider} model {model} answered {detail} for this text "
+                                f"(run {self.run_id}): {vectors.UNUSABLE[reason]}")
+                   for h, (reason, detail) in refused.items()}
+        recorded = claims.refuse(self.conn, model, self.run_id, by_hash, attempts=settings.refused_attempts,
+                                 backoff_seconds=settings.refused_backoff,
+                                 max_backoff_seconds=settings.refused_max_backoff)
+        self.refused += len(refused)
+        self.left += len(refused)
+        self.counts["embeddings_refused"] = self.counts.get("embeddings_refused", 0) + len(refused)
+        reasons: dict[str, int] = {}
+        for reason, _ in refused.values():
+            reasons[reason] = reasons.get(reason, 0) + 1
+        given_up = [r for r in recorded if r.retry_at is None]
+        waiting = [r for r in recorded if r.retry_at is not None]
+        what = []
+        if waiting:
+            what.append(f"{len(waiting)} not sent again before {min(r.retry_at for r in waiting):%Y-%m-%d %H:%M:%S %Z}"
+                        f" (refused {min(r.failures for r in waiting)} of {settings.refused_attempts} times so far)")
+        if given_up:
+            what.append(f"{len(given_up)} given up after {settings.refused_attempts} refusals in a row: sent again "
+                        "only once their text changes or `harvester embeddings invalidate` resets them")
+        log.warning("%s model %s answered unusable vectors for %d of the %d texts of a batch (%s): the other vectors "
+                    "are stored; these texts stay pending, %s", provider, model, len(refused), sent,
+                    ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())), "; ".join(what))
+
     def _claim(self, rows: list[tuple]) -> list[tuple]:
         """Claim the texts of ``rows`` before they are sent (store/claims.py): returns the rows this
         run is to embed now. Texts with a vector already are done; texts another live run claimed
@@ -257,6 +333,10 @@ class _Batches:
                 self.awaited[row[0]] = row
         if got.stored:
             self.progress.advance(len(got.stored))
+        if got.held:  # another run refused them since they were read: left pending, not sent
+            self.held += len(got.held)
+            self.left += len(got.held)
+            self.progress.advance(len(got.held))
         return [row for row in rows if row[0] in got.mine]
 
     def _leave(self, rows: list[tuple]) -> None:
@@ -317,6 +397,19 @@ class _Batches:
         self.unflushed = 0
 
 
+def _alone_if_retried(batches: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
+    """Each batch of pending texts as read, less the texts the provider answered an unusable vector
+    for before (iter_pending's ``retried``), each of which goes alone in a request of its own: one
+    bad text never spoils a batch twice, and a count of vectors that does not match is its own."""
+    for rows in batches:
+        fresh = [row for row in rows if not (len(row) > 3 and row[3])]
+        if fresh:
+            yield fresh
+        for row in rows:
+            if len(row) > 3 and row[3]:
+                yield [row]
+
+
 def embed_pending(conn, reader, portal_url: str, run_id: int, provider: EmbeddingProvider, *,
                   shard: int = 0, shards: int = 1, settings: EmbedSettings | None = None,
                   breaker_config: BreakerConfig | None = None, label: str = "") -> dict:
@@ -332,6 +425,16 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
     left_pending = 0
     stopped: str | None = None
     total = vectors.count_pending(conn, run_id, portal_url, provider.model, shard, shards)
+    waiting, given_up, next_retry = vectors.count_held_back(conn, run_id, portal_url, provider.model, shard, shards)
+    if waiting or given_up:
+        counts["embeddings_held_back"] = waiting + given_up
+        runs.add_counts(conn, run_id, {"embeddings_held_back": waiting + given_up})
+        log.warning("%d texts of the portal are not sent to %s model %s this run, which answered unusable vectors for "
+                    "them before: %d wait for their retry (the first at %s), %d were given up after %d refusals "
+                    "(sent again once their text changes, or `harvester embeddings invalidate` resets them)",
+                    waiting + given_up, provider.name, provider.model, waiting,
+                    "-" if next_retry is None else f"{next_retry:%Y-%m-%d %H:%M:%S %Z}", given_up,
+                    settings.refused_attempts)
     dimension = None
     if total:  # nothing to embed: no model to load, no probe to send
         try:
@@ -352,8 +455,8 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
                 raise TerminalEmbeddingError(f"nothing was embedded: {exc}") from None
     backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
     progress = Progress(f"embed_changed {label}shard {shard + 1}/{shards} ({provider.model})", total, log)
-    batches = vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
-                                   shard=shard, shards=shards, backlog_limit=backlog)
+    batches = _alone_if_retried(vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
+                                                     shard=shard, shards=shards, backlog_limit=backlog))
     if not stopped and dimension is not None:  # (None: none were pending a moment ago; the next run sees them)
         runner = _Batches(conn, run_id, provider, dimension, breaker, settings, counts, progress)
         runner.run(batches)
@@ -364,5 +467,6 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
             left_pending += len(batch)
     counts["left_pending"] = left_pending
     log.info("embed_changed shard %d/%d done: %s", shard + 1, shards,
-             summary(counts, ("embedding_requests", "embedded", "embeddings_awaited", "left_pending")))
+             summary(counts, ("embedding_requests", "embedded", "embeddings_awaited", "embeddings_refused",
+                              "embeddings_held_back", "left_pending")))
     return counts

@@ -12,7 +12,9 @@ Configuration (environment):
 - ``GEMINI_TIMEOUT``: seconds per request (default 60)
 
 One ``embed_documents`` call is exactly one ``batchEmbedContents`` request of at most 100 texts
-(the API's limit). The SDK neither splits batches nor retries (no ``retry_options`` is set):
+(the API's limit). It returns the vectors the answer holds, as they are: another count than the
+texts, a vector of another size, empty or NaN is judged by the embed step (embeddings/batching.py),
+which refuses those texts alone. The SDK neither splits batches nor retries (no ``retry_options`` is set):
 retrying is the caller's business, guided by the error classes below.
 
 Errors: HTTP 429 -> ``RateLimited`` (with ``retry_after`` from Retry-After or Google's RetryInfo);
@@ -169,21 +171,26 @@ class GeminiProvider:
             answer = None
         if not isinstance(answer, dict):
             raise EmbeddingError(f"Gemini answered {len(response.body or '')} bytes that are not a JSON object")
-        embeddings = answer.get("embeddings") or []
-        if len(embeddings) != len(texts):
-            raise EmbeddingError(f"Gemini returned {len(embeddings)} embeddings for {len(texts)} texts")
+        embeddings = answer.get("embeddings")
+        if not isinstance(embeddings, list):
+            raise EmbeddingError(f"Gemini returned no embeddings for {len(texts)} texts")
+        # What came, as it came: the caller judges each vector (batching: another count than the texts,
+        # a vector of another size, empty, NaN -- "NaN" / "Infinity" in Google's JSON -- is refused for
+        # its text alone; embed_query: an error), so one bad text never costs a batch.
         rows = [e.get("values") or [] if isinstance(e, dict) else [] for e in embeddings]
-        for row in rows:
-            if len(row) != self.dimension:
-                raise TerminalEmbeddingError(f"Gemini returned a vector of {len(row)} dimensions, "
-                                             f"expected {self.dimension} ({self.model})")
         try:
-            matrix = np.array(rows, dtype=np.float64)
+            if all(len(row) == self.dimension for row in rows):
+                vectors = list(np.array(rows, dtype=np.float64).reshape(len(rows), self.dimension))
+            else:
+                vectors = [np.array(row, dtype=np.float64) for row in rows]
         except (TypeError, ValueError):
             raise EmbeddingError("Gemini returned a vector with values that are not numbers") from None
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        norms[norms == 0] = 1.0
-        return list((matrix / norms).astype(np.float32))
+        out = []
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN in, NaN out: refused by the caller
+            for vector in vectors:
+                norm = np.linalg.norm(vector) if vector.shape == (self.dimension,) else 0.0
+                out.append((vector / norm if norm else vector).astype(np.float32))
+        return out
 
     def _map_error(self, exc: Exception) -> EmbeddingError:
         from google.genai import errors as genai_errors
@@ -251,4 +258,13 @@ class GeminiProvider:
         return self._embed(texts, "RETRIEVAL_DOCUMENT")
 
     def embed_query(self, text: str) -> Sequence[float]:
-        return self._embed([text], "RETRIEVAL_QUERY")[0]
+        vectors = self._embed([text], "RETRIEVAL_QUERY")
+        if len(vectors) != 1:
+            raise EmbeddingError(f"Gemini returned {len(vectors)} embeddings for 1 texts")
+        if vectors[0].shape != (self.dimension,):
+            raise TerminalEmbeddingError(f"Gemini returned a vector of {vectors[0].size} dimensions, "
+                                         f"expected {self.dimension} ({self.model})")
+        if not np.isfinite(vectors[0]).all() or not vectors[0].any():
+            raise EmbeddingError(f"Gemini returned a vector that is not finite, or all zeros, for the query "
+                                 f"({self.model})")
+        return vectors[0]

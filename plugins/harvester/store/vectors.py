@@ -436,8 +436,8 @@ def iter_pending(conn, run_id: int, portal_url: str, model: str, batch_size: int
                  shards: int = 1, backlog_limit: int | None = None) -> Iterator[list[tuple]]:
     """(content_hash, title, description, retried) of each pending text, once each, in batches
     (``retried``: the provider answered an unusable vector for it before, and its backoff is over:
-    the embed step sends it alone); this run's changes first, then at most ``backlog_limit`` texts left pending by earlier runs (a model
-    switch re-embeds a portal over several runs). Read through a cursor WITH HOLD: the query runs
+    the embed step sends it alone); this run's changes first, then at most ``backlog_limit``
+    texts left pending by earlier runs (a model switch re-embeds a portal over several runs). Read through a cursor WITH HOLD: the query runs
     to its end in a short transaction and the rows wait in the server, so no transaction stays open
     while the texts are embedded (one would hold back vacuum and every concurrent index build of
     every portal). ``conn`` must be a connection of its own."""

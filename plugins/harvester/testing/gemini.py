@@ -18,6 +18,8 @@ Retry-After header and RetryInfo detail, 500 INTERNAL, 503 UNAVAILABLE, ...).
         server.requests          # [(path, headers (lower-case names), parsed JSON body), ...]
         server.hold_until_in_flight(4)  # requests wait until 4 are being answered at once
         server.peak_in_flight    # the most requests it was answering at once
+        server.poison(text, "nan")      # this text's vector answered with "NaN" values (or "inf",
+                                        # "short", "empty", "zero", "missing": see poison)
 """
 from __future__ import annotations
 
@@ -128,6 +130,7 @@ class FakeGemini(LocalAPIServer):
         self._hold: int | None = None
         self._hold_timeout = 0.0
         self._odd_answers: list = []  # 200 answers to give instead of the vectors (answer_next)
+        self.poisoned: dict[str, str] = {}  # text -> how its vector is answered wrong (poison)
 
     # -- control ------------------------------------------------------------------------------
     def fail_next(self, n: int = 1, status: int | None = 500, retry_after: float | str | None = None,
@@ -143,6 +146,37 @@ class FakeGemini(LocalAPIServer):
         proxy's page would be), anything else as JSON (an answer of the wrong shape)."""
         with self._lock:
             self._odd_answers.append(body)
+
+    POISONS = ("nan", "inf", "short", "empty", "zero", "missing")
+
+    def poison(self, text: str, how: str = "nan") -> None:
+        """From now on, whenever ``text`` is in a request, its vector is answered wrong, the rest of
+        the answer as usual: ``nan`` (its values "NaN", as Google's JSON writes a float NaN: proto3's
+        JSON mapping), ``inf`` (one value "Infinity"), ``short`` (one value less than asked for),
+        ``empty`` (``"values": []``), ``zero`` (every value 0) or ``missing`` (its embedding left out:
+        the answer holds one vector fewer than the texts sent). ``unpoison`` ends it."""
+        if how not in self.POISONS:
+            raise ValueError(f"poison {how!r}: one of {', '.join(self.POISONS)}")
+        with self._lock:
+            self.poisoned[text] = how
+
+    def unpoison(self, text: str) -> None:
+        with self._lock:
+            self.poisoned.pop(text, None)
+
+    def _poisoned(self, vector, how: str) -> list | None:
+        values = vector.tolist()
+        if how == "nan":
+            return ["NaN"] * len(values)
+        if how == "inf":
+            return values[:1] and ["Infinity"] + values[1:]
+        if how == "short":
+            return values[:-1]
+        if how == "empty":
+            return []
+        if how == "zero":
+            return [0.0] * len(values)
+        return None  # missing
 
     def hold_until_in_flight(self, n: int, timeout: float = 20.0) -> None:
         """Requests wait (before being answered) until ``n`` are being answered at once, then all
@@ -228,7 +262,14 @@ class FakeGemini(LocalAPIServer):
                 return 400, {}, error_body(400, f"* BatchEmbedContentsRequest.requests[{i}].model: unexpected "
                                                 f"model name format or model mismatch")
             text = "".join(part.get("text", "") for part in req.get("content", {}).get("parts", []))
-            embeddings.append({"values": self.vector(text, req.get("taskType"), req.get("outputDimensionality"))})
+            vector = self.vector(text, req.get("taskType"), req.get("outputDimensionality"))
+            with self._lock:
+                how = self.poisoned.get(text)
+            if how is not None:
+                vector = self._poisoned(vector, how)
+                if vector is None:
+                    continue  # missing: one embedding fewer than the requests
+            embeddings.append({"values": vector})
         # float32 arrays, written by orjson as the API writes them (each value's shortest float32 form)
         return 200, {}, orjson.dumps({"embeddings": embeddings}, option=orjson.OPT_SERIALIZE_NUMPY)
 

@@ -1,0 +1,224 @@
+"""A batch answered with unusable vectors (issue 36): NaN or infinite values, a vector of another
+size, an empty one, all zeros, or another count of vectors than texts. The real google-genai SDK
+talks HTTP to the local Gemini stand-in, which answers chosen texts wrong (FakeGemini.poison); real
+PostgreSQL. What the provider answered about some texts spoils those texts alone: the other vectors
+are stored, the breaker is not tripped, the run goes on; the bad texts stay pending, held back for
+a while, sent alone when retried, and given up after a few refusals."""
+import collections
+import logging
+
+import pytest
+
+from harvester.domain import dataset as ds
+from harvester.embeddings import TerminalEmbeddingError
+from harvester.embeddings.batching import EmbedSettings
+from harvester.store import vectors
+from harvester.testing.runs import embed, run_stats, stage
+from harvester.testing.samples import distinct_records
+
+MODEL = "gemini-embedding-001@768"
+
+
+def settings(**more):
+    return EmbedSettings(concurrency=4, retry_delay=0, **more)
+
+
+def texts_of(db, run_id, n):
+    """(content hash, the text Gemini is sent) of ``n`` of the run's staged records."""
+    rows = db.execute("SELECT DISTINCT content_hash, title, description FROM staging_records WHERE run_id = %s"
+                      " ORDER BY content_hash LIMIT %s", (run_id, n)).fetchall()
+    return [(h, ds.embedding_text(title, description)) for h, title, description in rows]
+
+
+def stored(db):
+    return {r[0] for r in db.execute("SELECT content_hash FROM embeddings WHERE model = %s", (MODEL,))}
+
+
+def failures(db):
+    return {h: (n, reason, retry_at is None) for h, n, reason, retry_at in db.execute(
+        "SELECT content_hash, failures, reason, retry_at FROM embedding_failures WHERE model = %s", (MODEL,))}
+
+
+def pass_backoff(db, seconds):
+    """What waiting ``seconds`` does to every text held back by a refusal, without the wait."""
+    db.execute("UPDATE embedding_failures SET retry_at = retry_at - make_interval(secs => %s)"
+               " WHERE retry_at IS NOT NULL", (seconds,))
+
+
+def breaker_untouched(db):
+    """No breaker has seen a failure (a row appears with the first one)."""
+    return db.execute("SELECT count(*) FROM circuit_breakers WHERE consecutive_failures > 0 OR state <> 'closed'"
+                      ).fetchone()[0] == 0
+
+
+def test_poisoned_texts_spoil_only_themselves_and_are_held_back_then_given_up(db, portal_server, samples, gemini,
+                                                                              caplog):
+    portal, run_id = stage(portal_server, distinct_records(samples, 400))
+    poisoned = dict(zip([h for h, _ in texts_of(db, run_id, 5)], ("nan", "inf", "short", "empty", "zero")))
+    text = dict(texts_of(db, run_id, 5))
+    for h, how in poisoned.items():
+        gemini.poison(text[h], how)
+    caplog.set_level(logging.WARNING, logger="harvester.embeddings.batching")
+    gemini.hold_until_in_flight(4)
+
+    counts = embed(portal, run_id, settings())
+    # Every other vector is stored, each text was sent once, and the run's step ends well.
+    assert (counts["embedding_requests"], counts["embedded"], counts["embeddings_refused"],
+            counts["left_pending"]) == (4, 395, 5, 5)
+    assert len(gemini.texts) == len(set(gemini.texts)) == 400
+    assert len(stored(db)) == 395 and not stored(db) & set(poisoned)
+    stats = run_stats(db, run_id)
+    assert (stats["embedded"], stats["embeddings_refused"], stats["embedding_requests"]) == (395, 5, 4)
+    # The poisoned texts: pending (no vector), refused once each with their reason, claims given back.
+    assert failures(db) == {h: (1, {"nan": "not-finite", "inf": "not-finite", "short": "wrong-dimension",
+                                    "empty": "empty", "zero": "zero"}[how], False) for h, how in poisoned.items()}
+    assert db.execute("SELECT count(*) FROM embedding_claims").fetchone()[0] == 0
+    # The provider answered: no failure for the breaker.
+    assert breaker_untouched(db)
+    warned = [r.getMessage() for r in caplog.records if "unusable vectors" in r.getMessage()]
+    assert warned and all("gemini model gemini-embedding-001@768 answered unusable vectors for" in m
+                          for m in warned)
+    assert sum(int(m.split(" answered unusable vectors for ")[1].split()[0]) for m in warned) == 5
+    assert any("2 not-finite" in m or "1 not-finite" in m for m in warned)
+    message = db.execute("SELECT message FROM embedding_failures WHERE reason = 'wrong-dimension'").fetchone()[0]
+    assert message.startswith("gemini model gemini-embedding-001@768 answered a vector of 767 dimensions, "
+                              f"expected 768 for this text (run {run_id})")
+
+    # Before their backoff, no run sends them again: nothing is pending work.
+    gemini.requests.clear()
+    counts = embed(portal, run_id, settings())
+    assert (counts["embedding_requests"], counts["embedded"], counts["embeddings_held_back"]) == (0, 0, 5)
+    assert gemini.requests == []
+    assert vectors.count_pending(db, run_id, portal.url, MODEL) == 0
+
+    # After it, each is sent again, alone in its request; still refused: a second refusal.
+    pass_backoff(db, 3600)
+    counts = embed(portal, run_id, settings())
+    assert sorted(len(body["requests"]) for _, _, body in gemini.requests) == [1] * 5
+    assert sorted(gemini.texts) == sorted(text.values())
+    assert (counts["embedded"], counts["embeddings_refused"]) == (0, 5)
+    assert {n for n, _, _ in failures(db).values()} == {2}
+
+    # The backoff doubled: an hour is not enough now, two are; the third refusal gives them up.
+    gemini.requests.clear()
+    pass_backoff(db, 3600)
+    assert embed(portal, run_id, settings())["embedding_requests"] == 0
+    pass_backoff(db, 3600)
+    assert embed(portal, run_id, settings())["embedding_requests"] == 5
+    assert {(n, gone) for n, _, gone in failures(db).values()} == {(3, True)}
+    assert sum("1 given up after 3 refusals in a row" in r.getMessage() for r in caplog.records) == 5
+
+    # Given up: never sent again, however long one waits; reported as held back on each run.
+    gemini.requests.clear()
+    pass_backoff(db, 365 * 86400)
+    db.execute("UPDATE embedding_failures SET last_failed_at = last_failed_at - interval '1 year'")
+    counts = embed(portal, run_id, settings())
+    assert (counts["embedding_requests"], counts["embeddings_held_back"]) == (0, 5) and gemini.requests == []
+    assert any("5 texts of the portal are not sent to gemini model gemini-embedding-001@768 this run" in m
+               and "0 wait for their retry" in m and "5 were given up after 3 refusals" in m
+               for m in (r.getMessage() for r in caplog.records))
+    sent = collections.Counter(gemini.texts)
+    assert not sent
+    assert len(stored(db)) == 395, "nothing paid twice, nothing lost"
+
+
+def test_one_text_healed_gets_its_vector_and_its_refusals_end(db, portal_server, samples, gemini):
+    portal, run_id = stage(portal_server, distinct_records(samples, 150))
+    (h, text), = texts_of(db, run_id, 1)
+    gemini.poison(text, "nan")
+    assert embed(portal, run_id, settings())["embedded"] == 149
+    assert set(failures(db)) == {h}
+    gemini.unpoison(text)
+    pass_backoff(db, 3600)
+    gemini.requests.clear()
+    counts = embed(portal, run_id, settings())
+    assert (counts["embedding_requests"], counts["embedded"]) == (1, 1) and gemini.texts == [text]
+    assert failures(db) == {} and h in stored(db)
+
+
+def test_another_count_of_vectors_refuses_that_batch_alone_and_its_texts_are_retried_one_by_one(
+        db, portal_server, samples, gemini):
+    portal, run_id = stage(portal_server, distinct_records(samples, 400))
+    (culprit, text), = texts_of(db, run_id, 1)
+    gemini.poison(text, "missing")  # its batch's answer holds 99 vectors for 100 texts
+    counts = embed(portal, run_id, settings())
+    assert (counts["embedding_requests"], counts["embedded"], counts["embeddings_refused"]) == (4, 300, 100)
+    assert len(gemini.requests) == 4, "not retried within the run: it is the provider's answer, not an outage"
+    assert breaker_untouched(db)
+    refused = failures(db)
+    assert len(refused) == 100 and {reason for _, reason, _ in refused.values()} == {"count-mismatch"}
+    assert culprit in refused and not stored(db) & set(refused)
+
+    # After the backoff each of them goes alone: the 99 get their vectors, the culprit alone is refused.
+    pass_backoff(db, 3600)
+    gemini.requests.clear()
+    counts = embed(portal, run_id, settings())
+    assert [len(body["requests"]) for _, _, body in gemini.requests] == [1] * 100
+    assert (counts["embedded"], counts["embeddings_refused"]) == (99, 1)
+    assert failures(db) == {culprit: (2, "count-mismatch", False)}
+    assert len(stored(db)) == 399
+
+
+def test_every_vector_of_a_batch_of_another_size_is_a_setting_to_fix_not_the_texts(db, portal_server, samples,
+                                                                                  gemini):
+    portal, run_id = stage(portal_server, distinct_records(samples, 50))
+    for _, text in texts_of(db, run_id, 50):
+        gemini.poison(text, "short")
+    with pytest.raises(TerminalEmbeddingError, match="answered vectors of 767 dimensions for all 50 texts of a "
+                                                     "batch, expected 768"):
+        embed(portal, run_id, settings())
+    assert failures(db) == {} and stored(db) == set()
+    assert breaker_untouched(db)
+
+
+def test_a_whole_run_with_poisoned_texts_commits_and_the_next_runs_do_not_pay_for_them_again(
+        db, portal_server, samples, gemini, tmp_path, monkeypatch, capsys):
+    """Through `harvester harvest` (begin .. upsert): the run commits with every other dataset
+    embedded; the poisoned ones are stored, pending, reported (skipped, embedding-deferred) and
+    counted (embeddings_refused); the next run sends nothing; `harvester embeddings invalidate
+    --dataset` resets one, which the next run sends alone."""
+    import json
+
+    import yaml
+
+    from harvester.cli.main import main
+
+    records = distinct_records(samples, 400)
+    portal_server.set_records(records)
+    path = tmp_path / "portals.yaml"
+    path.write_text(yaml.safe_dump({"portals": [{"name": "test", "url": portal_server.base_url,
+                                                 "politeness_delay": 0}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
+    chosen = records[:4]
+    for record in chosen:
+        gemini.poison(ds.embedding_text(record["title"], record.get("notes")), "nan")
+
+    assert main(["harvest", "test", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["created"], stats["embedded"], stats["embeddings_refused"], stats["skipped"]) == (400, 396, 4, 4)
+    run_id, status = db.execute("SELECT run_id, status FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()
+    assert status == "committed"
+    pending = {r[0] for r in db.execute("SELECT source_id FROM datasets"
+                                        " WHERE embedded_content_hash IS DISTINCT FROM content_hash")}
+    assert pending == {r["id"] for r in chosen}
+    assert {r[0] for r in db.execute("SELECT source_id FROM record_outcomes WHERE run_id = %s"
+                                     " AND code = 'embedding-deferred'", (run_id,))} == pending
+    assert len(gemini.texts) == len(set(gemini.texts)) == 400
+
+    # The next run (nothing changed at the portal) sends nothing: the refused texts wait their backoff.
+    gemini.requests.clear()
+    assert main(["harvest", "test", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["embedding_requests"], stats["embedded"]) == (0, 0) and gemini.requests == []
+
+    # An operator resets one (its text healed meanwhile): the next run sends it alone, and links it.
+    healed = chosen[0]
+    gemini.unpoison(ds.embedding_text(healed["title"], healed.get("notes")))
+    assert main(["embeddings", "invalidate", "--dataset", healed["id"]]) == 0
+    capsys.readouterr()
+    assert main(["harvest", "test", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["embedding_requests"], stats["embedded"]) == (1, 1)
+    assert [len(body["requests"]) for _, _, body in gemini.requests] == [1]
+    assert {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE embedded_content_hash IS DISTINCT FROM"
+                                     " content_hash")} == {r["id"] for r in chosen[1:]}
