@@ -199,3 +199,85 @@ def test_an_incremental_run_past_the_api_window_falls_back_to_a_full_scrolled_li
     offsets = [int(q["offset"][0]) + int(q["limit"][0]) for q in queries if "offset" in q]
     assert offsets == [5, 10]
     assert sum("scroll_id" in q for q in queries) == math.ceil(20 / PAGE)
+
+
+# -- past the API's capped count (issue 36) ----------------------------------------------------------
+BIG = 12_000
+
+
+def small(n: int) -> list[dict]:
+    """n small results (id, name, type, update time): a domain of thousands in a few MB."""
+    start = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    return [{"resource": {"id": f"n{i:04d}-{i:05d}", "name": f"Dataset {i}", "type": "dataset",
+                          "description": f"Rows of dataset {i}.",
+                          "updatedAt": (start + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.000Z")},
+             "metadata": {"domain": "data.example.gov"}, "permalink": f"https://data.example.gov/d/n{i:04d}-{i:05d}"}
+            for i in range(n)]
+
+
+@pytest.fixture
+def big_portal():
+    with SocrataServer(small(BIG)) as server:
+        yield server
+
+
+def big_first_sync(harvest, portal, db):
+    harvest.configure(portal.base_url, type="socrata", page_size=1000)
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["created"], stats["fetched"]) == ("full", "committed", BIG, BIG)
+    assert live_ids(db) == set(portal.records)   # resultSetSize said 10000: all 12,000 anyway
+    # 12 pages of 1,000, then the empty page that proves the end (the capped count cannot)
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == BIG // 1000 + 1
+
+
+def test_twelve_thousand_datasets_past_the_capped_count_sync_whole_and_nothing_live_is_removed(
+        harvest, big_portal, db, gemini, caplog):
+    portal = big_portal
+    big_first_sync(harvest, portal, db)
+    everything = set(portal.records)
+    # an incremental run with nothing changed: the count (10000, capped) says "at least 10,000"
+    # and we hold 12,000: no drift can be judged from it, nothing is reconciled, nothing removed
+    portal.requests.clear()
+    caplog.set_level(logging.INFO, logger="harvester.pipeline.steps")
+    assert harvest.run().state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"], stats["portal_count"]) == ("incremental", "committed", 0, 10_000)
+    assert "reconcile_listed" not in stats, "the capped count was taken as exact: 2,000 fewer, a reconciliation"
+    assert stats["portal_count_capped"] == 1
+    assert "the portal lists at least 10000 datasets (its count is capped at 10000, so not exact)" in caplog.text
+    assert live_ids(db) == everything
+    # a reconciliation asked for: the whole id listing (12,000, to its empty page) removes nothing
+    assert harvest.run(reconcile=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"], stats["reconcile_listed"]) == ("incremental", "committed", 0, BIG)
+    assert live_ids(db) == everything
+
+
+def test_twelve_thousand_datasets_after_edits_and_removals_lose_exactly_the_removed(harvest, big_portal, db, gemini):
+    portal = big_portal
+    big_first_sync(harvest, portal, db)
+    ids = sorted(portal.records)
+    stamp = (datetime.now(timezone.utc) + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    edited = [ids[5], ids[5_000], ids[11_990]]
+    for ident in edited:
+        portal.edit(ident, stamp, name=f"Edited {ident}")
+    removed = {ids[1], ids[9_999], ids[10_000], ids[11_500], ids[-1]}   # on both sides of the 10,000th
+    for ident in removed:
+        portal.remove(ident)
+    # an incremental run reconciling (asked): the edits fetched, exactly the removed ones removed
+    assert harvest.run(reconcile=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["updated"], stats["removed"], stats["reconcile_listed"]) == \
+        ("incremental", "committed", 3, len(removed), BIG - len(removed))
+    assert live_ids(db) == set(ids) - removed
+    assert {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE removed_at IS NOT NULL")} == removed
+    # more removed on the portal, then a full sync: exactly those go too
+    more = {ids[2], ids[10_500]}
+    for ident in more:
+        portal.remove(ident)
+    assert harvest.run(full_sync=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"], stats["fetched"]) == ("full", "committed", len(more),
+                                                                  BIG - len(removed) - len(more))
+    assert live_ids(db) == set(ids) - removed - more

@@ -91,6 +91,21 @@ def test_count_drift(total, live, new, unusable, drift):
     assert count_drift(total, live, new, unusable) == drift
 
 
+@pytest.mark.parametrize("total, live, new, drift", [
+    # Socrata's resultSetSize of 10000 means "10000 or more": holding 12,000 is no drift, and
+    # neither is holding 10,000 exactly; fewer than the lower bound is (issue 36)
+    (10_000, 12_000, 0, None),
+    (10_000, 10_000, 0, None),
+    (10_000, 9_990, 3, "the portal lists at least 10000 datasets (its count is capped); we hold 9990 live and "
+                       "this run brings 3 new: at least 7 more on the portal than this run explains"),
+])
+def test_a_count_that_is_not_exact_is_a_lower_bound(total, live, new, drift):
+    assert count_drift(total, live, new, exact=False) == drift
+    # taken as exact, the first would have said 2,000 were gone (the finding of issue 36)
+    assert count_drift(10_000, 12_000, 0) == ("the portal lists 10000 datasets; we hold 12000 live and this run "
+                                              "brings 0 new: 2000 fewer on the portal than this run explains")
+
+
 @pytest.mark.parametrize("delta, text", [
     (timedelta(0), "0s"), (timedelta(seconds=40), "40s"), (timedelta(minutes=90), "1h 30m"),
     (timedelta(hours=2), "2h"), (timedelta(days=30, hours=2, minutes=5), "30d 2h")])

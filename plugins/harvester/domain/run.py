@@ -85,17 +85,29 @@ def plan_run(watermark: datetime | None, *, full_sync: bool, backfill: bool, loo
     return RunPlan(INCREMENTAL, since, reason, why)
 
 
-def count_drift(portal_total: int, live: int, new_in_run: int, unusable: int = 0) -> str | None:
+def count_drift(portal_total: int, live: int, new_in_run: int, unusable: int = 0, *,
+                exact: bool = True) -> str | None:
     """Why the portal's own count says our copy drifted, or None when this incremental run explains
     it: the portal should list exactly the datasets we hold live, plus those this run brings that
     we do not hold live yet, plus the records it lists that cannot be used (``unusable``: no id,
-    counted at the last complete listing)."""
+    counted at the last complete listing).
+
+    ``exact`` False: the count is capped or estimated (sources/base.py ``CountKind``; Socrata's
+    ``resultSetSize`` of 10,000 means "10,000 or more"), so it is only a lower bound: drift shows
+    only when we explain fewer than it; as many or more says nothing either way (a removal never
+    rests on it: only a reconciliation's complete listing removes)."""
     expected = live + new_in_run + unusable
+    extra = f", and {unusable} it lists that cannot be used" if unusable else ""
+    if not exact:
+        if expected >= portal_total:
+            return None
+        return (f"the portal lists at least {portal_total} datasets (its count is capped); we hold {live} live and "
+                f"this run brings {new_in_run} new{extra}: at least {portal_total - expected} more on the portal "
+                f"than this run explains")
     if portal_total == expected:
         return None
     gap = portal_total - expected
     side = "more" if gap > 0 else "fewer"
-    extra = f", and {unusable} it lists that cannot be used" if unusable else ""
     return (f"the portal lists {portal_total} datasets; we hold {live} live and this run brings {new_in_run} "
             f"new{extra}: {abs(gap)} {side} on the portal than this run explains")
 

@@ -14,7 +14,7 @@ import math
 import time
 
 from harvester.domain import dataset as ds
-from harvester.sources import CAPABILITIES, Listing, Source, as_source, source_for  # noqa: F401  (source_for: tasks, CLI)
+from harvester.sources import CAPABILITIES, Listing, Source, as_source, count_kind, source_for  # noqa: F401  (source_for: tasks, CLI)
 from harvester.sources.base import FilterRejected
 from harvester.pipeline.readahead import read_ahead
 from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_shards
@@ -216,11 +216,20 @@ def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_requ
                 return {"run_id": run_id, "reconciled": 0}
             live = datasets.live_count(conn, portal.url)
             new = datasets.new_in_run(conn, run_id, portal.url)
-            reason = count_drift(total, live, new, runs.status(conn, portal.url).listing_unusable)
-            runs.add_stats(conn, run_id, {"portal_count": total})
+            kind = count_kind(portal, source)
+            exact = kind.is_exact(total)
+            reason = count_drift(total, live, new, runs.status(conn, portal.url).listing_unusable, exact=exact)
+            runs.add_stats(conn, run_id, {"portal_count": total} if exact else
+                           {"portal_count": total, "portal_count_capped": 1})
             if reason is None:
-                log.info("reconcile: the portal lists %d datasets, as we hold (%d live, %d new in this run); "
-                         "no reconciliation due", total, live, new)
+                if exact:
+                    log.info("reconcile: the portal lists %d datasets, as we hold (%d live, %d new in this run); "
+                             "no reconciliation due", total, live, new)
+                else:
+                    log.info("reconcile: the portal lists at least %d datasets (its count is %s, so not exact) and "
+                             "we hold %d live, %d new in this run: the count cannot tell a drift; no "
+                             "reconciliation due (reconcile_every or reconcile finds removals)", total,
+                             kind.describe(), live, new)
                 return {"run_id": run_id, "reconciled": 0}
             log.warning("reconcile: %s; reconciling now", reason)
             runs.set_reconcile(conn, run_id, reason)
