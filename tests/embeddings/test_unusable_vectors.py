@@ -222,3 +222,42 @@ def test_a_whole_run_with_poisoned_texts_commits_and_the_next_runs_do_not_pay_fo
     assert [len(body["requests"]) for _, _, body in gemini.requests] == [1]
     assert {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE embedded_content_hash IS DISTINCT FROM"
                                      " content_hash")} == {r["id"] for r in chosen[1:]}
+
+
+def test_a_text_another_run_refuses_while_this_run_waits_for_it_is_neither_sent_nor_counted_awaited(
+        db, portal_server, samples, gemini):
+    """Another portal's run holds the claims of 5 of this run's texts, then gets unusable vectors for
+    them and gives them back, refused: this run, waiting for them, does not claim or send them
+    (they are held back), nor count them as reused; they stay pending."""
+    import threading
+
+    from harvester.config.portals import Portal
+    from harvester.pipeline import steps as pipeline
+    from harvester.store import claims
+
+    other = pipeline.begin(db, Portal(name="other", url="http://other.example", politeness_delay=0))["run_id"]
+    portal, run_id = stage(portal_server, distinct_records(samples, 100))
+    theirs = [h for h, _ in texts_of(db, run_id, 5)]
+    assert claims.take(db, MODEL, other, theirs, ttl_seconds=600).mine == set(theirs)
+    seen = claims.take(db, MODEL, other, theirs, ttl_seconds=600)  # (its own claims: still its own)
+    assert seen.mine == set(theirs) and not seen.held
+
+    def refuse_once_the_rest_is_stored():
+        from harvester.store import db as store_db
+
+        with store_db.open_cli() as conn:
+            while conn.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0] < 95:
+                threading.Event().wait(0.05)
+            claims.refuse(conn, MODEL, other, {h: ("not-finite", "NaN") for h in theirs}, attempts=3,
+                          backoff_seconds=3600, max_backoff_seconds=86400)
+
+    thread = threading.Thread(target=refuse_once_the_rest_is_stored)
+    thread.start()
+    counts = embed(portal, run_id, settings(claim_poll=0.05, claim_wait=30))
+    thread.join(30)
+    assert (counts["embedded"], counts.get("embeddings_awaited", 0), counts["left_pending"]) == (95, 0, 5)
+    assert len(gemini.texts) == 95 and not set(theirs) & stored(db)
+    assert db.execute("SELECT count(*) FROM embedding_claims").fetchone()[0] == 0
+    # A claim by a third run now: held back, neither its to send nor another's to wait for.
+    got = claims.take(db, MODEL, run_id, theirs, ttl_seconds=600)
+    assert (got.mine, got.others, got.held) == (set(), set(), set(theirs))

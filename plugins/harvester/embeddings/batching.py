@@ -366,8 +366,9 @@ class _Batches:
                 break
             rows = list(self.awaited.values())
             self.awaited.clear()
+            held = self.held
             mine = self._claim(rows)  # (a claim that lapsed is ours now; a vector that landed meanwhile is done)
-            awaited += len(rows) - len(mine) - len(self.awaited)
+            awaited += len(rows) - len(mine) - len(self.awaited) - (self.held - held)  # (refused meanwhile: pending)
             if mine:
                 size = max(1, self.provider.max_batch)
                 self.run(iter([mine[i:i + size] for i in range(0, len(mine), size)]))
