@@ -167,6 +167,30 @@ def test_a_next_record_that_does_not_advance_is_cut_with_a_warning_and_the_listi
     assert len(records) == 10 and not listing.complete and src.loop_cut
 
 
+def test_list_ids_refuses_a_cut_listing(csw, caplog):
+    # issue 36: a listing cut by a nextRecord that does not advance lacks records the portal still
+    # has; reconciling with it would remove them, so list_ids fails instead
+    csw.set_records(synthetic(12))
+    csw.stuck_next = 6
+    src = source(csw)
+    with pytest.raises(SourceError, match="the identifier listing was cut after 2 pages"):
+        list(src.list_ids(5))
+    assert "does not advance" in caplog.text
+
+
+def test_a_server_without_counts_capping_its_pages_is_listed_to_the_empty_page(csw):
+    # no numberOfRecordsMatched, no nextRecord, at most 3 a page where 5 were asked: a short page
+    # is no proof of the end; the empty page after the last is
+    csw.set_records(synthetic(12))
+    csw.omit_counts, csw.max_page_size = True, 3
+    src = source(csw)
+    listing = Listing()
+    records = [r for p in src.iter_records(None, 5, listing) for r in p]
+    assert len({r.source_id for r in records}) == len(records) == 12 and listing.complete
+    assert [r["startposition"] for r in csw.getrecords_requests()] == ["1", "4", "7", "10", "13"]
+    assert len([i for p in source(csw).list_ids(5) for i in p.ids]) == 12
+
+
 @pytest.mark.parametrize("status", [200, 400])
 def test_exception_report_from_the_real_fixture_is_a_source_error(csw, status):
     csw.canned = (status, (DATA / "exception_report.xml").read_bytes())

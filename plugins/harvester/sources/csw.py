@@ -496,7 +496,12 @@ class CswSource(CountsTraffic):
             returned = len(elements) if returned is None else returned
             nxt = _int(results.get("nextRecord"))
             if nxt is None:
-                nxt = start + returned if matched is not None and start + returned <= matched else 0
+                # no nextRecord: numberOfRecordsMatched (exact) says where the end is; with neither,
+                # only an empty page does (a short one is no proof: the server may cap maxRecords)
+                if matched is not None:
+                    nxt = start + returned if start + returned <= matched else 0
+                else:
+                    nxt = start + returned if returned else 0
             if nxt == 0 or (matched is not None and nxt > matched):
                 self.complete = True
                 return
@@ -566,6 +571,11 @@ class CswSource(CountsTraffic):
                 if element_set == "full":
                     whole.append(self._record(element))
             yield IdPage(ids, unusable, whole, "elementSetName=summary" if whole else "")
+        if not self.complete:
+            # (issue 36) a cut listing lacks datasets the portal still has: reconciling with it
+            # would remove them
+            raise SourceError(f"{self.label}: the identifier listing was cut after {self.pages} pages (see the "
+                              f"warning above); an incomplete listing cannot be reconciled with")
 
     @staticmethod
     def _id_and_modified(element: ET.Element) -> tuple[str, datetime | None]:

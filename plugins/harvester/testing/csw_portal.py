@@ -16,7 +16,8 @@ answers:
 
 Modes for the tests: ``ignore_filter`` (the filter is dropped: every record comes back),
 ``reject_filter`` (a filtered request answers an ExceptionReport, as servers without the
-queryable do), ``stuck_next`` (``nextRecord`` stays at the given value), ``fail_next(n, status,
+queryable do), ``stuck_next`` (``nextRecord`` stays at the given value), ``max_page_size`` (pages
+capped below ``maxRecords``), ``omit_counts`` (no ``numberOfRecordsMatched``, no ``nextRecord``), ``fail_next(n, status,
 retry_after=, truncated=)``: the next ``n`` requests fail with that status (or with a body cut in
 half); ``canned = (status, body)``: every request gets that answer (a saved ExceptionReport). ``requests`` lists the query parameters (lower-cased keys) of every request received.
 """
@@ -124,6 +125,8 @@ class CswServer(LocalServer):
         self.ignore_filter = False
         self.reject_filter = False
         self.stuck_next: int | None = None
+        self.max_page_size: int | None = None   # a page holds at most this many, whatever maxRecords asks
+        self.omit_counts = False   # no numberOfRecordsMatched and no nextRecord (both optional to read)
         self.ignore_element_set = False  # answer full records whatever elementSetName asks
         self.canned: tuple[int, bytes] | None = None  # (status, body) answered to every request
         self._fail = FailureQueue()
@@ -200,6 +203,8 @@ class CswServer(LocalServer):
         except ValueError:
             return 400, exception_report("InvalidParameterValue", "startPosition and maxRecords must be integers")
         hits = params.get("resulttype", "results").lower() == "hits"
+        if self.max_page_size is not None:
+            max_records = min(max_records, self.max_page_size)
         page = [] if hits else records[max(start, 1) - 1:max(start, 1) - 1 + max_records]
         nxt = start + len(page) if start + len(page) <= len(records) else 0
         element_set = params.get("elementsetname", "summary").lower()
@@ -211,11 +216,13 @@ class CswServer(LocalServer):
             nxt = self.stuck_next
         inner = "".join(ET.tostring(r, encoding="unicode") for r in page)
         schema = params.get("outputschema", NS["csw"])
+        counts = (f'numberOfRecordsReturned="{len(page)}"' if self.omit_counts else
+                  f'numberOfRecordsMatched="{len(records)}" numberOfRecordsReturned="{len(page)}" nextRecord="{nxt}"')
         return 200, (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<csw:GetRecordsResponse xmlns:csw="{NS["csw"]}" version="2.0.2">'
             f'<csw:SearchStatus timestamp="2026-01-01T00:00:00Z"/>'
-            f'<csw:SearchResults numberOfRecordsMatched="{len(records)}" numberOfRecordsReturned="{len(page)}" '
-            f'nextRecord="{nxt}" recordSchema="{schema}" elementSet="{element_set}">{inner}</csw:SearchResults>'
+            f'<csw:SearchResults {counts} '
+            f'recordSchema="{schema}" elementSet="{element_set}">{inner}</csw:SearchResults>'
             f"</csw:GetRecordsResponse>").encode()
 
     def _handler(self):
