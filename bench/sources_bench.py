@@ -18,11 +18,14 @@ asserts nothing about time; exits 0 (a kind that fails is reported and the other
 
     .venv/bin/python bench/sources_bench.py                       # every kind, 20,000 datasets each
     .venv/bin/python bench/sources_bench.py --datasets 2000 --kinds socrata,csw
+    .venv/bin/python bench/sources_bench.py --datasets 12000 --kinds socrata   # past the capped count
 
-Known limit, found by this bench: the Socrata Discovery API (and its local server) refuses
-offset + limit past 10,000 and the source does not page deeper (no scroll_id); with more than 10,000
-datasets the first sync lists 10,000, the count then asks for a reconciliation whose listing stops at
-the same place, and the run fails (reported as FAILED; use --datasets 10000 for Socrata's figures).
+Socrata past its capped count (issue 36): ``--datasets 12000 --kinds socrata`` is the run of the
+finding. The Discovery API's ``resultSetSize`` (and its local server's) says 10000 for any larger
+catalogue, so the first sync must read the scroll to its empty page (13 requests: 12 pages of 1,000
+and the empty one) and store 12,000; the no-change run must take the capped count as "at least
+10,000" and not reconcile (2 requests). Before issue 36 the first sync stored 10,000 and every
+later run reconciled on the count's "2,000 fewer".
 The CKAN reference needs the CKAN samples (../shared/ckan-samples or HARVESTER_SAMPLES_DIR), as
 harvest_bench.py does; the other kinds need only tests/data/.
 """
