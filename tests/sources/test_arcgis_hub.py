@@ -108,6 +108,20 @@ def test_the_whole_catalogue_by_next_links(hub):
     assert len(hub.items_requests()) == 3 and "startindex=21" in hub.items_requests()[-1]
 
 
+def test_a_server_without_counts_or_next_links_capping_its_pages_is_listed_to_the_empty_page(hub):
+    # issue 36: no numberMatched, no next link, at most 7 a page where 10 were asked: a short page
+    # is no proof of the end; the empty page after the last is
+    features = derived_features(template(), 25)
+    hub.set_features(features)
+    hub.omit_counts, hub.max_page_size = True, 7
+    src = source(hub)
+    records, listing = listed(src, page_size=10)
+    assert [r.source_id for r in records] == [f["id"] for f in features]
+    assert listing.complete and not src.loop_cut
+    assert [int(u.split("startindex=")[1].split("&")[0]) for u in hub.items_requests()] == [1, 8, 15, 22, 26]
+    assert [i for page in source(hub).list_ids(10) for i, _ in page.ids] == [f["id"] for f in features]
+
+
 def test_the_modified_filter_lists_only_what_changed(hub):
     features = derived_features(template(), 25)
     hub.set_features(features)

@@ -4,7 +4,9 @@ The portal's url is a Hub site (``https://data-city.hub.arcgis.com``) or its ite
 (``.../api/search/v1/collections/dataset/items``). Pages are ``GET items?limit=N&startindex=S``
 (``startindex`` counts from 1), GeoJSON FeatureCollections with ``numberMatched`` (the ``total``),
 ``numberReturned`` and a ``links`` entry ``rel: next`` while there is more; the next link is
-followed when there is one, else ``startindex`` moves on by what the page returned.
+followed when there is one, else ``startindex`` moves on by what the page returned. The end (a
+complete listing) is an empty page, or no next link once ``numberMatched`` (exact) is reached; a page
+shorter than ``limit`` is not (a server may cap its pages below it).
 
 Incremental listings send the Hub's CQL filter on the item's ``modified`` date (epoch ms), in the
 form Hub sites are queried with (``filter=((modified BETWEEN <since ms> AND <far future ms>))``).
@@ -280,10 +282,10 @@ class ArcGisHubSource(CountsTraffic):
                 yield features
             start = _startindex(url) or 1
             link = _next_link(page)
-            if link is None:  # no next link: numberMatched (else a short page) says whether it is the end
+            if link is None:  # no next link: numberMatched (exact), else only an empty page, says it is the end
                 matched = page.get("numberMatched")
-                if not features or (start - 1 + len(features) >= matched if isinstance(matched, int)
-                                    else len(features) < page_size):
+                # (issue 36) without a count, a short page is no proof: the server may cap its pages
+                if not features or (isinstance(matched, int) and start - 1 + len(features) >= matched):
                     self.complete = True
                     return
                 link = _with_params(url, {"startindex": start + len(features)})

@@ -7,7 +7,9 @@ recorded. Faults for the next requests: a status (5xx, 429 with Retry-After), or
 ``fields`` narrows the properties sent and ``filter=((id IN (a, b)))`` picks items;
 ``ignore_filter`` answers modified-filtered searches as if unfiltered, ``ignore_fields`` sends
 whole features; ``loop_after`` makes the next link of
-that page point back to the first page."""
+that page point back to the first page; ``max_page_size`` caps a page below the ``limit`` asked;
+``omit_counts`` answers with no ``numberMatched`` and no ``rel: next`` link (both optional in OGC
+API Records)."""
 from __future__ import annotations
 
 import copy
@@ -94,6 +96,8 @@ class ArcGisHubServer(LocalServer):
         self.ignore_filter = False
         self.ignore_fields = False
         self.loop_after: int | None = None  # startindex of the page whose next link goes back to 1
+        self.max_page_size: int | None = None
+        self.omit_counts = False
         self._faults: list[dict] = []
         self._lock = threading.Lock()
         super().__init__()
@@ -154,7 +158,8 @@ class ArcGisHubServer(LocalServer):
                 if not self.ignore_filter:
                     selected = [f for f in selected if (f["properties"].get("modified") or 0) >= low
                                 and (high is None or f["properties"]["modified"] <= high)]
-        page = copy.deepcopy(selected[start - 1:start - 1 + limit])
+        served = limit if self.max_page_size is None else min(limit, self.max_page_size)
+        page = copy.deepcopy(selected[start - 1:start - 1 + served])
         fields = one("fields")
         if fields and not self.ignore_fields:
             keep = {f.strip() for f in fields.split(",")}
@@ -168,6 +173,9 @@ class ArcGisHubServer(LocalServer):
                   "href": f"{base}?{urlencode(params)}"},
                  {"rel": "collection", "type": "application/json", "title": "Dataset",
                   "href": self.base_url + "/api/search/v1/collections/dataset"}]
+        if self.omit_counts:
+            return 200, {"type": "FeatureCollection", "features": page, "timestamp": "2023-01-23T18:53:40.715Z",
+                         "numberReturned": len(page), "links": links}
         if start - 1 + len(page) < len(selected) and page:
             nxt = 1 if self.loop_after == start else start + len(page)
             links.append({"rel": "next", "type": "application/geo+json", "title": "items (next)",
