@@ -406,7 +406,9 @@ def count_held_back(conn, run_id: int, portal_url: str, model: str, shard: int =
                     shards: int = 1) -> tuple[int, int, object]:
     """The portal's texts without a vector of ``model`` (in this shard) that are not pending work
     because the provider answered unusable vectors for them (store/claims.py refuse): (waiting for
-    their retry, given up, the earliest retry)."""
+    their retry, given up, the earliest retry). No pass over the portal when the model has none."""
+    if not conn.execute("SELECT EXISTS (SELECT 1 FROM embedding_failures WHERE model = %s)", (model,)).fetchone()[0]:
+        return 0, 0, None
     params = {"run": run_id, "portal": portal_url, "model": model, "shard": shard, "shards": shards}
     checked = copies_checked(conn, portal_url, model)
     with _through_pending_index(conn, checked):
