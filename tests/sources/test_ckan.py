@@ -64,6 +64,18 @@ def test_full_listing_yields_every_id_once(gc_portal, gc_records, page_size):
     assert len(rest) == -(-489 // page_size) - 1
 
 
+def test_a_portal_without_count_capping_its_rows_is_listed_to_the_empty_page(gc_portal, gc_records):
+    # issue 36: no "count" in the answers, and ckan.search.rows_max (7) below the rows asked (10):
+    # a short page is no proof of the end; the empty page after the last is
+    gc_portal.omit_count, gc_portal.rows_max = True, 7
+    client = make_client(gc_portal.base_url)
+    ids = [r["id"] for r in listing(client, page_size=10)]
+    assert len(ids) == len(set(ids)) == 489 and set(ids) == {r["id"] for r in gc_records}
+    assert client.cut is None and client.total is None
+    # the last answer holds only the record the listing stood on: nothing after it
+    assert [p for _, p in gc_portal.requests][-1]["rows"] == "11"
+
+
 def test_since_filter_gives_only_newer_records(gc_portal, gc_records):
     since = datetime(2013, 6, 14, 12, 0)  # naive: UTC
     client = make_client(gc_portal.base_url)

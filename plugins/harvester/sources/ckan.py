@@ -343,9 +343,11 @@ class CkanClient:
                 break
             if isinstance(count, int):
                 if start + len(page) >= count:
-                    break
-            elif len(page) < rows:
-                break
+                    break  # CKAN's count (Solr's numFound) is exact: all were listed
+            elif overlap and len(page) == 1:
+                break  # no count: nothing after the record we stood on (the empty page's equivalent)
+            # No count (not CKAN's own answer): a short page is no proof of the end, since
+            # ckan.search.rows_max may cut pages below ``rows`` (issue 36); an empty one is.
             if fq_for(boundary) != fq:
                 # keyset step: the next result list starts with this page's records at the new
                 # boundary (all seen), so go on right after them

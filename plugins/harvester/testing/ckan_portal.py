@@ -680,6 +680,8 @@ class DemoPortal(ServedPortal):
         self.reject_fq = False
         self.ignore_fl = False
         self.ignore_fq = False
+        self.rows_max = ROWS_MAX   # ckan.search.rows_max: a portal may set it lower than the client asks
+        self.omit_count = False    # package_search answers without "count" (not CKAN's own answer)
         self.fail_actions: set[str] | dict[str, int] = set()
         self.response_delay = 0.0
         self.api_tokens: set[str] = set()
@@ -756,6 +758,7 @@ class DemoPortal(ServedPortal):
             self.reject_fq = False
             self.ignore_fl = False
             self.ignore_fq = False
+            self.rows_max, self.omit_count = ROWS_MAX, False
             self.fail_actions = set()
             self.response_delay = 0.0
 
@@ -858,7 +861,7 @@ class DemoPortal(ServedPortal):
             raise _search_query_error(f"Invalid search parameters: {bad}")
         rows = _natural(params, "rows", 10)
         start = _natural(params, "start", 0)
-        rows = min(rows, ROWS_MAX)
+        rows = min(rows, self.rows_max)
         q = str(params.get("q") or "").strip()
         fq = params.get("fq")
         fq = "" if fq is None or self.ignore_fq else str(fq)
@@ -917,6 +920,8 @@ class DemoPortal(ServedPortal):
             results = ", ".join(json.dumps(_solr_doc(e, fields)) for e in page)
         else:
             results = ", ".join(e.json for e in page)
+        if self.omit_count:
+            return '{"sort": %s, "facets": {}, "results": [%s], "search_facets": {}}' % (json.dumps(sort), results)
         return ('{"count": %d, "sort": %s, "facets": {}, "results": [%s], "search_facets": {}}'
                 % (len(matched), json.dumps(sort), results))
 
