@@ -36,6 +36,30 @@ def test_250_new_texts_take_exactly_3_requests(harvest, portal_server, db, sampl
     assert len(gemini.texts) == len(set(gemini.texts)) == 250
 
 
+def test_unusable_vectors_spoil_only_their_texts_and_the_dag_run_succeeds_first_try(harvest, portal_server, db,
+                                                                                       samples, gemini):
+    """Issue 36: NaN (and empty) vectors for a few texts used to fail embed_changed, cancelling the
+    batches in flight, and Airflow's retry sent every text again."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    records = distinct_records(samples, 400)
+    portal_server.set_records(records)
+    harvest.configure(portal_server.base_url)
+    for record, how in zip(records[:3], ("nan", "empty", "inf")):
+        gemini.poison(ds.embedding_text(record["title"], record.get("notes")), how)
+    dag_run = harvest.run()
+    assert dag_run.state == "success"
+    _, _, status, stats, _ = last_run(db)
+    assert (status, stats["embedded"], stats["embeddings_refused"], stats["skipped"]) == ("committed", 397, 3, 3)
+    assert stats["embedding_requests"] == len(gemini.requests) == 4, "no batch sent twice"
+    assert len(gemini.texts) == len(set(gemini.texts)) == 400
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(run_id=dag_run.run_id, task_id="embed_changed").one()
+        assert ti.state == "success" and ti.try_number == 1
+    assert db.execute("SELECT count(*) FROM circuit_breakers WHERE consecutive_failures > 0").fetchone()[0] == 0
+
+
 def test_invalid_key_fails_fast_without_showing_the_key(harvest, portal_server, db, samples, gemini, monkeypatch):
     secret = "AIza-REVOKED-SECRET-31337"
     monkeypatch.setenv("GEMINI_API_KEY", secret)
