@@ -4,9 +4,13 @@ tests/data/opendatasoft land whole (ids read from the files themselves), an incr
 only for what changed, a dataset the portal dropped is removed by the next run's reconciliation
 (count, then a narrowed id listing) and by a full listing, a portal ignoring the modified filter
 falls back to a full listing, a page loop on a full sync is cut and removes
-nothing, a 503 is retried and a 404 fails at once."""
+nothing, a 503 is retried and a 404 fails at once; and 12,000 datasets, past the records endpoint's
+10,000 window: a first sync stores them all (the rest from the exports endpoint), an incremental
+run after edits, and a removal reconciled from an exported identifier listing removes exactly what
+the portal dropped."""
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from datetime import datetime, timezone
@@ -144,3 +148,55 @@ def test_404_fails_at_once(harvest, ods, db, gemini):
     status, error = db.execute("SELECT status, error FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()
     assert status == "failed" and "404" in error and f"{ods.base_url}/wrong/api/explore/v2.1/catalog/datasets" in error
     assert len(ods.requests) == 1
+
+
+def numbered(n: int) -> list[dict]:
+    """``n`` datasets copied from the real fixtures (ods-00000...), modified in 2024."""
+    bases = fixture_datasets()
+    out = []
+    for i in range(n):
+        ds = copy.deepcopy(bases[i % len(bases)])
+        ds["dataset_id"] = f"ods-{i:05d}"
+        ds["metas"]["default"].update(title=f"Dataset {i}", modified="2024-01-01T00:00:00+00:00")
+        out.append(ds)
+    return out
+
+
+def test_12000_datasets_first_sync_incremental_and_removal(harvest, db, gemini):
+    # past the records endpoint's 10,000 window: the first page, then the rest from the exports
+    # endpoint, whose requests the local portal answers only within the documented limits
+    with OpenDataSoftPortal(numbered(12_000)) as ods:
+        harvest.configure(ods.base_url, type="opendatasoft")
+        assert harvest.run().state == "success"
+        run_id, mode, status, stats = last_run(db)
+        assert (mode, status, stats["created"], stats["failed"]) == ("full", "committed", 12_000, 0)
+        assert len(live(db)) == 12_000 and set(live(db)) == {f"ods-{i:05d}" for i in range(12_000)}
+        assert stats["portal_requests"] == 2 and len(ods.export_requests()) == 1
+        assert all(int(q["offset"]) + int(q["limit"]) <= 10_000 for q in ods.catalog_requests())
+
+        # edits: the incremental run asks for what changed (one page: 3 datasets) and the count agrees
+        for i in (5, 10_500, 11_999):
+            ods.edit(f"ods-{i:05d}", now_iso(), title=f"Dataset {i}, edited")
+        ods.requests.clear()
+        assert harvest.run().state == "success"
+        run_id, mode, status, stats = last_run(db)
+        assert (mode, status, stats["fetched"], stats["updated"], stats["removed"]) == (
+            "incremental", "committed", 3, 3, 0)
+        assert stats["portal_count"] == 12_000 and ods.export_requests() == []
+        assert live(db)["ods-10500"] == "Dataset 10500, edited"
+
+        # removals: the count (11,997) disagrees, so it reconciles: the ids listed from the export
+        # (select=dataset_id,modified), and exactly what the portal dropped is removed
+        gone = {"ods-00000", "ods-10001", "ods-11998"}
+        for ident in gone:
+            ods.remove(ident)
+        ods.requests.clear()
+        assert harvest.run().state == "success"
+        run_id, mode, status, stats = last_run(db)
+        assert (mode, status, stats["removed"], stats["portal_count"]) == ("incremental", "committed", 3, 11_997)
+        assert stats["reconcile_listed"] == 11_997
+        [export] = ods.export_requests()
+        assert export["select"] == "dataset_id,modified"
+        assert set(live(db)) == {f"ods-{i:05d}" for i in range(12_000)} - gone
+        removed = {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE removed_at IS NOT NULL")}
+        assert removed == gone
