@@ -171,11 +171,15 @@ def test_a_page_loop_is_cut_and_removes_nothing(harvest, csw, db, gemini, caplog
     csw.set_records([r for r in csw.records if load_ids(r) != "3e9a8c05"])
     csw.stuck_next = 1
     caplog.set_level(logging.WARNING, logger="harvester")
-    assert harvest.run(full_sync=True).state == "success"
-    _, mode, status, stats, _ = last_run(db)
-    assert status == "committed" and stats["removed"] == 0
+    # the cut full listing removes nothing and the run goes on as incremental; the count (one
+    # fewer) then asks for a reconciliation, whose identifier listing is cut the same way and is
+    # refused (issue 36: it used to be taken as the portal's whole list, only the removal guard
+    # keeping the rest): the run fails, and still nothing is removed
+    assert harvest.run(full_sync=True).state == "failed"
+    _, mode, status, stats, error = last_run(db)
+    assert status == "failed" and "the identifier listing was cut short" in error
     assert "does not advance" in caplog.text
-    assert "3e9a8c05" in live_ids(db)
+    assert "3e9a8c05" in live_ids(db) and len(live_ids(db)) == len(expected_ids())
 
 
 def test_transient_faults_are_retried(harvest, csw, db, gemini):

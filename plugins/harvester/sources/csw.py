@@ -574,7 +574,7 @@ class CswSource(CountsTraffic):
         if not self.complete:
             # (issue 36) a cut listing lacks datasets the portal still has: reconciling with it
             # would remove them
-            raise SourceError(f"{self.label}: the identifier listing was cut after {self.pages} pages (see the "
+            raise SourceError(f"{self.label}: the identifier listing was cut short ({self.pages} pages read, see the "
                               f"warning above); an incomplete listing cannot be reconciled with")
 
     @staticmethod
