@@ -17,7 +17,9 @@ import copy
 import importlib.util
 import json
 import logging
+import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -158,7 +160,7 @@ def test_a_secret_in_a_portal_url_never_leaves(harvest, catalogue, db, gemini, r
     places = {
         "the DAG's description and doc": f"{dag.description}\n{dag.doc_md}",
         "the harvester database": database_text(db),
-        "Airflow's metadata database and files": airflow_home_text(),
+        "Airflow's metadata database and files": airflow_home_text(Path(os.environ["AIRFLOW_HOME"])),
         "the Harvester UI's JSON": ui_json(ui_client(monkeypatch, tmp_path), db),
         "an export and its manifest": export(tmp_path, "export"),
         "the notifications": json.dumps(receiver.requests, default=str),

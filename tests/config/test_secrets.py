@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -83,7 +85,7 @@ def test_private_datasets_are_harvested_with_the_connection_only(harvest, portal
     out, err = capfd.readouterr()
     assert "reconcil" in caplog.text
     for where, text in {"logs": caplog.text + out + err, "database": database_text(db),
-                        "Airflow files": airflow_home_text()}.items():
+                        "Airflow files": airflow_home_text(Path(os.environ["AIRFLOW_HOME"]))}.items():
         assert TOKEN not in text, f"the API token is in the {where}"
 
 
@@ -155,7 +157,7 @@ def test_url_credentials_never_reach_the_dag_logs_errors_or_database(harvest, po
                                 + [o.uri for d in (dag, dag_env) for t in d.tasks for o in t.outlets]),
         "captured log records": caplog.text + "\n".join(str(r.args) + r.getMessage() for r in caplog.records),
         "stdout and stderr": out + err,
-        "Airflow task logs and metadata": airflow_home_text(),
+        "Airflow task logs and metadata": airflow_home_text(Path(os.environ["AIRFLOW_HOME"])),
         "harvester database": database_text(db),
     }
     assert "harvester://test/datasets" in places["Asset URIs"]

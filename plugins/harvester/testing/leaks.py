@@ -1,9 +1,8 @@
 """Everything a run leaves behind, as text, for tests that look for a secret that must not be there
-(test-only): every row of every table of the Harvester database, every file under $AIRFLOW_HOME and
+(test-only): every row of every table of the Harvester database, every file under AIRFLOW_HOME and
 every row of Airflow's metadata database."""
 from __future__ import annotations
 
-import os
 import sqlite3
 import zlib
 from pathlib import Path
@@ -19,12 +18,11 @@ def database_text(db) -> str:
                      for row in db.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall())
 
 
-def airflow_home_text() -> str:
-    """Every file under $AIRFLOW_HOME as text (task log files, the metadata database's pages and its
+def airflow_home_text(home: Path) -> str:
+    """Every file under ``home`` (the tests' AIRFLOW_HOME) as text (task log files, the metadata database's pages and its
     WAL), and every row of every table of the metadata database (SQLite), compressed values
     inflated: the serialized DAG, the DAG's description and docs, task instances, XComs, run confs.
     (dag.test() runs tasks in-process and logs through logging: there may be no log file.)"""
-    home = Path(os.environ["AIRFLOW_HOME"])
     files = [p for p in home.rglob("*") if p.is_file()]
     assert home / "airflow.db" in files
     text = [p.read_bytes().decode("utf-8", "replace") for p in files]
