@@ -201,6 +201,20 @@ def test_an_incremental_run_past_the_api_window_falls_back_to_a_full_scrolled_li
     assert sum("scroll_id" in q for q in queries) == math.ceil(20 / PAGE)
 
 
+def test_a_server_capping_its_page_size_is_synced_whole_and_a_full_sync_removes_nothing_live(harvest, portal, db,
+                                                                                              gemini):
+    # issue 36: at most 3 results a page where 5 are asked; a short page used to end the listing
+    portal.max_page_size = 3
+    stats = first_sync(harvest, portal, db)
+    assert live_ids(db) == set(fixture_results()) and stats["created"] == 21
+    assert stats["portal_requests"] == len(portal.catalog_requests()) == 7   # 7 pages of 3: 21, the exact count
+    portal.remove("m6dm-c72p")
+    assert harvest.run(full_sync=True).state == "success"
+    _, mode, status, stats, _, _ = last_run(db)
+    assert (mode, status, stats["removed"]) == ("full", "committed", 1)
+    assert live_ids(db) == set(fixture_results()) - {"m6dm-c72p"}
+
+
 # -- past the API's capped count (issue 36) ----------------------------------------------------------
 BIG = 12_000
 
