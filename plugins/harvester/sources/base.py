@@ -176,7 +176,11 @@ class Source(Protocol):
     # calls these only then). A kind that lists its whole catalogue every run needs none of them.
     def list_ids(self, page_size: int) -> Iterator[IdPage]:
         """Every identifier the portal lists with its modification time, ``page_size`` a request
-        (the whole portal; ``total`` may be set from the first answer, for progress)."""
+        (the whole portal; ``total`` may be set from the first answer, for progress). The
+        reconciliation removes every live dataset this listing lacks, so a listing that did not
+        reach the API's own end signal (an empty page, no next page, an exact count reached; never
+        a short page or a capped count) must raise ``SourceError`` after its last page rather
+        than end quietly."""
         ...
 
     def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[DatasetRecord]]:
