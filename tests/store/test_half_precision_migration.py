@@ -89,7 +89,9 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     before_019 = tmp_path / "sql"
     before_019.mkdir()
     for version, path in migrations.migration_files():
-        if version < 19:
+        # before 019, and the later ones that leave 019 and 020's tables alone but that today's
+        # code (writing the old database here) reads: sql/021's embedding_failures
+        if version < 19 or version > 20:
             shutil.copy(path, before_019 / path.name)
     assert all((migrations.SQL_DIR / name).exists() for name in MIGRATIONS)
 
