@@ -104,6 +104,16 @@ def wire_bytes(resp: requests.Response) -> int:
     return told if isinstance(told, int) and told > 0 else len(resp.content or b"")
 
 
+def streamed_bytes(raw) -> int:
+    """What a streamed body's ``raw`` (urllib3) has read of it as it came over the wire (compressed,
+    if it came compressed); 0 when it cannot tell. Its reader adds it with ``HttpFetcher.add_bytes``."""
+    try:
+        told = raw.tell()
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return told if isinstance(told, int) and told > 0 else 0
+
+
 def read_whole(resp: requests.Response) -> None:
     """Read a streamed answer's body in as few reads as the socket allows; ``resp.content``,
     ``.text`` and ``.json()`` then return it as usual. Read by requests itself (stream=False), it

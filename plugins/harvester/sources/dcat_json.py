@@ -68,7 +68,7 @@ from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normali
                                       slug)
 from harvester.domain.outcomes import Problem, problem
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
-from harvester.http import scrub_url
+from harvester.http import scrub_url, streamed_bytes
 
 log = logging.getLogger(__name__)
 
@@ -883,7 +883,7 @@ class DcatJsonSource(CountsTraffic):
             raise SourceUnavailable(f"{scrub_url(self.url)}: the catalogue's body broke off after "
                                     f"{self.listed} entries ({type(exc).__name__})") from exc
         finally:
-            self.fetcher.add_bytes(_wire_bytes(raw))
+            self.fetcher.add_bytes(streamed_bytes(raw))
 
     def iter_records(self, since, page_size: int, listing: Listing,
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
@@ -894,12 +894,3 @@ class DcatJsonSource(CountsTraffic):
         listing.not_modified = self.not_modified
         listing.complete = not self.not_modified
         listing.validators = dict(self.validators)
-
-
-def _wire_bytes(raw) -> int:
-    """Body bytes as they came over the wire (compressed, if they came compressed)."""
-    try:
-        told = raw.tell()
-    except (AttributeError, OSError, ValueError):
-        return 0
-    return told if isinstance(told, int) and told > 0 else 0

@@ -65,7 +65,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from harvester.config.portals import OPENDATASOFT
 from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
-from harvester.http import RetriesExhausted, Retryable, scrub_url
+from harvester.http import RetriesExhausted, Retryable, scrub_url, streamed_bytes
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
 
@@ -386,7 +386,7 @@ class OpenDataSoftSource(CountsTraffic):
                 log.warning("%s; asking for it again (%d of %d), the %d datasets listed so far skipped", last,
                             attempt, attempts - 1, self.listed)
             finally:
-                self.fetcher.add_bytes(_wire_bytes(raw))
+                self.fetcher.add_bytes(streamed_bytes(raw))
                 resp.close()
 
     def _export_response(self, url: str, params: dict, filtered: bool):
@@ -539,12 +539,3 @@ def _array_items(fp, where: str) -> Iterator[Any]:
         raise SourceError(f"{where}: the export is not valid JSON ({reason[:200]})") from exc
     if not closed:
         raise ExportCut("its JSON array never closed")
-
-
-def _wire_bytes(raw) -> int:
-    """A streamed body's bytes as they came over the wire (compressed, if they came compressed)."""
-    try:
-        told = raw.tell()
-    except (AttributeError, OSError, ValueError):
-        return 0
-    return told if isinstance(told, int) and told > 0 else 0
