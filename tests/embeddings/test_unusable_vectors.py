@@ -261,3 +261,88 @@ def test_a_text_another_run_refuses_while_this_run_waits_for_it_is_neither_sent_
     # A claim by a third run now: held back, neither its to send nor another's to wait for.
     got = claims.take(db, MODEL, run_id, theirs, ttl_seconds=600)
     assert (got.mine, got.others, got.held) == (set(), set(), set(theirs))
+
+
+# -- the refusal limits are settings (HARVESTER_EMBED_REFUSED_*) ---------------------------------------------
+def held_for(db):
+    """Per refused text: (refusals, seconds it is held back from its last refusal; None: given up)."""
+    return {h: (n, None if wait is None else round(wait)) for h, n, wait in db.execute(
+        "SELECT content_hash, failures, extract(epoch FROM retry_at - last_failed_at)::float"
+        " FROM embedding_failures WHERE model = %s", (MODEL,))}
+
+
+def test_one_refusal_gives_a_text_up_when_the_setting_says_so(db, portal_server, samples, gemini, monkeypatch,
+                                                               caplog):
+    monkeypatch.setenv("HARVESTER_EMBED_REFUSED_ATTEMPTS", "1")
+    portal, run_id = stage(portal_server, distinct_records(samples, 30))
+    (h, text), = texts_of(db, run_id, 1)
+    gemini.poison(text, "empty")
+    caplog.set_level(logging.WARNING, logger="harvester.embeddings.batching")
+    counts = embed(portal, run_id)  # the settings from the environment
+    assert (counts["embedded"], counts["embeddings_refused"]) == (29, 1)
+    assert held_for(db) == {h: (1, None)}
+    assert any("1 given up after 1 refusals in a row" in r.getMessage() for r in caplog.records)
+    pass_backoff(db, 365 * 86400)
+    gemini.requests.clear()
+    assert embed(portal, run_id)["embeddings_held_back"] == 1 and gemini.requests == []
+
+
+def test_the_first_backoff_and_the_longest_are_settings(db, portal_server, samples, gemini, monkeypatch):
+    monkeypatch.setenv("HARVESTER_EMBED_REFUSED_BACKOFF_SECS", "600")
+    monkeypatch.setenv("HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS", "900")
+    monkeypatch.setenv("HARVESTER_EMBED_REFUSED_ATTEMPTS", "4")
+    portal, run_id = stage(portal_server, distinct_records(samples, 30))
+    (h, text), = texts_of(db, run_id, 1)
+    gemini.poison(text, "nan")
+    embed(portal, run_id)
+    assert held_for(db) == {h: (1, 600)}
+    pass_backoff(db, 599)
+    assert embed(portal, run_id)["embedding_requests"] == 0
+    pass_backoff(db, 1)
+    embed(portal, run_id)
+    assert held_for(db) == {h: (2, 900)}, "1200 s doubled, 900 s at most"
+    pass_backoff(db, 900)
+    embed(portal, run_id)
+    assert held_for(db) == {h: (3, 900)}
+    pass_backoff(db, 900)
+    embed(portal, run_id)
+    assert held_for(db) == {h: (4, None)}
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HARVESTER_EMBED_REFUSED_ATTEMPTS": "three"},
+     "HARVESTER_EMBED_REFUSED_ATTEMPTS='three' must be a whole number from 1 to 100"),
+    ({"HARVESTER_EMBED_REFUSED_ATTEMPTS": "0"}, "HARVESTER_EMBED_REFUSED_ATTEMPTS='0' must be a whole number from 1 "
+                                                "to 100"),
+    ({"HARVESTER_EMBED_REFUSED_ATTEMPTS": "2.5"},
+     "HARVESTER_EMBED_REFUSED_ATTEMPTS='2.5' must be a whole number from 1 to 100"),
+    ({"HARVESTER_EMBED_REFUSED_BACKOFF_SECS": "an hour"},
+     "HARVESTER_EMBED_REFUSED_BACKOFF_SECS='an hour' must be a number from 1 to 31622400"),
+    ({"HARVESTER_EMBED_REFUSED_BACKOFF_SECS": "0"},
+     "HARVESTER_EMBED_REFUSED_BACKOFF_SECS='0' must be a number from 1 to 31622400"),
+    ({"HARVESTER_EMBED_REFUSED_BACKOFF_SECS": "-3600"},
+     "HARVESTER_EMBED_REFUSED_BACKOFF_SECS='-3600' must be a number from 1 to 31622400"),
+    ({"HARVESTER_EMBED_REFUSED_BACKOFF_SECS": "nan"},
+     "HARVESTER_EMBED_REFUSED_BACKOFF_SECS='nan' must be a number from 1 to 31622400"),
+    ({"HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS": "0"},
+     "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS='0' must be a number from 1 to 31622400"),
+    ({"HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS": "1e9"},
+     "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS='1e9' must be a number from 1 to 31622400"),
+    # a rule between two of them
+    ({"HARVESTER_EMBED_REFUSED_BACKOFF_SECS": "7200", "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS": "3600"},
+     "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS=3600 must be at least HARVESTER_EMBED_REFUSED_BACKOFF_SECS=7200: a "
+     "refused text's first wait cannot be longer than its longest"),
+])
+def test_bad_refusal_settings_name_the_variable(env, message):
+    from harvester.config.settings import SettingError
+
+    with pytest.raises(SettingError) as caught:
+        EmbedSettings.from_env(env)
+    assert str(caught.value) == message
+
+
+def test_the_refusal_settings_read_from_the_environment():
+    got = EmbedSettings.from_env({"HARVESTER_EMBED_REFUSED_ATTEMPTS": "5", "HARVESTER_EMBED_REFUSED_BACKOFF_SECS":
+                                  " 60 ", "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS": "86400"})
+    assert (got.refused_attempts, got.refused_backoff, got.refused_max_backoff) == (5, 60.0, 86400.0)
+    assert EmbedSettings.from_env({}) == EmbedSettings() and EmbedSettings().refused_max_backoff == 7 * 86400

@@ -298,6 +298,14 @@ _ALL = (
             "(another run then embeds them)", "embedding", 1),
     Setting("HARVESTER_EMBED_CLAIM_WAIT_SECS", "float", 600.0, "How long a shard waits, after its own work, for "
             "texts another run claimed", "embedding", 0),
+    Setting("HARVESTER_EMBED_REFUSED_ATTEMPTS", "int", 3, "Refusals in a row (runs whose provider answered an "
+            "unusable vector for a text: NaN, wrong size, empty, all zeros) after which the text is given up, never "
+            "sent again until its text changes or `harvester embeddings invalidate` resets it; 1: at its first",
+            "embedding", 1, 100),
+    Setting("HARVESTER_EMBED_REFUSED_BACKOFF_SECS", "float", 3600.0, "How long a text is held back after its "
+            "first refusal (no run sends it before); doubled after each further one", "embedding", 1, 366 * _DAY),
+    Setting("HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS", "float", 7.0 * _DAY, "The longest a refused text is held "
+            "back; at least HARVESTER_EMBED_REFUSED_BACKOFF_SECS", "embedding", 1, 366 * _DAY),
     # -- circuit breaker --------------------------------------------------------------------------
     Setting("CB_FAILURE_THRESHOLD", "int", 5, "Consecutive failures that open the breaker", "breaker", 1),
     Setting("CB_RECOVERY_TIMEOUT_SECS", "float", 30.0, "How long an opening lasts before probes are let through",

@@ -10,9 +10,11 @@ A batch the provider answers with vectors that cannot be stored (not finite, of 
 empty, all zeros, or another count of vectors than texts) is the provider's answer about those
 texts, not an outage: the breaker records a success, the usable vectors of the batch are stored,
 and each unusable one's text is refused (store/claims.py refuse, sql/021): it stays pending, its
-claim is given back, and it is not sent again before a backoff (``refused_backoff``, doubling),
-alone in its request then; after ``refused_attempts`` refusals in a row it is given up until its
-text changes or an operator resets it (``harvester embeddings invalidate``). The run goes on.
+claim is given back, and it is not sent again before a backoff (``refused_backoff``, doubling up to
+``refused_max_backoff``), alone in its request then; after ``refused_attempts`` refusals in a row it
+is given up until its text changes or an operator resets it (``harvester embeddings invalidate``).
+The run goes on. HARVESTER_EMBED_REFUSED_BACKOFF_SECS (an hour), _REFUSED_MAX_BACKOFF_SECS (a week)
+and _REFUSED_ATTEMPTS (3) set them.
 
 Up to ``concurrency`` batches are in flight at once (HARVESTER_EMBED_CONCURRENCY), so a remote
 provider's latency is not paid batch after batch. Only the provider calls run on worker threads;
@@ -30,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from harvester.config.settings import breaker_config as breaker_config_from_env, fields_from_env
+from harvester.config.settings import SettingError, breaker_config as breaker_config_from_env, fields_from_env
 from harvester.domain import dataset as ds
 from harvester.domain.breaker import HALF_OPEN, BreakerConfig
 from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
@@ -55,15 +57,24 @@ class EmbedSettings:
     claim_wait: float = 600.0     # seconds a shard waits for texts another run claimed, after its own
     claim_poll: float = 0.5       # seconds between looks for the vectors of texts another run claimed
     # A text whose vector came back unusable (NaN, wrong size, empty, ...): runs that send it before
-    # it is given up, and how long it is held back after its first refusal (doubling after each).
+    # it is given up, and how long it is held back after its first refusal (doubling after each, up
+    # to refused_max_backoff). HARVESTER_EMBED_REFUSED_ATTEMPTS, _REFUSED_BACKOFF_SECS, _REFUSED_MAX_BACKOFF_SECS.
     refused_attempts: int = 3
     refused_backoff: float = 3600.0
     refused_max_backoff: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, environ=None) -> "EmbedSettings":
-        """The HARVESTER_EMBED_* variables (config/settings.py: their ranges and messages)."""
-        return fields_from_env(cls, "HARVESTER_EMBED_", environ)
+        """The HARVESTER_EMBED_* variables (config/settings.py: their ranges and messages), and the
+        rule between two of them: the longest backoff is at least the first."""
+        got = fields_from_env(cls, "HARVESTER_EMBED_", environ)
+        if got.refused_max_backoff < got.refused_backoff:
+            raise SettingError(
+                f"HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS={got.refused_max_backoff:g} must be at least "
+                f"HARVESTER_EMBED_REFUSED_BACKOFF_SECS={got.refused_backoff:g}: a refused text's first wait "
+                "cannot be longer than its longest",
+                ["HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS", "HARVESTER_EMBED_REFUSED_BACKOFF_SECS"])
+        return got
 
 
 
