@@ -5,6 +5,7 @@ PostgreSQL. What the provider answered about some texts spoils those texts alone
 are stored, the breaker is not tripped, the run goes on; the bad texts stay pending, held back for
 a while, sent alone when retried, and given up after a few refusals."""
 import collections
+import datetime
 import logging
 
 import pytest
@@ -174,7 +175,7 @@ def test_every_vector_of_a_batch_of_another_size_is_a_setting_to_fix_not_the_tex
 def test_a_whole_run_with_poisoned_texts_commits_and_the_next_runs_do_not_pay_for_them_again(
         db, portal_server, samples, gemini, tmp_path, monkeypatch, capsys):
     """Through `harvester harvest` (begin .. upsert): the run commits with every other dataset
-    embedded; the poisoned ones are stored, pending, reported (skipped, embedding-deferred) and
+    embedded; the poisoned ones are stored, pending, reported (skipped, embedding-refused) and
     counted (embeddings_refused); the next run sends nothing; `harvester embeddings invalidate
     --dataset` resets one, which the next run sends alone."""
     import json
@@ -202,7 +203,8 @@ def test_a_whole_run_with_poisoned_texts_commits_and_the_next_runs_do_not_pay_fo
                                         " WHERE embedded_content_hash IS DISTINCT FROM content_hash")}
     assert pending == {r["id"] for r in chosen}
     assert {r[0] for r in db.execute("SELECT source_id FROM record_outcomes WHERE run_id = %s"
-                                     " AND code = 'embedding-deferred'", (run_id,))} == pending
+                                     " AND code = 'embedding-refused'", (run_id,))} == pending
+    assert not db.execute("SELECT count(*) FROM record_outcomes WHERE code = 'embedding-deferred'").fetchone()[0]
     assert len(gemini.texts) == len(set(gemini.texts)) == 400
 
     # The next run (nothing changed at the portal) sends nothing: the refused texts wait their backoff.
@@ -346,3 +348,101 @@ def test_the_refusal_settings_read_from_the_environment():
                                   " 60 ", "HARVESTER_EMBED_REFUSED_MAX_BACKOFF_SECS": "86400"})
     assert (got.refused_attempts, got.refused_backoff, got.refused_max_backoff) == (5, 60.0, 86400.0)
     assert EmbedSettings.from_env({}) == EmbedSettings() and EmbedSettings().refused_max_backoff == 7 * 86400
+
+
+# -- the run's report: embedding-refused, not embedding-deferred ----------------------------------------------
+def harvest_json(main, capsys) -> dict:
+    import json
+
+    assert main(["harvest", "test", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def embed_rows(db, run_id):
+    """The run's embed rows: source id -> (code, message)."""
+    return {source_id: (code, message) for source_id, code, message in db.execute(
+        "SELECT source_id, code, message FROM record_outcomes WHERE run_id = %s AND stage = 'embed'", (run_id,))}
+
+
+def retry_text(db, source_id):
+    """When the dataset's text is sent again, as the report writes it."""
+    retry_at, = db.execute("SELECT f.retry_at FROM embedding_failures f JOIN datasets d USING (content_hash)"
+                           " WHERE d.source_id = %s", (source_id,)).fetchone()
+    return f"{retry_at.astimezone(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def test_the_report_says_what_was_wrong_how_often_and_what_happens_next(db, portal_server, samples, gemini,
+                                                                         tmp_path, monkeypatch, capsys):
+    """Each dataset whose text got an unusable vector is an embedding-refused row of the run that
+    refused it, naming what was wrong, the refusals in a row and when it is sent again; the run that
+    gives it up (sending it again for an unchanged record) says so, and how to reset it."""
+    import yaml
+
+    from harvester.cli.main import main
+
+    records = distinct_records(samples, 20)
+    portal_server.set_records(records)
+    path = tmp_path / "portals.yaml"
+    path.write_text(yaml.safe_dump({"portals": [{"name": "test", "url": portal_server.base_url,
+                                                 "politeness_delay": 0}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
+    monkeypatch.setenv("HARVESTER_EMBED_REFUSED_ATTEMPTS", "2")
+    nan, short, empty = (r["id"] for r in records[:3])
+    for record, how in zip(records, ("nan", "short", "empty")):
+        gemini.poison(ds.embedding_text(record["title"], record.get("notes")), how)
+
+    stats = harvest_json(main, capsys)
+    run_id = stats["run_id"]
+    assert (stats["embedded"], stats["embeddings_refused"], stats["skipped"]) == (17, 3, 3)
+    rows = embed_rows(db, run_id)
+    assert {code for code, _ in rows.values()} == {"embedding-refused"} and set(rows) == {nan, short, empty}
+    model = "gemini model gemini-embedding-001@768"
+    assert rows[nan][1] == (
+        f"stored without a vector: {model} answered 768 of its 768 values not finite (NaN or infinite) for this "
+        f"text (run {run_id}): a value that is not a number (NaN or infinite); refused 1 time in a row; sent "
+        f"again, alone in its request, by the first run after {retry_text(db, nan)}")
+    assert rows[short][1].startswith(f"stored without a vector: {model} answered a vector of 767 dimensions, "
+                                     f"expected 768 for this text (run {run_id}): another number of dimensions")
+    assert rows[empty][1].startswith(f"stored without a vector: {model} answered a vector of no values for this text"
+                                     f" (run {run_id}): no values at all; refused 1 time in a row; sent again")
+    report = db.execute("SELECT severity, stage FROM record_outcomes WHERE run_id = %s AND code = 'embedding-refused'"
+                        " GROUP BY 1, 2", (run_id,)).fetchall()
+    assert report == [("warning", "embed")]
+
+    # The next run, before the backoff: nothing sent, nothing new to say.
+    stats = harvest_json(main, capsys)
+    assert (stats["embedding_requests"], stats["skipped"]) == (0, 0) and embed_rows(db, stats["run_id"]) == {}
+
+    # After it, one of them is healed: the run that sends them again reports the two it gave up.
+    gemini.unpoison(ds.embedding_text(records[2]["title"], records[2].get("notes")))
+    pass_backoff(db, 3600)
+    stats = harvest_json(main, capsys)
+    run_id = stats["run_id"]
+    assert (stats["embedded"], stats["embeddings_refused"], stats["skipped"]) == (1, 2, 0)
+    rows = embed_rows(db, run_id)
+    assert set(rows) == {nan, short}
+    assert rows[nan] == ("embedding-refused", (
+        f"stored without a vector: {model} answered 768 of its 768 values not finite (NaN or infinite) for this "
+        f"text (run {run_id}): a value that is not a number (NaN or infinite); refused 2 times in a row; given up: "
+        f"sent again only once its text changes, or after `harvester embeddings invalidate --dataset {nan}` resets "
+        "it"))
+    assert rows[short][1].endswith(f"refused 2 times in a row; given up: sent again only once its text changes, or "
+                                   f"after `harvester embeddings invalidate --dataset {short}` resets it")
+
+
+def test_a_text_not_embedded_yet_is_still_embedding_deferred(db, portal_server, samples, gemini):
+    """A run that took in datasets and refused some of their texts, the others left pending (the
+    embed step not run for them): each kind of row for each."""
+    from harvester.pipeline import steps as pipeline
+    from harvester.store import claims
+
+    portal, run_id = stage(portal_server, distinct_records(samples, 10))
+    (refused, _), = texts_of(db, run_id, 1)
+    claims.refuse(db, MODEL, run_id, {refused: ("zero", "gemini answered a vector of zeros")}, attempts=3,
+                  backoff_seconds=3600, max_backoff_seconds=86400)
+    stats = pipeline.upsert(db, portal, run_id, MODEL)
+    codes = collections.Counter(code for code, _ in embed_rows(db, run_id).values())
+    assert codes == {"embedding-deferred": 9, "embedding-refused": 1} and stats["skipped"] == 10
+    message, = db.execute("SELECT message FROM record_outcomes WHERE code = 'embedding-refused'").fetchone()
+    assert message.startswith("stored without a vector: gemini answered a vector of zeros; refused 1 time in a row; "
+                              "sent again, alone in its request, by the first run after ")

@@ -11,7 +11,8 @@ record is stored all the same. Each code belongs to one stage of a run:
   domain/screening.py);
 - ``validate``: the record breaks the catalogue's schema or what Harvester needs, or (warnings)
   its content falls short of what a catalogue should say;
-- ``embed``: the record was stored but its text has no vector yet;
+- ``embed``: the record was stored but its text has no vector yet (not embedded yet, or its vector
+  came back unusable);
 - ``remove``: the record is gone from the portal, but the removal was withheld.
 
 Codes are a closed list (``CODES``): ``problem`` refuses any other, so the documented list is the
@@ -82,6 +83,12 @@ CODES: dict[str, Code] = {
     "embedding-deferred": Code(WARNING, EMBED, "the dataset was stored, but its text has no vector yet (the embedding "
                                                "provider was unavailable or the run's budget ran out); the next run "
                                                "embeds it"),
+    "embedding-refused": Code(WARNING, EMBED, "the dataset was stored, but the embedding provider answered an unusable "
+                                              "vector for its text (NaN or infinite values, another number of "
+                                              "dimensions, empty, all zeros, or a batch answered with another count "
+                                              "of vectors): the message says what was wrong, how many refusals in a "
+                                              "row so far, and when a run sends it again, alone, or that it was "
+                                              "given up (`harvester embeddings invalidate` resets it)"),
     "removal-withheld": Code(WARNING, REMOVE, "the portal no longer lists the dataset, but the removal guard withheld "
                                               "its removal (too large a share of the portal at once)"),
 }

@@ -11,7 +11,8 @@ Which rows a run writes:
 - the warnings of the records the run takes in (created, updated, re-identified): a record that
   did not change was reported when it did, so a second run of the same catalogue does not report
   its warnings again;
-- ``embedding-deferred`` for a stored dataset whose new text has no vector yet;
+- ``embedding-deferred`` for a stored dataset whose new text has no vector yet, ``embedding-refused``
+  when that is because the provider answered an unusable vector for it (embedding_failures, sql/021);
 - ``removal-withheld`` for a dataset the portal no longer lists when the removal guard tripped.
 
 A step that runs again (a retried task) replaces its own rows: nothing is counted twice. Rows are
@@ -67,25 +68,62 @@ def _record_staged(conn, run_id: int, portal_url: str, severity: str, records: s
 
 
 def record_deferred(conn, run_id: int, portal_url: str, model: str) -> int:
-    """Inside the upsert's transaction, after the merge linked vectors: an ``embedding-deferred``
-    row for every dataset the run took in whose new text has no vector of ``model``; returns how
-    many (the run's ``skipped``)."""
+    """Inside the upsert's transaction, after the merge linked vectors: a row for every dataset the
+    run took in whose new text has no vector of ``model``: ``embedding-refused`` when the provider
+    answered an unusable vector for that text (its refusal in embedding_failures: what was wrong, the
+    refusals in a row, when a run sends it again or that it was given up), ``embedding-deferred``
+    otherwise (not embedded yet); returns how many (the run's ``skipped``). Then an
+    ``embedding-refused`` row for every other live dataset of the portal whose text this run sent
+    again and had refused once more (an unchanged record, retried after its backoff: its refusals
+    grow, and the run that gives it up says so). Two statements, whatever the number of datasets."""
     params = {"run": run_id, "portal": portal_url, "model": model, "message": _deferred_message(model)}
     conn.execute("DELETE FROM record_outcomes WHERE run_id = %(run)s AND stage = 'embed'", params)
-    return conn.execute(
-        """
+    skipped = conn.execute(
+        f"""
         INSERT INTO record_outcomes (run_id, portal_url, position, source_id, stage, severity, code, field, message)
-        SELECT s.run_id, %(portal)s, s.seq + 1, s.source_id, 'embed', 'warning', 'embedding-deferred', 'text',
-               %(message)s
+        SELECT s.run_id, %(portal)s, s.seq + 1, s.source_id, 'embed', 'warning',
+               CASE WHEN f.content_hash IS NULL THEN 'embedding-deferred' ELSE 'embedding-refused' END, 'text',
+               CASE WHEN f.content_hash IS NULL THEN %(message)s ELSE {_refused_message('s')} END
         FROM staging_records s
-        WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated') AND s.content_changed
+        LEFT JOIN embedding_failures f ON f.content_hash = s.content_hash AND f.model = %(model)s
+        WHERE s.run_id = %(run)s AND {_TAKEN_IN}
           AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash AND e.model = %(model)s)
         """, params).rowcount
+    conn.execute(
+        f"""
+        INSERT INTO record_outcomes (run_id, portal_url, position, source_id, stage, severity, code, field, message)
+        SELECT %(run)s, d.portal_url, s.seq + 1, d.source_id, 'embed', 'warning', 'embedding-refused', 'text',
+               {_refused_message('d')}
+        FROM embedding_failures f
+        JOIN datasets d ON d.content_hash = f.content_hash AND d.portal_url = %(portal)s AND d.removed_at IS NULL
+        LEFT JOIN staging_records s ON s.run_id = %(run)s AND s.source_id = d.source_id
+        WHERE f.model = %(model)s AND f.run_id = %(run)s AND NOT coalesce({_TAKEN_IN}, false)
+        """, params)
+    return skipped
+
+
+# A staged record the run took in with a new text (the first statement's rows).
+_TAKEN_IN = "s.outcome IN ('created', 'updated') AND s.content_changed"
 
 
 def _deferred_message(model: str) -> str:
     return (f"stored without a vector of {model} (the embedding provider was unavailable, or the run's embedding "
             "budget ran out); the next run embeds it")
+
+
+def _refused_message(record: str) -> str:
+    """An embedding-refused row's message, as SQL over the text's refusal ``f`` (sql/021) and its
+    dataset or staged record (alias ``record``): f.message names the provider, the model, what was
+    wrong and the run that sent it (embeddings/batching.py); then the refusals in a row, and when a
+    run sends the text again or that it was given up, with the command that resets it."""
+    return f"""
+    'stored without a vector: ' || f.message || '; refused ' || f.failures
+    || CASE WHEN f.failures = 1 THEN ' time' ELSE ' times' END || ' in a row; '
+    || CASE WHEN f.retry_at IS NULL
+            THEN 'given up: sent again only once its text changes, or after `harvester embeddings invalidate '
+                 || '--dataset ' || {record}.source_id || '` resets it'
+            ELSE 'sent again, alone in its request, by the first run after '
+                 || to_char(f.retry_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' END"""
 
 
 def record_withheld(conn, run_id: int, portal_url: str, gone_where: str, params: dict, message: str) -> int:
