@@ -324,7 +324,44 @@ def test_ollama_dimension_from_the_environment(ollama, monkeypatch):
 
     wrong = OllamaProvider(url=ollama.url, model="all-minilm", dimension=768)
     with pytest.raises(TerminalEmbeddingError, match="returned 384 dimensions, expected 768"):
-        wrong.embed_documents(["a"])
+        wrong.embed_query("a")
+    # A batch's vectors come as they are: the embed step judges them (a whole batch of one other
+    # size fails the task there; tests/embeddings/test_unusable_vectors.py).
+    assert [v.shape for v in wrong.embed_documents(["a", "b"])] == [(384,), (384,)]
+
+
+def test_ollama_returns_a_batch_as_it_came_for_the_embed_step_to_judge(ollama):
+    """Another count of vectors, a vector of another size, empty, all zeros: returned as they came,
+    as the Gemini provider does (the embed step refuses those texts alone); a NaN, which Ollama
+    answers with HTTP 500 "json: unsupported value: NaN", is an UnusableAnswer, not an outage."""
+    from harvester.embeddings.base import UnusableAnswer
+
+    provider = OllamaProvider(url=ollama.url, dimension=768)
+    for text, how in (("short", "short"), ("empty", "empty"), ("zero", "zero"), ("missing", "missing")):
+        ollama.poison(text, how)
+    try:
+        vectors = provider.embed_documents(["rivers", "short", "empty", "zero", "missing", "bus stops"])
+        assert [v.shape for v in vectors] == [(768,), (767,), (0,), (768,), (768,)]
+        _unit([vectors[0], vectors[4]], 768)
+        assert not vectors[3].any()
+        with pytest.raises(EmbeddingError, match="returned 0 embeddings for 1 texts"):
+            provider.embed_query("missing")
+        with pytest.raises(EmbeddingError, match="empty, not finite, or all zeros, for the query"):
+            provider.embed_query("zero")
+
+        ollama.poison("nan", "nan")
+        with pytest.raises(UnusableAnswer) as info:
+            provider.embed_documents(["rivers", "nan"])
+        assert (info.value.reason, info.value.detail) == (
+            "not-finite", "HTTP 500 (failed to encode response: json: unsupported value: NaN) for the 2 texts of its "
+                          "batch, one of whose vectors is not finite")
+        assert info.value.transient and info.value.__context__ is None
+        ollama.fail_next(1, 500)  # any other 500: an outage, tried again
+        with pytest.raises(EmbeddingError) as info:
+            provider.embed_documents(["rivers"])
+        assert type(info.value) is EmbeddingError and "trying again later may succeed" in str(info.value)
+    finally:
+        ollama.poisoned.clear()
 
 
 def test_ollama_missing_model_says_pull_it(ollama):

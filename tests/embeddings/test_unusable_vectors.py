@@ -446,3 +446,80 @@ def test_a_text_not_embedded_yet_is_still_embedding_deferred(db, portal_server, 
     message, = db.execute("SELECT message FROM record_outcomes WHERE code = 'embedding-refused'").fetchone()
     assert message.startswith("stored without a vector: gemini answered a vector of zeros; refused 1 time in a row; "
                               "sent again, alone in its request, by the first run after ")
+
+
+# -- Ollama: the same answers, the same handling -------------------------------------------------------------
+OLLAMA_MODEL = "ollama/nomic-embed-text"
+
+
+@pytest.fixture
+def ollama():
+    from harvester.testing.ollama import FakeOllama
+
+    with FakeOllama(models={"nomic-embed-text": 768}) as fake:
+        yield fake
+
+
+def ollama_provider(fake):
+    from harvester.embeddings.ollama import OllamaProvider
+
+    return OllamaProvider(url=fake.url, max_batch=50)  # its size discovered by the probe
+
+
+def ollama_failures(db):
+    return {h: (n, reason, retry_at is None) for h, n, reason, retry_at in db.execute(
+        "SELECT content_hash, failures, reason, retry_at FROM embedding_failures WHERE model = %s", (OLLAMA_MODEL,))}
+
+
+def ollama_stored(db):
+    return {r[0] for r in db.execute("SELECT content_hash FROM embeddings WHERE model = %s", (OLLAMA_MODEL,))}
+
+
+def embed_batches(fake):
+    """The number of texts of each embedding request (the probe left out)."""
+    return sorted(len(body["input"]) for _, _, body in fake.requests if body["input"] != ["dimension probe"])
+
+
+@pytest.mark.parametrize("how, reason", [("missing", "count-mismatch"), ("nan", "not-finite")])
+def test_an_ollama_batch_without_a_vector_for_each_text_is_refused_and_its_texts_sent_again_alone(
+        db, portal_server, samples, ollama, how, reason, caplog):
+    """Ollama answers one vector fewer than the texts (a gateway dropping one), or HTTP 500 "json:
+    unsupported value: NaN" (a vector of the batch is NaN, which Ollama cannot write): no vector can
+    be matched to its text, so the batch is refused, as with Gemini; the other batches are stored,
+    the breaker sees no failure, nothing is retried within the run. After the backoff each text
+    goes alone: the others get their vectors, the one at fault alone is refused again."""
+    portal, run_id = stage(portal_server, distinct_records(samples, 150))
+    (culprit, text), = texts_of(db, run_id, 1)
+    ollama.poison(text, how)
+    caplog.set_level(logging.WARNING, logger="harvester.embeddings.batching")
+    counts = embed(portal, run_id, settings(), provider=ollama_provider(ollama))
+    assert (counts["embedded"], counts["embeddings_refused"], counts["left_pending"]) == (100, 50, 50)
+    assert embed_batches(ollama) == [50, 50, 50], "not retried within the run: it is Ollama's answer, not an outage"
+    assert breaker_untouched(db)
+    refused = ollama_failures(db)
+    assert len(refused) == 50 and {r for _, r, _ in refused.values()} == {reason} and culprit in refused
+    assert not ollama_stored(db) & set(refused)
+    assert any(f"ollama model {OLLAMA_MODEL} answered unusable vectors for 50 of the 50 texts of a batch (50 {reason})"
+               in r.getMessage() for r in caplog.records)
+
+    pass_backoff(db, 3600)
+    ollama.requests.clear()
+    counts = embed(portal, run_id, settings(), provider=ollama_provider(ollama))
+    assert embed_batches(ollama) == [1] * 50
+    assert (counts["embedded"], counts["embeddings_refused"]) == (49, 1)
+    assert ollama_failures(db) == {culprit: (2, reason, False)} and len(ollama_stored(db)) == 149
+    assert breaker_untouched(db)
+
+
+def test_an_ollama_vector_of_another_size_or_empty_spoils_only_its_text(db, portal_server, samples, ollama):
+    portal, run_id = stage(portal_server, distinct_records(samples, 100))
+    (short, short_text), (empty, empty_text) = texts_of(db, run_id, 2)
+    ollama.poison(short_text, "short")
+    ollama.poison(empty_text, "empty")
+    counts = embed(portal, run_id, settings(), provider=ollama_provider(ollama))
+    assert (counts["embedded"], counts["embeddings_refused"]) == (98, 2) and embed_batches(ollama) == [50, 50]
+    assert ollama_failures(db) == {short: (1, "wrong-dimension", False), empty: (1, "empty", False)}
+    message, = db.execute("SELECT message FROM embedding_failures WHERE reason = 'wrong-dimension'").fetchone()
+    assert message.startswith(f"ollama model {OLLAMA_MODEL} answered a vector of 767 dimensions, expected 768 for this"
+                              f" text (run {run_id})")
+    assert breaker_untouched(db)

@@ -7,7 +7,8 @@ it. When the breaker is open, or a batch keeps failing, the remaining texts stay
 An authentication error is not the provider being unwell: it fails the task at once.
 
 A batch the provider answers with vectors that cannot be stored (not finite, of the wrong size,
-empty, all zeros, or another count of vectors than texts) is the provider's answer about those
+empty, all zeros, or another count of vectors than texts; or an error that says as much, such as
+Ollama's HTTP 500 "json: unsupported value: NaN": UnusableAnswer) is the provider's answer about those
 texts, not an outage: the breaker records a success, the usable vectors of the batch are stored,
 and each unusable one's text is refused (store/claims.py refuse, sql/021): it stays pending, its
 claim is given back, and it is not sent again before a backoff (``refused_backoff``, doubling up to
@@ -35,7 +36,8 @@ from typing import Callable, Iterator, TypeVar
 from harvester.config.settings import SettingError, breaker_config as breaker_config_from_env, fields_from_env
 from harvester.domain import dataset as ds
 from harvester.domain.breaker import HALF_OPEN, BreakerConfig
-from harvester.embeddings.base import EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError
+from harvester.embeddings.base import (EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError,
+                                       UnusableAnswer)
 from harvester.domain.run import Progress, summary
 from harvester.store import claims, runs, vectors
 from harvester.store.breaker import SharedBreaker
@@ -253,6 +255,12 @@ class _Batches:
             self.breaker.record_success(probe=batch.probe)
             self._store(batch, future.result())
             return
+        if isinstance(exc, UnusableAnswer):
+            # An answer about these texts that holds nothing usable (Ollama's NaN it cannot write):
+            # not an outage, the same as a batch of unusable vectors.
+            self.breaker.record_success(probe=batch.probe)
+            self._store(batch, None, unusable=(exc.reason, exc.detail))
+            return
         self._flush({})
         if isinstance(exc, TerminalEmbeddingError) or not isinstance(exc, EmbeddingError):
             self.fatal = self.fatal or exc  # not recorded: no breaker fixes a wrong key
@@ -270,12 +278,15 @@ class _Batches:
         self.waiting.append(batch)
         self.waiting.sort(key=lambda b: (b.not_before, b.seq))
 
-    def _store(self, batch: _Batch, answer) -> None:
+    def _store(self, batch: _Batch, answer, unusable: tuple[str, str] | None = None) -> None:
         """Store the usable vectors of a batch's answer, refuse the texts of the others (their vectors
-        cannot be stored: see the module's docstring), and count both."""
+        cannot be stored: see the module's docstring), and count both. ``unusable`` (reason, what was
+        answered): the answer held nothing usable for any text of the batch (UnusableAnswer)."""
         hashes = [r[0] for r in batch.rows]
         answer = list(answer) if answer is not None else []
-        if len(answer) != len(hashes):
+        if unusable is not None:
+            verdicts = [unusable] * len(hashes)
+        elif len(answer) != len(hashes):
             mismatch = ("count-mismatch", f"{len(answer)} vectors for the {len(hashes)} texts of its batch")
             verdicts = [mismatch] * len(hashes)
         else:

@@ -15,10 +15,20 @@ Configuration (environment):
 
 Errors: 404 model not found -> ``TerminalEmbeddingError`` saying ``ollama pull <model>``; 429 ->
 ``RateLimited``; 5xx, 408, timeouts, connection errors -> ``EmbeddingError`` (transient); other
-4xx -> ``TerminalEmbeddingError``.
+4xx -> ``TerminalEmbeddingError``. One 500 is no outage: ``failed to encode response: json:
+unsupported value: NaN`` (or ``+Inf``) is Ollama's answer when a vector of the batch is not finite
+(its JSON encoder cannot write it, so no vector comes back): ``UnusableAnswer``, which the embed
+step takes as a batch of unusable vectors (each text refused, sent again alone later).
+
+``embed_documents`` returns the vectors as they came, as the Gemini provider does: another count
+than the texts sent, a vector of another size, an empty one, NaN values are judged by the embed
+step (embeddings/batching.py), which refuses the texts of the bad ones and stores the others, so
+one bad text never fails its batch (issue 36). ``embed_query`` and the dimension probe still
+raise: a query has no batch to save.
 """
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -27,12 +37,15 @@ import requests
 from harvester.config.secrets import redact_text, redact_url
 from harvester.config.settings import SettingError, default, env_value
 from harvester.domain.dataset import MAX_TEXT_CHARS
-from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError
+from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError, UnusableAnswer
 
 DEFAULT_URL = default("OLLAMA_URL")  # http://127.0.0.1:11434
 DEFAULT_MODEL = default("OLLAMA_EMBEDDING_MODEL")  # nomic-embed-text
 DEFAULT_MAX_BATCH = default("OLLAMA_MAX_BATCH")  # 64
 PROBE_TEXT = "dimension probe"
+# Ollama's HTTP 500 when a vector of its answer is not finite (Go's encoding/json refuses it):
+# "failed to encode response: json: unsupported value: NaN" (ollama/ollama#9639).
+_NOT_FINITE = re.compile(r"unsupported value: (NaN|[+-]?Inf)")
 POOL_SIZE = 64  # connections kept per host: HARVESTER_EMBED_CONCURRENCY's maximum
 
 
@@ -68,10 +81,16 @@ class OllamaProvider:
     def dimension(self) -> int:
         """The vector size: configured, or learnt from one probe request on first use."""
         if self._dimension is None:
-            self._dimension = len(self._request([PROBE_TEXT])[0])
+            probe = self._request([PROBE_TEXT], exact=True)[0]
+            if not isinstance(probe, list) or not probe:
+                raise EmbeddingError(f"Ollama model {self.model_name!r} answered no vector for the dimension probe "
+                                     f"{PROBE_TEXT!r}: set OLLAMA_EMBEDDING_DIMENSION, or check the model")
+            self._dimension = len(probe)
         return self._dimension
 
-    def _request(self, texts: list[str]) -> list[list[float]]:
+    def _request(self, texts: list[str], *, exact: bool) -> list:
+        """The ``embeddings`` of Ollama's answer for ``texts``, as they came; with ``exact``, exactly
+        one per text (EmbeddingError otherwise)."""
         endpoint = f"{self.url}/api/embed"
         payload = {"model": self.model_name, "input": [text[:MAX_TEXT_CHARS] for text in texts], "truncate": True}
         error: EmbeddingError | None = None
@@ -84,7 +103,7 @@ class OllamaProvider:
             error = EmbeddingError(f"could not reach Ollama at {redact_url(self.url)}: {type(exc).__name__}: "
                                    f"{redact_text(str(exc))[:300]}")
         if error is None:
-            error = self._check(response)
+            error = self._check(response, len(texts))
         if error is not None:
             raise error  # outside the except block: no chained request objects
         try:
@@ -92,12 +111,12 @@ class OllamaProvider:
         except (ValueError, KeyError, TypeError):
             raise EmbeddingError(f"Ollama at {redact_url(self.url)} answered without embeddings "
                                  f"(is {redact_url(self.url)} an Ollama server?)") from None
-        if not isinstance(embeddings, list) or len(embeddings) != len(texts):
+        if not isinstance(embeddings, list) or (exact and len(embeddings) != len(texts)):
             raise EmbeddingError(f"Ollama returned {len(embeddings) if isinstance(embeddings, list) else 'no'} "
                                  f"embeddings for {len(texts)} texts")
         return embeddings
 
-    def _check(self, response: requests.Response) -> EmbeddingError | None:
+    def _check(self, response: requests.Response, sent: int) -> EmbeddingError | None:
         code = response.status_code
         if code == 200:
             return None
@@ -119,23 +138,32 @@ class OllamaProvider:
 
             return RateLimited(f"{where} is rate limiting (HTTP 429): {message}",
                                retry_after=_retry_after_seconds(response.headers.get("Retry-After")))
+        if code == 500 and _NOT_FINITE.search(message):
+            return UnusableAnswer(
+                f"{where} could not write the vectors of {sent} texts (HTTP 500: {message}): one of them is not "
+                "finite", "not-finite",
+                detail=f"HTTP 500 ({message}) for the {sent} texts of its batch, one of whose vectors is not finite")
         if code == 408 or code >= 500:
             return EmbeddingError(f"{where} failed (HTTP {code}), trying again later may succeed: {message}")
         return TerminalEmbeddingError(f"{where} refused the request for model {self.model_name!r} "
                                       f"(HTTP {code}): {message}")
 
-    def _normalized(self, embeddings: list[list[float]]) -> list[np.ndarray]:
+    def _as_vectors(self, embeddings: list) -> list[np.ndarray]:
+        """Each embedding as a float32 vector, unit length when it has the model's size and a
+        direction; any other (another size, empty, NaN, zeros) as it came, for the caller to judge.
+        The size is learnt from the first non-empty vector when it is not known yet."""
         vectors = []
-        for values in embeddings:
-            vector = np.asarray(values, dtype=np.float64)
-            if self._dimension is None:
-                self._dimension = vector.shape[0]
-            if vector.shape != (self._dimension,):
-                raise TerminalEmbeddingError(
-                    f"Ollama model {self.model_name!r} returned {vector.shape[0]} dimensions, expected "
-                    f"{self._dimension} (OLLAMA_EMBEDDING_DIMENSION or the first answer)")
-            norm = np.linalg.norm(vector)
-            vectors.append((vector / norm if norm else vector).astype(np.float32))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN in, NaN out: refused by the caller
+            for values in embeddings:
+                try:
+                    vector = np.asarray(values if isinstance(values, list) else [], dtype=np.float64).reshape(-1)
+                except (TypeError, ValueError):
+                    raise EmbeddingError(f"Ollama model {self.model_name!r} returned a vector with values that are "
+                                         "not numbers") from None
+                if self._dimension is None and vector.size:
+                    self._dimension = vector.size
+                norm = np.linalg.norm(vector) if vector.shape == (self._dimension,) else 0.0
+                vectors.append((vector / norm if norm and np.isfinite(norm) else vector).astype(np.float32))
         return vectors
 
     def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
@@ -144,7 +172,15 @@ class OllamaProvider:
             raise ValueError(f"{len(texts)} texts in one request: max_batch is {self.max_batch} (OLLAMA_MAX_BATCH)")
         if not texts:
             return []
-        return self._normalized(self._request(texts))
+        return self._as_vectors(self._request(texts, exact=False))
 
     def embed_query(self, text: str) -> Sequence[float]:
-        return self._normalized(self._request([text]))[0]
+        vector, = self._as_vectors(self._request([text], exact=True))
+        if not np.isfinite(vector).all() or not vector.any():
+            raise EmbeddingError(f"Ollama model {self.model_name!r} returned a vector that is empty, not finite, or "
+                                 "all zeros, for the query")
+        if vector.shape != (self._dimension,):
+            raise TerminalEmbeddingError(
+                f"Ollama model {self.model_name!r} returned {vector.size} dimensions, expected "
+                f"{self._dimension} (OLLAMA_EMBEDDING_DIMENSION or the first answer)")
+        return vector

@@ -10,6 +10,8 @@ an unknown model gets Ollama's 404 ``{"error": "model \\"x\\" not found, try pul
         server.url                # http://127.0.0.1:<port>
         server.fail_next(1, 503)
         server.requests           # [(path, headers (lower-case names), parsed JSON body), ...]
+        server.poison(text, "nan")  # a request holding this text answered as Ollama does when its vector
+                                    # is NaN (or "short", "empty", "zero", "missing": see poison)
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class FakeOllama(LocalAPIServer):
     def __init__(self, models=None):
         super().__init__()
         self.models = dict(models or {"nomic-embed-text": 768, "all-minilm": 384})
+        self.poisoned: dict[str, str] = {}  # text -> how its vector is answered wrong (poison)
 
     @property
     def url(self) -> str:
@@ -48,6 +51,35 @@ class FakeOllama(LocalAPIServer):
 
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None) -> None:
         self._queue_failure(n, status, retry_after)
+
+    POISONS = ("nan", "short", "empty", "zero", "missing")
+    # What Ollama answers when a vector of the batch holds a NaN: its Go JSON encoder refuses it, so
+    # the whole request fails (ollama/ollama#9639, #15582: bge-m3 on some GPUs).
+    NAN_ERROR = "failed to encode response: json: unsupported value: NaN"
+
+    def poison(self, text: str, how: str = "nan") -> None:
+        """From now on, whenever ``text`` is in a request, its vector is answered wrong: ``nan`` as
+        Ollama does for a NaN vector (HTTP 500 ``NAN_ERROR``, no vector of the request comes back),
+        ``short`` (one value less than the model's size), ``empty`` (``[]``), ``zero`` (every value
+        0) or ``missing`` (left out: the answer holds one vector fewer than the texts sent, as a
+        gateway dropping one would). The rest of the answer as usual. ``unpoison`` ends it."""
+        if how not in self.POISONS:
+            raise ValueError(f"poison {how!r}: one of {', '.join(self.POISONS)}")
+        with self._lock:
+            self.poisoned[text] = how
+
+    def unpoison(self, text: str) -> None:
+        with self._lock:
+            self.poisoned.pop(text, None)
+
+    @property
+    def texts(self) -> list[str]:
+        """Every text received in embedding requests, in order."""
+        out = []
+        for _, _, body in self.requests:
+            inputs = body.get("input") if isinstance(body, dict) else None
+            out.extend([inputs] if isinstance(inputs, str) else list(inputs or []))
+        return out
 
     def _answer(self, path: str, headers: dict, raw: bytes):
         body = self._record(path, headers, raw)
@@ -68,7 +100,18 @@ class FakeOllama(LocalAPIServer):
         inputs = body.get("input")
         inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
         dimension = self.models[_bare(model)]
-        return 200, {}, {"model": model, "embeddings": [pseudo_embedding(t, dimension) for t in inputs],
+        with self._lock:
+            poisoned = {t: self.poisoned[t] for t in inputs if t in self.poisoned}
+        if "nan" in poisoned.values():
+            return 500, {}, {"error": self.NAN_ERROR}
+        embeddings = []
+        for text in inputs:
+            vector = pseudo_embedding(text, dimension)
+            how = poisoned.get(text)
+            if how == "missing":
+                continue
+            embeddings.append({"short": vector[:-1], "empty": [], "zero": [0.0] * dimension}.get(how, vector))
+        return 200, {}, {"model": model, "embeddings": embeddings,
                          "total_duration": 14143917, "load_duration": 1019500,
                          "prompt_eval_count": sum(len(t.split()) for t in inputs)}
 
