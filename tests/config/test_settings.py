@@ -218,7 +218,7 @@ def _readers():
     from harvester.embeddings.local import LocalProvider
     from harvester.embeddings.ollama import OllamaProvider
     from harvester.http.guard import FetchPolicy
-    from harvester.store import db
+    from harvester.store import db, duplicates
     from harvester.store.embedded import server
     from harvester.store.search import SearchSettings
     from harvester.store.vectors import IndexSettings
@@ -233,6 +233,7 @@ def _readers():
         (("HARVESTER_INDEX_",), IndexSettings.from_env, ValueError),
         (("HARVESTER_SEARCH_",), SearchSettings.from_env, ValueError),
         (("HARVESTER_LOCK_TIMEOUT_SECS",), lambda: db.lock_timeout(), db.DatabaseConfigError),
+        (("HARVESTER_GROUPING_WAIT_SECS",), lambda: duplicates.grouping_wait(), db.DatabaseConfigError),
         (("HARVESTER_EMBEDDED_DB",), db.embedded_allowed, db.DatabaseConfigError),
         (("HARVESTER_EMBEDDED_SHARED_BUFFERS",), server.shared_buffers, server.EmbeddedServerError),
         (("HARVESTER_EMBEDDING_PROVIDER",), get_provider, TerminalEmbeddingError),

@@ -205,3 +205,53 @@ def test_purging_a_removed_member_leaves_no_group_of_one(world, db):
     assert duplicates.group_of(db, copy_id)["group_id"] is None
     assert {frozenset(m) for m in _groups(db).values()} == {
         g for g in world.expected() if (world.national.url, gone["id"]) not in g}
+
+
+def test_a_commit_never_waits_for_another_portals_grouping(world, db, database_url, monkeypatch, caplog):
+    """Issue 36: grouping holds one lock for all portals, for as long as its keys and groups take
+    (minutes for a million datasets). A run's commit takes no part in it: it commits while another
+    grouping holds the lock, its changes wait in the queue, and the next grouping (here a retry of
+    its upsert, as after a worker that died past the commit) takes them."""
+    import psycopg
+
+    late = world.copied[1]  # the national portal publishes it only later: the aggregator's copy is alone
+    world.national_server.set_records([r for r in world.records if r["id"] != late["id"]])
+    for p in (world.national, world.aggregator):
+        world.harvest(p, full_sync=True)
+    copy_id = duplicates.find_dataset_id(db, world.aggregator.url, aggregator.dataset_iri(1, late))
+    assert duplicates.group_of(db, copy_id)["group_id"] is None
+    monkeypatch.setenv("HARVESTER_LOCK_TIMEOUT_SECS", "1")
+    monkeypatch.setenv("HARVESTER_GROUPING_WAIT_SECS", "1")
+    world.national_server.set_records(world.records)
+    with psycopg.connect(database_url) as other:  # another portal's grouping, under way
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        caplog.clear()
+        stats = world.harvest(world.national)
+        other.rollback()
+    assert stats["created"] == 1
+    assert db.execute("SELECT status FROM sync_runs WHERE run_id = %s", (stats["run_id"],)).fetchone()[0] == "committed"
+    deferred = [r.getMessage() for r in caplog.records if r.getMessage().startswith("duplicate grouping deferred")]
+    assert deferred and "held the duplicate groups' lock for more than 1s" in deferred[0]
+    # not grouped yet: the new dataset waits in the queue
+    assert duplicates.waiting(db) == 1
+    assert duplicates.group_of(db, copy_id)["group_id"] is None
+    # a retry of the committed run's upsert has nothing to redo but the grouping
+    pipeline.upsert(db, world.national, stats["run_id"], world.provider.model)
+    assert duplicates.waiting(db) == 0
+    assert len(duplicates.group_of(db, copy_id)["members"]) == 2
+    assert {frozenset(m) for m in _groups(db).values()} == world.expected()
+
+
+def test_the_queue_is_grouped_by_any_portals_next_grouping(world, db, database_url, monkeypatch):
+    import psycopg
+
+    world.harvest(world.national, full_sync=True)
+    monkeypatch.setenv("HARVESTER_GROUPING_WAIT_SECS", "1")
+    with psycopg.connect(database_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        world.harvest(world.aggregator, full_sync=True)    # its first scan: every dataset queued
+        other.rollback()
+    assert duplicates.waiting(db) == len(world.copied) and _groups(db) == {}
+    world.harvest(world.other, full_sync=True)             # another portal's run groups the whole queue
+    assert duplicates.waiting(db) == 0
+    assert {frozenset(m) for m in _groups(db).values()} == world.expected()

@@ -242,6 +242,9 @@ _ALL = (
             "database"),
     Setting("HARVESTER_LOCK_TIMEOUT_SECS", "float", 30.0, "How long a statement waits for a lock another session "
             "holds before the task fails (and is retried)", "database", 0.1, _DAY),
+    Setting("HARVESTER_GROUPING_WAIT_SECS", "float", 600.0, "How long the duplicate grouping after a run's commit "
+            "waits for another portal's grouping to end before leaving its datasets queued for the next one "
+            "(a warning; the task does not fail)", "database", 1.0, _DAY),
     # -- embedded PostgreSQL --------------------------------------------------------------------
     Setting("HARVESTER_HOME", "path", None, "Where local state lives: the embedded server's data directory",
             "embedded", default_text=".harvester/ in the checkout, else ~/.local/share/harvester"),

@@ -455,8 +455,10 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
     ``wait_deadline`` (a time.monotonic() value: its task's execution_timeout, less a margin)."""
     done = runs.get(conn, run_id)
     if done.status == "committed":
-        # A retry of a task whose commit went through (the worker died after it): nothing to redo.
+        # A retry of a task whose commit went through (the worker died after it): nothing to redo
+        # but the grouping that follows the commit.
         log.info("run %s of %s is already committed", run_id, portal.name)
+        group_duplicates(conn, wait_deadline)
         return {"run_id": run_id, **done.stats}
     settings = vectors.IndexSettings.from_env()
     build = _start_index_build(conn, run_id, model, open_connection, settings)
@@ -475,7 +477,27 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         late = _start_index_build(conn, run_id, model, open_connection, settings)
         if late is not None:
             late.wait(_build_wait(settings, wait_deadline))
+    group_duplicates(conn, wait_deadline)
     return out
+
+
+def group_duplicates(conn, wait_deadline: float | None = None) -> dict | None:
+    """After a commit: group the datasets queued for it (this run's and any other portal's), waiting
+    at most HARVESTER_GROUPING_WAIT_SECS (or until ``wait_deadline``) for another grouping to end.
+    Never fails the task: what cannot be grouped now stays queued for the next grouping."""
+    wait = duplicates.grouping_wait()
+    if wait_deadline is not None:
+        wait = max(1.0, min(wait, wait_deadline - time.monotonic()))
+    try:
+        grouped = duplicates.regroup_pending(conn, wait=wait)
+    except duplicates.GroupingDeferred as exc:
+        log.warning("duplicate grouping deferred: %s", exc)
+        return None
+    if grouped["touched"]:
+        log.info("duplicates: %d datasets re-keyed, %d examined with their neighbours in %.2fs (after waiting "
+                 "%.2fs for another grouping): %d in %d groups", grouped["touched"], grouped["examined"],
+                 grouped["seconds"] - grouped["waited"], grouped["waited"], grouped["grouped"], grouped["groups"])
+    return grouped
 
 
 def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: int, force_removals: bool) -> dict:
@@ -499,9 +521,9 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
                 conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
                 force=force_removals, removed_significance=portal.significance.removed,
                 review_threshold=portal.significance.review_threshold)
-        # Cross-portal duplicates (store/duplicates.py): what this run touched, regrouped with the
-        # run's commit, so a group never reflects a run that did not commit.
-        grouped = duplicates.regroup_run(conn, run_id, portal.url)
+        # Cross-portal duplicates (store/duplicates.py): what this run touched, queued with the run's
+        # commit (a group never reflects a run that did not commit) and grouped right after it.
+        duplicates.queue_run(conn, run_id, portal.url)
         to_review = review.count_needing_review(conn, run_id)
         stats = {**run.stats, **reuse, **merged, "removed": removals.get("removed", 0), "review": to_review,
                  "versions": written.get("versions", 0)}
@@ -523,9 +545,6 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     log.info("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
              ", reconciled" if run.reconcile_reason else "",
              summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
-    if grouped["touched"]:
-        log.info("duplicates: %d datasets re-keyed, %d examined with their neighbours in %.2fs: %d in %d groups",
-                 grouped["touched"], grouped["examined"], grouped["seconds"], grouped["grouped"], grouped["groups"])
     changed = sum(int(final.get(k) or 0) for k in ("created", "updated", "removed", "reidentified"))
     started = time.perf_counter()
     analyzed = datasets.analyze_after_bulk(conn, changed)

@@ -1,15 +1,19 @@
 """Duplicate groups in PostgreSQL (sql/018_duplicates.sql): each dataset's evidence keys, the groups
 domain/duplicates.py works out from them, and operators' overrides.
 
-``regroup_run`` runs inside an upsert's commit transaction: it re-keys the datasets the run created,
-changed, re-identified, removed or restored (every dataset of a portal never scanned before) and
-regroups their neighbourhood: those datasets, the datasets sharing a key with them, and every
-member of the groups any of these are in. A run that changed nothing examines nothing. All SQL is
-set-based: one statement per step, whatever the number of datasets.
+A run's commit queues (``queue_run``, sql/022_duplicate_pending.sql) the datasets it created,
+changed, re-identified, removed or restored (every dataset of a portal never scanned before); right
+after the commit, in a transaction of its own, ``regroup_pending`` takes the whole queue (every
+portal's), re-keys those datasets and regroups their neighbourhood: those datasets, the datasets
+sharing a key with them, and every member of the groups any of these are in. A run that changed
+nothing examines nothing. All SQL is set-based: one statement per step, whatever the number of
+datasets.
 
-Groups of several portals are written by one transaction at a time (an advisory lock, bounded by
-the session's lock_timeout), so two portals' runs that commit together cannot split a group
-between them.
+Groups of several portals are written by one transaction at a time (an advisory lock), so two
+groupings cannot split a group between them. The commit itself takes no such lock: a portal whose
+grouping takes minutes (a first scan of a million datasets) never makes another portal's commit
+wait, time out and roll back (bench/regroup_bench.py). Groups trail the commit by the grouping's
+time; a grouping that cannot take the lock within its wait leaves the queue to the next one.
 """
 from __future__ import annotations
 
@@ -30,6 +34,22 @@ ANALYZE_AFTER = 10_000
 
 class DuplicateError(LookupError):
     """An override names a dataset that does not exist, or a dataset with itself."""
+
+
+GROUPING_WAIT_ENV = "HARVESTER_GROUPING_WAIT_SECS"
+
+
+def grouping_wait(environ=None) -> float:
+    """HARVESTER_GROUPING_WAIT_SECS: how long the grouping after a run's commit waits for another
+    grouping to end before leaving its queue to the next one (a warning in the task log; the
+    task does not fail). Default 600 s: a first scan of a million datasets groups in about 145 s."""
+    from harvester.config.settings import SettingError, env_value
+    from harvester.store.db import DatabaseConfigError
+
+    try:
+        return env_value(GROUPING_WAIT_ENV, environ)
+    except SettingError as exc:
+        raise DatabaseConfigError(str(exc)) from None
 
 
 def lock(conn) -> None:
@@ -78,15 +98,28 @@ def _analyze_scope(conn, added: int) -> None:
         conn.execute(f"ANALYZE {SCOPE}")
 
 
-def _run_touched(conn, run_id: int, portal_url: str) -> int:
-    """The datasets a run changed, into the scope: its change rows (new, edits, removals, restores)
-    and its staged created / updated / re-identified records (a hash change no change row shows)."""
-    return _scope_add(conn, """
+def queue_run(conn, run_id: int, portal_url: str) -> int:
+    """Inside a run's commit transaction: queue for grouping the datasets the run touched (its change
+    rows: new, edits, removals, restores; and its staged created / updated / re-identified records,
+    a hash change no change row shows), or every dataset of a portal never scanned (marking it
+    scanned). Takes no lock and waits for no grouping. Returns how many rows were queued."""
+    first = conn.execute(
+        "INSERT INTO duplicate_scans (portal_url) VALUES (%s) ON CONFLICT DO NOTHING", (portal_url,)).rowcount
+    if first:
+        return conn.execute("INSERT INTO duplicate_pending (dataset_id) SELECT id FROM datasets WHERE portal_url = %s",
+                            (portal_url,)).rowcount
+    return conn.execute("""
+        INSERT INTO duplicate_pending (dataset_id)
         SELECT dataset_id FROM dataset_changes WHERE run_id = %(run)s
         UNION
         SELECT d.id FROM staging_records s JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
-        """, {"run": run_id, "portal": portal_url})
+        """, {"run": run_id, "portal": portal_url}).rowcount
+
+
+def waiting(conn) -> int:
+    """Datasets queued for grouping and not yet grouped."""
+    return conn.execute("SELECT count(DISTINCT dataset_id) FROM duplicate_pending").fetchone()[0]
 
 
 # -- grouping --------------------------------------------------------------------------------------
@@ -215,35 +248,66 @@ def _regroup_scope(conn) -> dict:
     return {"examined": examined, "groups": len(grouping.groups), "grouped": len(grouping.members)}
 
 
-def regroup_run(conn, run_id: int, portal_url: str) -> dict:
-    """After a run's merge, removals and history, inside its commit transaction: re-key what the run
-    touched and regroup around it. A portal never scanned has all its datasets examined. The ids
-    stay in PostgreSQL (the scope table): a first scan of a million datasets costs this process
-    no more memory than a run that changed ten."""
+class GroupingDeferred(RuntimeError):
+    """The groups' lock stayed held past the grouping's wait: the queue is left to the next grouping."""
+
+
+def regroup_pending(conn, *, wait: float) -> dict:
+    """Group what is queued (every portal's), in a transaction of its own under the groups' lock,
+    waiting at most ``wait`` seconds for it (GroupingDeferred past that: the queue stays). The
+    queue's ids stay in PostgreSQL (the scope table): a first scan of a million datasets costs this
+    process no more memory than a run that changed ten."""
+    from psycopg import errors
+
     started = time.perf_counter()
-    lock(conn)
-    _scope(conn)
-    scanned = conn.execute("SELECT 1 FROM duplicate_scans WHERE portal_url = %s", (portal_url,)).fetchone()
-    if scanned:
-        touched = _run_touched(conn, run_id, portal_url)
-    else:
-        touched = _scope_add(conn, "SELECT id FROM datasets WHERE portal_url = %(portal)s", {"portal": portal_url})
-        conn.execute("INSERT INTO duplicate_scans (portal_url) VALUES (%s) ON CONFLICT DO NOTHING", (portal_url,))
-    if not touched:
-        return {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0,
-                "seconds": round(time.perf_counter() - started, 3)}
-    _analyze_scope(conn, touched)
-    keys = refresh_keys(conn)
-    if keys >= ANALYZE_AFTER:
-        # Fresh statistics before the self-joins on dataset_keys: without them (a new or migrated
-        # database, a first scan) PostgreSQL plans a nested loop over every key per dataset, and a
-        # 100,000-dataset first scan never ends; with them, hash joins (bench/duplicates_bench.py).
-        conn.execute("ANALYZE dataset_keys")
-    out = _regroup_scope(conn)
-    if out["grouped"] >= ANALYZE_AFTER:
-        conn.execute("ANALYZE duplicate_members")
-    out.update(touched=touched, keys=keys, seconds=round(time.perf_counter() - started, 3))
+    locked = False
+    try:
+        with conn.transaction():
+            before = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(wait * 1000))}ms",))
+            # (the comment names the statement in pg_stat_activity: bench/regroup_bench.py)
+            conn.execute("SELECT pg_advisory_xact_lock(%s) /* grouping after commit */", (_LOCK_KEY,))
+            locked = True
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
+            waited = time.perf_counter() - started
+            _scope(conn)
+            # Taken whole: rows queued by commits after this statement stay for the next grouping.
+            touched = conn.execute(f"""
+                WITH taken AS (DELETE FROM duplicate_pending RETURNING dataset_id)
+                INSERT INTO {SCOPE} (id)
+                SELECT DISTINCT t.dataset_id FROM taken t JOIN datasets d ON d.id = t.dataset_id
+                ON CONFLICT DO NOTHING
+                """).rowcount
+            if not touched:
+                return {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0,
+                        "waited": round(waited, 3), "seconds": round(time.perf_counter() - started, 3)}
+            _analyze_scope(conn, touched)
+            keys = refresh_keys(conn)
+            if keys >= ANALYZE_AFTER:
+                # Fresh statistics before the self-joins on dataset_keys: without them (a new or
+                # migrated database, a first scan) PostgreSQL plans a nested loop over every key per
+                # dataset, and a 100,000-dataset first scan never ends; with them, hash joins
+                # (bench/duplicates_bench.py).
+                conn.execute("ANALYZE dataset_keys")
+            out = _regroup_scope(conn)
+            if out["grouped"] >= ANALYZE_AFTER:
+                conn.execute("ANALYZE duplicate_members")
+    except errors.LockNotAvailable as exc:
+        why = (f"a statement waited more than {before} for a lock another session holds ({str(exc).strip()})"
+               if locked else f"another grouping held the duplicate groups' lock for more than {wait:g}s")
+        raise GroupingDeferred(
+            f"{why}: the {waiting(conn):,} datasets waiting are grouped by the next run of any portal (or "
+            "`harvester duplicates regroup`)") from None
+    out.update(touched=touched, keys=keys, waited=round(waited, 3), seconds=round(time.perf_counter() - started, 3))
     return out
+
+
+def regroup_run(conn, run_id: int, portal_url: str, *, wait: float = 30.0) -> dict:
+    """Queue what a run touched and group the queue at once (tests, benches, a run's commit when
+    nothing else runs): ``queue_run`` in a transaction of its own, then ``regroup_pending``."""
+    with conn.transaction():
+        queue_run(conn, run_id, portal_url)
+    return regroup_pending(conn, wait=wait)
 
 
 # -- overrides -------------------------------------------------------------------------------------
