@@ -186,3 +186,32 @@ def test_unknown_portals_and_datasets_are_named(world, capsys):
     assert code == 2 and "cannot be a duplicate of itself" in err
     code, _, err = run(capsys, "duplicates", "stats", "nowhere")
     assert code == 2 and "no portal named 'nowhere'" in err
+
+
+def test_regroup_groups_what_a_deferred_grouping_left_and_says_when_it_cannot(world, database_url, capsys,
+                                                                               monkeypatch):
+    import psycopg
+
+    from harvester.store import duplicates
+
+    # as a database whose runs committed but whose groupings were all left: nothing grouped yet
+    world.db.execute("DELETE FROM duplicate_members; DELETE FROM dataset_keys")
+    queued = world.db.execute("INSERT INTO duplicate_pending (dataset_id) SELECT id FROM datasets").rowcount
+    assert queued == 14
+    code, out, _ = run(capsys, "duplicates", "list")
+    assert code == 0 and "14 datasets changed by committed runs wait to be grouped" in out
+    with psycopg.connect(database_url) as other:  # a grouping under way
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        code, _, err = run(capsys, "duplicates", "regroup", "--wait", "0.5")
+        other.rollback()
+    assert code == 2 and "held the duplicate groups' lock for more than 0.5s" in err
+    assert duplicates.waiting(world.db) == 14
+    code, out, _ = run(capsys, "duplicates", "regroup", "--json")
+    assert code == 0 and json.loads(out)["touched"] == 14
+    assert duplicates.waiting(world.db) == 0
+    assert len(world.group_rows()) == 3
+    code, out, _ = run(capsys, "duplicates", "regroup")
+    assert code == 0 and out.strip() == "no dataset waits to be grouped"
+    with pytest.raises(SystemExit) as exited:
+        main(["duplicates", "regroup", "--wait", "-1"])
+    assert exited.value.code == 2 and "'-1' must be a number of seconds above 0" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""`harvester duplicates list | show | split | merge | forget | stats`: the same dataset on several
-portals (store/duplicates.py, docs/duplicates.md).
+"""`harvester duplicates list | show | split | merge | forget | stats | regroup`: the same dataset on
+several portals (store/duplicates.py, docs/duplicates.md).
 
 A dataset is named by its portal and its id there (``PORTAL SOURCE_ID``). PORTAL is a portal's name
 in portals.yaml or a portal's URL (one in portals.yaml or one whose datasets the database holds).
@@ -85,9 +85,13 @@ def cmd_list(args) -> int:
     with _open() as conn:
         url = _portal_url(conn, args.portal) if args.portal else None
         groups, total = duplicates.list_groups(conn, url, limit=args.limit, offset=args.offset)
+        queued = duplicates.waiting(conn)
     if args.json:
-        print_json({"total": total, "offset": args.offset, "groups": groups})
+        print_json({"total": total, "offset": args.offset, "groups": groups, "waiting": queued})
         return 0
+    if queued:
+        print(f"({queued:,} datasets changed by committed runs wait to be grouped: the next run of any portal "
+              "groups them, or `harvester duplicates regroup`)")
     where = f" with a member on {args.portal}" if args.portal else ""
     if not groups:
         print(f"no duplicate groups{where}" + (f" from offset {args.offset}" if args.offset else ""))
@@ -98,6 +102,27 @@ def cmd_list(args) -> int:
         print(f"group {group['group_id']} ({len(group['members'])} members)")
         for m in group["members"]:
             print(_member_line(m))
+    return 0
+
+
+# -- regroup ----------------------------------------------------------------------------------
+def cmd_regroup(args) -> int:
+    """Group the datasets waiting for it now (what a run's grouping left: it could not take the
+    groups' lock within HARVESTER_GROUPING_WAIT_SECS, or its worker died past the commit)."""
+    from harvester.store import duplicates
+
+    with _open() as conn:
+        try:
+            out = duplicates.regroup_pending(conn, wait=args.wait)
+        except duplicates.GroupingDeferred as exc:
+            return output.error(str(exc))
+    if args.json:
+        print_json(out)
+    elif not out["touched"]:
+        print("no dataset waits to be grouped")
+    else:
+        print(f"{out['touched']:,} datasets re-keyed, {out['examined']:,} examined with their neighbours in "
+              f"{out['seconds'] - out['waited']:.1f}s: {out['grouped']:,} in {out['groups']:,} groups")
     return 0
 
 
@@ -197,7 +222,7 @@ def _decision_args(p) -> None:
 
 
 def register(subparsers) -> None:
-    """Add duplicates (list, show, split, merge, forget, stats) to the ``harvester`` subparsers."""
+    """Add duplicates (list, show, split, merge, forget, stats, regroup) to the ``harvester`` subparsers."""
     top = subparsers.add_parser("duplicates", help="the same dataset on several portals: groups, and operators' "
                                                    "splits and merges (docs/duplicates.md)")
     sub = top.add_subparsers(dest="duplicates_command", required=True, metavar="COMMAND")
@@ -232,6 +257,13 @@ def register(subparsers) -> None:
     _dataset_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_forget)
+
+    p = sub.add_parser("regroup", help="group now the datasets that wait for it (a run's grouping left them: "
+                                       "another held the lock too long, or its worker died)")
+    p.add_argument("--wait", type=options.positive_float, default=60.0,
+                   help="seconds to wait for a grouping under way to end (default 60)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_regroup)
 
     p = sub.add_parser("stats", help="how many of a portal's datasets copy other portals', and who copies it")
     p.add_argument("portal", metavar="PORTAL", help=_PORTAL_HELP)

@@ -34,6 +34,16 @@ def date_until(text: str):
     return _date(text, end=True)
 
 
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a number of seconds above 0")
+    return number
+
+
 def positive_int(value: str) -> int:
     try:
         number = int(value)
