@@ -215,3 +215,19 @@ def test_regroup_groups_what_a_deferred_grouping_left_and_says_when_it_cannot(wo
     with pytest.raises(SystemExit) as exited:
         main(["duplicates", "regroup", "--wait", "-1"])
     assert exited.value.code == 2 and "'-1' must be a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_a_split_during_a_long_grouping_says_so_and_changes_nothing(world, database_url, capsys, monkeypatch):
+    import psycopg
+
+    from harvester.store import duplicates
+
+    monkeypatch.setenv("HARVESTER_LOCK_TIMEOUT_SECS", "1")
+    before = world.group_rows()
+    with psycopg.connect(database_url) as grouping:
+        grouping.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        code, _, err = run(capsys, "duplicates", "split", "national", world.copied[0]["id"])
+        grouping.rollback()
+    assert code == 2 and "a duplicate grouping held the groups' lock for more than 1s" in err
+    assert "nothing was changed" in err and "Traceback" not in err
+    assert world.group_rows() == before

@@ -367,3 +367,25 @@ def test_forget_needs_the_portal_of_every_decision_it_drops(client, tokens, worl
     again = post(client, tokens, "/duplicates/forget", {"portal": "national", "source_id": lone["id"]},
                  user="nat_editor")
     assert again["forgotten"] == 0
+
+
+def test_a_decision_during_a_long_grouping_is_refused_with_503_and_changes_nothing(client, tokens, world,
+                                                                                  monkeypatch):
+    """A grouping after a run's commit holds the groups' lock for as long as it takes (minutes for a
+    first scan of a large portal): an operator's split waits HARVESTER_LOCK_TIMEOUT_SECS, then is
+    told so (503), not a 500."""
+    import psycopg
+
+    from harvester.store import duplicates
+
+    monkeypatch.setenv("HARVESTER_LOCK_TIMEOUT_SECS", "1")
+    record = world["copied"][2]
+    before = get(client, tokens, f"/datasets/national/{record['id']}")["group"]
+    assert before["group_id"] is not None
+    with psycopg.connect(world["url"]) as grouping:
+        grouping.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        busy = post(client, tokens, "/duplicates/split", {"portal": "national", "source_id": record["id"]}, status=503)
+        grouping.rollback()
+    assert "a duplicate grouping held the groups' lock for more than 1s" in busy["detail"]
+    assert "nothing was changed" in busy["detail"]
+    assert get(client, tokens, f"/datasets/national/{record['id']}")["group"] == before

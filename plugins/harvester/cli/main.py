@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harvester.config.portals import PortalConfigError
     from harvester.embeddings import EmbeddingError
     from harvester.sources.ckan import CkanError
-    from harvester.store.db import DatabaseConfigError, DatabaseLookupError
+    from harvester.store.db import DatabaseConfigError, DatabaseLookupError, LockWaitTimeout
     from harvester.store.embedded.server import EmbeddedServerError
     from harvester.store.migrations import MigrationError
     from harvester.store.runs import NotResumable, RunInProgress
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args) or 0
     except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, VectorExtensionError,
             RunInProgress, NotResumable, DatabaseConfigError, DatabaseLookupError, MigrationError,
-            LookupError) as exc:
+            LockWaitTimeout, LookupError) as exc:
         return error(str(exc))
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from harvester.domain import duplicates as dd
+from harvester.store.db import LOCK_TIMEOUT_ENV, LockWaitTimeout, lock_timeout
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,21 @@ def grouping_wait(environ=None) -> float:
         raise DatabaseConfigError(str(exc)) from None
 
 
+class GroupsBusy(LockWaitTimeout):
+    """The groups' lock stayed held past the session's lock_timeout: nothing was changed (transient)."""
+
+
 def lock(conn) -> None:
-    """The groups' lock, until the caller's transaction ends."""
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+    """The groups' lock, until the caller's transaction ends (an operator's split, merge or forget,
+    a purge): waits at most the session's lock_timeout (HARVESTER_LOCK_TIMEOUT_SECS), then GroupsBusy."""
+    from psycopg import errors
+
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+    except errors.LockNotAvailable:
+        raise GroupsBusy(f"a duplicate grouping held the groups' lock for more than {lock_timeout():g}s "
+                         f"({LOCK_TIMEOUT_ENV}; a first scan of a large portal groups for minutes): nothing was "
+                         "changed, try again when it ends") from None
 
 
 # -- keys ------------------------------------------------------------------------------------------

@@ -84,14 +84,15 @@ async def _no_store(request: Request, call_next):
 # -- errors -----------------------------------------------------------------------------------------
 def _install_error_handlers() -> None:
     from harvester.config.portals import PortalConfigError
-    from harvester.store.db import DatabaseConfigError, DatabaseLookupError
+    from harvester.store.db import DatabaseConfigError, DatabaseLookupError, LockWaitTimeout
     from harvester.store.migrations import MigrationError
 
     async def unavailable(request: Request, exc: Exception):
         log.warning("Harvester page: %s", exc)
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
 
-    for kind in (PortalConfigError, DatabaseConfigError, DatabaseLookupError, MigrationError):
+    # (LockWaitTimeout: e.g. a split while a long duplicate grouping holds the groups' lock)
+    for kind in (PortalConfigError, DatabaseConfigError, DatabaseLookupError, MigrationError, LockWaitTimeout):
         app.add_exception_handler(kind, unavailable)
 
 
