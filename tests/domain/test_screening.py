@@ -46,13 +46,45 @@ def test_non_finite_numbers_read_from_json_become_null_anywhere():
 
 
 def test_lone_surrogates_become_the_replacement_character_in_texts_and_keys():
-    pkg = json.loads('{"id": "r\\ud800", "title": "A \\udc00 title", "extras": {"k\\ud83d": "v"},'
+    pkg = json.loads('{"id": "r", "name": "r\\ud800", "title": "A \\udc00 title", "extras": {"k\\ud83d": "v"},'
                      ' "ok": "a pair \\ud83d\\ude00 stays"}')
     record = ds.normalize(pkg, PORTAL)
-    assert record.ok and record.source_id == "r\ufffd" and record.title == "A \ufffd title"
+    assert record.ok and record.source_id == "r" and record.title == "A \ufffd title"
+    assert record.name == "r\ufffd" and record.url == "https://p.org/dataset/r\ufffd"
     assert record.raw["extras"] == {"k\ufffd": "v"} and record.raw["ok"] == "a pair \U0001F600 stays"
-    assert _codes(record)["lone-surrogate"] == ("id", "r\ufffd")
+    assert _codes(record)["lone-surrogate"] == ("name", "r\ufffd")
     assert record.content_hash == ds.content_hash(ds.embedding_text("A \ufffd title", ""))
+
+
+@pytest.mark.parametrize("ident, shown, what", [
+    ("r\ud800", "r\\ud800", "a lone surrogate (\\ud800: a UTF-16 half, not a character)"),
+    ("\udfffr", "\\udfffr", "a lone surrogate (\\udfff: a UTF-16 half, not a character)"),
+    ("a\x00b", "a\\x00b", "a NUL character (U+0000)"),
+    ("a\x00\udc00", "a\\x00\\udc00", "a lone surrogate (\\udc00: a UTF-16 half, not a character) and a NUL "
+                                      "character (U+0000)"),
+])
+def test_an_identifier_that_cannot_be_stored_fails_its_record_shown_escaped(ident, shown, what):
+    # Neutralised, "r\ud800" would be "r\ufffd" and "a\x00b" would be "ab": another dataset's id,
+    # whose row the record would overwrite. So the record fails, and says which one it is.
+    other = ds.normalize({"id": "ab", "title": "T"}, PORTAL)
+    record = ds.normalize({"id": ident, "title": "T"}, PORTAL)
+    assert other.ok and not record.ok
+    found = record.problems[0]
+    assert (found.code, found.severity, found.stage, found.field, found.value) == (
+        "unstorable-identifier", "error", "parse", None, shown)
+    assert found.message == (f"record '{shown}': its identifier holds {what}, which PostgreSQL cannot store: an "
+                             "identifier is not altered (altered, it could be another dataset's), so the record is "
+                             "not stored")
+    assert [p.code for p in record.problems if p.severity == "error"] == ["unstorable-identifier"]
+    assert record.source_id == shown and record.error == found.message
+    assert not sc._BAD_CHAR.search(record.error + str(record.raw))
+
+
+def test_a_record_failing_for_another_reason_says_its_identifier_cannot_be_stored_too():
+    record = ds.normalize({"id": "r\ud800", "name": "", "title": ""}, PORTAL)
+    assert [p.code for p in record.problems if p.severity == "error"] == ["unstorable-identifier", "no-title"]
+    assert record.source_id == "r\\ud800"
+    assert sc.identifier_problem("r\ufffd") is None and sc.identifier_problem(None) is None
 
 
 def test_a_nul_is_removed_with_a_warning():
@@ -87,11 +119,15 @@ def test_a_record_beyond_the_size_cap_fails():
 
 
 def test_a_failed_record_holds_only_what_can_be_stored():
-    record = ds.failed("id\ud800", {"title": float("inf"), "t": "\x00"},
+    record = ds.failed("id", {"title": float("inf"), "t": "\x00"},
                        [oc.problem("no-title", "record 'x\ud800' has no title", "title", "\ud800")], prefix="p\ud800: ")
-    assert record.source_id == "id\ufffd" and record.raw == {"title": None, "t": ""}
+    assert record.source_id == "id" and record.raw == {"title": None, "t": ""}
     assert record.error == "p\ufffd: record 'x\ufffd' has no title"
     assert record.problems[0].value == "\ufffd"
+    bad = ds.failed("id\ud800", {"title": "T"}, [oc.problem("no-title", "no title", "title")])
+    assert bad.source_id == "id\\ud800"
+    assert [p.code for p in bad.problems] == ["unstorable-identifier", "no-title"]
+    assert bad.error.startswith("record 'id\\ud800': its identifier holds a lone surrogate") and "; no title" in bad.error
 
 
 def test_the_caps_the_codes_document_are_the_caps_applied():

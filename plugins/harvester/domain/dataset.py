@@ -23,7 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from harvester.domain.outcomes import ERROR, Problem, error_text, problem
 from harvester.domain.quality import content_warnings
-from harvester.domain.screening import Unfit, fix_text, screen, screen_problems, without_surrogates
+from harvester.domain.screening import (Unfit, escaped, fix_text, identifier_problem, screen, screen_problems,
+                                        without_surrogates)
 
 # Bump when the text recipe changes: every content_hash changes with it, so everything re-embeds.
 TEXT_RECIPE = "harvester-text-v1"
@@ -79,11 +80,19 @@ def failed(source_id: str | None, raw: Any, problems: list[Problem] | tuple[Prob
            prefix: str = "") -> DatasetRecord:
     """A Failed record: ``problems`` (at least one error) and their summary as ``error``. What it
     holds is made storable (domain/screening.py): a ``raw`` too deep or too large is kept as its id
-    alone, with that error added."""
-    source_id = None if source_id is None else fix_text(source_id)
+    alone, with that error added; an identifier that cannot be stored adds ``unstorable-identifier``
+    (when not there already) and is kept escaped (``x\\ud800``: never altered into another
+    dataset's identifier)."""
+    label = source_id or "?"
+    problems = tuple(problems)
+    bad_identifier = identifier_problem(source_id)
+    if bad_identifier is not None:
+        if not any(p.code == bad_identifier.code for p in problems):
+            problems = (bad_identifier,) + problems
+        source_id = escaped(source_id)
     problems = screen_problems(problems)
     try:
-        raw, found = screen(raw, source_id or "?")
+        raw, found = screen(raw, label)
         problems += found.problems()
     except Unfit as exc:
         raw, problems = {"id": source_id}, problems + (exc.problem,)
@@ -309,8 +318,12 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
     ``url`` is a free-text source field.
 
     First the package is made storable (domain/screening.py): non-finite numbers as null, lone
-    surrogates as U+FFFD, U+0000 removed, each with its warning; a package too deep or too large
-    is a Failed record. The hashes are of what is stored."""
+    surrogates as U+FFFD, U+0000 removed, each with its warning; a package too deep or too large,
+    or whose ``source_id`` holds a lone surrogate or U+0000 (``unstorable-identifier``: an
+    identifier is never altered), is a Failed record. The hashes are of what is stored."""
+    bad_identifier = identifier_problem(source_id)
+    if bad_identifier is not None:
+        return failed(source_id, pkg, [bad_identifier])
     try:
         pkg, found = screen(pkg, source_id)
     except Unfit as exc:

@@ -7,8 +7,8 @@ record out (it is Failed; the run commits the others); one of severity ``warning
 record is stored all the same. Each code belongs to one stage of a run:
 
 - ``parse``: the record could not be read at all (not an object, a node without identity, too
-  deep or too large), or only with a value neutralised (a NaN, a lone surrogate, a NUL: see
-  domain/screening.py);
+  deep or too large, an identifier that cannot be stored), or only with a value neutralised (a
+  NaN, a lone surrogate, a NUL: see domain/screening.py);
 - ``validate``: the record breaks the catalogue's schema or what Harvester needs, or (warnings)
   its content falls short of what a catalogue should say;
 - ``embed``: the record was stored but its text has no vector yet (not embedded yet, or its vector
@@ -47,6 +47,11 @@ CODES: dict[str, Code] = {
                                           "have fewer than 10)"),
     "record-too-large": Code(ERROR, PARSE, "the record is more than 10 MB of JSON (real records have at most a few "
                                            "hundred KB)"),
+    "unstorable-identifier": Code(ERROR, PARSE, "the identifier holds a lone UTF-16 surrogate (an escape such as "
+                                                "\\ud800 without its pair) or U+0000 (NUL), which PostgreSQL cannot "
+                                                "store; unlike other texts it is not neutralised (altered, it could be "
+                                                "another dataset's identifier): the record is not stored, and the "
+                                                "message shows the identifier with that character escaped"),
     "no-identifier": Code(ERROR, VALIDATE, "the record has no identifier (nor a landing page to derive one from)"),
     "duplicate-identifier": Code(ERROR, VALIDATE, "the identifier was already used by an earlier record of the listing"),
     "no-title": Code(ERROR, VALIDATE, "the record has no title"),

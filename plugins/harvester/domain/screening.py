@@ -11,7 +11,11 @@ portal fixed it; now it is that record's coded outcome and the run commits the o
 - U+0000 is removed: ``nul-character`` (warning). Other control characters are kept: PostgreSQL
   stores them and JSON escapes them;
 - more than MAX_DEPTH levels of objects and arrays: ``record-too-deep`` (error, not stored);
-- more than MAX_RECORD_BYTES of JSON: ``record-too-large`` (error, not stored).
+- more than MAX_RECORD_BYTES of JSON: ``record-too-large`` (error, not stored);
+- a lone surrogate or U+0000 in the record's identifier: ``unstorable-identifier`` (error, not
+  stored). An identifier is not neutralised: ``x\\ud800`` made ``x\\ufffd`` (or ``a\\u0000b`` made
+  ``ab``) could be another dataset's identifier, and the record would overwrite it. The message
+  shows the identifier with the character escaped (``'x\\ud800'``, as Python's repr writes it).
 
 The caps leave a wide margin over real records: the sample catalogues' deepest record has 6 levels
 (the record itself the first) and the largest is 310 KB (a data.json entry with a detailed
@@ -98,7 +102,7 @@ class Screen:
             what = _MESSAGES[code].format(value=_number(value) if code == "non-finite-number" else value)
             more = f" ({count} values in all)" if count > 1 else ""
             shown_value = _number(value) if code == "non-finite-number" else fix_text(value)
-            out.append(problem(code, f"record {fix_text(self.label)!r}: {what} at {path}{more}",
+            out.append(problem(code, f"record {self.label!r}: {what} at {path}{more}",
                                path, shown_value))
         return tuple(out)
 
@@ -106,6 +110,33 @@ class Screen:
 def _number(value: float) -> str:
     """A non-finite float as JSON readers write it."""
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def escaped(value: str) -> str:
+    """``value`` with its lone surrogates and U+0000 written as escapes (``\\ud800``, ``\\x00``, as
+    Python's repr writes them), everything else as it is: a text that can be stored and still
+    shows what the portal sent."""
+    if _BAD_CHAR.search(value) is None:
+        return value
+    return _BAD_CHAR.sub(lambda m: repr(m.group())[1:-1], value)
+
+
+def identifier_problem(identifier: str | None) -> Problem | None:
+    """``unstorable-identifier`` when ``identifier`` holds a lone surrogate or U+0000; else None.
+    Unlike any other text of a record it is not neutralised: the identifier, altered, could be
+    another dataset's (its record would overwrite that one)."""
+    if not isinstance(identifier, str) or _BAD_CHAR.search(identifier) is None:
+        return None
+    what = []
+    surrogate = _SURROGATE.search(identifier)
+    if surrogate is not None:
+        what.append(f"a lone surrogate ({escaped(surrogate.group())}: a UTF-16 half, not a character)")
+    if "\x00" in identifier:
+        what.append("a NUL character (U+0000)")
+    return problem("unstorable-identifier",
+                   f"record {identifier!r}: its identifier holds {' and '.join(what)}, which PostgreSQL cannot store: "
+                   f"an identifier is not altered (altered, it could be another dataset's), so the record is not "
+                   f"stored", None, escaped(identifier))
 
 
 def fix_text(value: str) -> str:
@@ -218,7 +249,7 @@ def screen(value: Any, label: str) -> tuple[Any, Screen]:
     try:
         clean = _walk(value, "", 0, found)
     except _TooDeep as exc:
-        raise Unfit(problem("record-too-deep", f"record {fix_text(label)!r} nests objects and arrays more than "
+        raise Unfit(problem("record-too-deep", f"record {label!r} nests objects and arrays more than "
                                                f"{MAX_DEPTH} levels deep (at {exc.path}): it is not stored",
                             exc.path)) from None
     if text is None or clean is not value:
@@ -229,7 +260,7 @@ def screen(value: Any, label: str) -> tuple[Any, Screen]:
 
 
 def _too_large(label: str, size: int) -> Problem:
-    return problem("record-too-large", f"record {fix_text(label)!r} is {size:,} bytes of JSON, more than the "
+    return problem("record-too-large", f"record {label!r} is {size:,} bytes of JSON, more than the "
                                        f"{MAX_RECORD_BYTES:,} a record may have: it is not stored", None, size)
 
 
