@@ -8,7 +8,9 @@ What is checked: several portals harvested at once (two first syncs on the bulk 
 publishing the same texts, synced at the same moment, three rounds) while searches run, with no
 text paid for twice, no search or lock wait longer than HARVESTER_LOCK_TIMEOUT_SECS, and every
 portal equal to its source; a backfill of three dates doing one full sync; a DAG run with no pool
-but Airflow's default_pool; a worker SIGKILLed during upsert's commit and during the index build.
+but Airflow's default_pool; a worker SIGKILLed during upsert's commit and during the index build; a
+duplicate grouping holding the groups' lock past HARVESTER_LOCK_TIMEOUT_SECS without rolling back
+another portal's upsert.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ PORTALS = {
     "plain": (20, None),
     "killcommit": (30, None),
     "killindex": (BULK_RECORDS, None),
+    "grouping": (20, None),
 }
 CLUSTER_ENV = {
     "HARVESTER_TASK_RETRIES": "1",
@@ -535,3 +538,68 @@ def test_worker_killed_during_the_index_build(site):
     except ClusterError as exc:
         raise ClusterError(f"{exc}\nindexes on embeddings (valid, invalid): {site.index_health()}\n"
                            f"{site.activity()}\n{cluster.describe([run])}") from None
+
+
+# -- 5: a long duplicate grouping -----------------------------------------------------------------------------------
+def test_a_long_grouping_never_rolls_back_another_portals_upsert(site):
+    """Issue 36: grouping cross-portal duplicates takes one lock for all portals, held for as long as
+    a grouping takes (about 145 s for a first scan of a million datasets). Here the test holds it,
+    as such a grouping would, past HARVESTER_LOCK_TIMEOUT_SECS: another portal's upsert commits at
+    once in its first try, then waits for the lock (no lock timeout: HARVESTER_GROUPING_WAIT_SECS)
+    and groups its datasets."""
+    from harvester.store import duplicates
+
+    cluster, name = site.cluster, "grouping"
+    dag_id, url = site.dag(name), site.portals[name].base_url
+    site.publish(name, site.catalogue.records(name, name, PORTALS[name][0], "g1"))
+    cluster.require_success([(dag_id, cluster.trigger(dag_id))], timeout=RUN_TIMEOUT)  # (and the model's index)
+    edited = 5
+    site.edit(name, edited, name, "g2")
+    holder = site.connect("test_scheduler grouping")
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (duplicates._LOCK_KEY,))
+        run = (dag_id, cluster.trigger(dag_id))
+
+        def committed():
+            with site.connect() as conn:
+                row = conn.execute("SELECT status FROM sync_runs WHERE portal_url = %s ORDER BY run_id DESC LIMIT 1",
+                                   (url,)).fetchone()
+            return row is not None and row[0] == "committed"
+
+        cluster.wait_until(committed, RUN_TIMEOUT, "the run's commit while another grouping holds the lock", [run])
+
+        def upsert_running_for() -> float:
+            ti = next(t for t in cluster.task_instances(*run) if t["task_id"] == "upsert")
+            started = ti.get("start_date")
+            return (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds() if started else 0.0
+
+        def grouping_waits():
+            with site.connect() as conn:
+                return conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event ="
+                                    " 'advisory' AND query LIKE '%%grouping after commit%%'").fetchone()
+
+        # its grouping waits for the lock; held on past the lock timeout (from the upsert's start),
+        # and 3 s at least after the grouping began waiting
+        cluster.wait_until(grouping_waits, RUN_TIMEOUT, "the run's grouping waiting for the groups' lock", [run])
+        seen_waiting = time.monotonic()
+        cluster.wait_until(lambda: upsert_running_for() > LOCK_BOUND + 2 and time.monotonic() - seen_waiting > 3,
+                           RUN_TIMEOUT, "the upsert running past the lock timeout", [run])
+        with site.connect() as conn:
+            assert duplicates.waiting(conn) == edited, "grouped under a held lock?"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    cluster.require_success([run], timeout=RUN_TIMEOUT)
+    tries = {t["task_id"]: t["try_number"] for t in cluster.task_instances(*run)}
+    assert tries["upsert"] == 1, f"the upsert was retried: {tries}"
+    log = cluster.task_log(*run, "upsert", 1)
+    assert not re.search(r"lock timeout|LockWaitTimeout", log), log[-3000:]
+    waited = re.search(r"duplicates: (\d+) datasets re-keyed.*after waiting ([\d.]+)s for another grouping", log)
+    assert waited and int(waited.group(1)) == edited, log[-3000:]
+    assert float(waited.group(2)) > 2.0
+    with site.connect() as conn:
+        assert duplicates.waiting(conn) == 0
+        assert conn.execute("SELECT count(DISTINCT k.dataset_id) FROM dataset_keys k JOIN datasets d"
+                            " ON d.id = k.dataset_id WHERE d.portal_url = %s", (url,)).fetchone()[0] == PORTALS[name][0]
+    assert site.mismatch(name) is None, site.mismatch(name)
