@@ -151,3 +151,43 @@ def test_an_arcgis_hubs_bad_values_are_their_records_outcomes_and_the_rest_commi
     run_id, stats = _run(db, reader, portal)
     assert (stats["failed"], stats["created"], stats["updated"]) == (1, 0, 0)
     assert set(_rows(db, run_id, "error")) == {(deep, "record-too-deep")}
+
+
+# -- a data.json with bare NaN / ±Infinity, and identifiers no screening may alter ---------------------
+def _ids(db, portal_url: str) -> set[str]:
+    return {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE portal_url = %s AND removed_at IS NULL",
+                                     (portal_url,)).fetchall()}
+
+
+def test_identifiers_holding_a_lone_surrogate_or_a_nul_fail_their_records_and_the_rest_commits(db, reader,
+                                                                                               portal_server, samples):
+    """Neutralised, "planted-\\ud800" would be "planted-\\ufffd" and "planted-\\x00nul" would be
+    "planted-nul": another dataset's identifier, planted here too, whose row the record would take."""
+    good = samples(UK)[:20]
+    planted = []
+    for ident in ("planted-\ud800", "planted-\x00nul", "planted-\ufffd", "planted-nul"):
+        rec = copy.deepcopy(good[len(planted)])
+        rec["id"], rec["name"], rec["title"] = ident, f"planted-{len(planted)}", f"Planted {len(planted)}"
+        planted.append(rec)
+    portal_server.set_records(good + planted)
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0, max_retries=0)
+
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (2, len(good) + 2)
+    assert _ids(db, portal.url) == {r["id"] for r in good} | {"planted-\ufffd", "planted-nul"}
+    assert _stored(db, portal.url, "planted-\ufffd")[0] == "Planted 2"
+    assert _stored(db, portal.url, "planted-nul")[0] == "Planted 3"
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {("planted-\\ud800", "unstorable-identifier"), ("planted-\\x00nul", "unstorable-identifier")}
+    assert "a NUL character (U+0000)" in errors["planted-\\x00nul", "unstorable-identifier"]["message"]
+
+    # A reconciliation lists the identifiers too: they are staged escaped, and the run commits.
+    run_id = pipeline.begin(db, portal, reconcile=True)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, pipeline.source_for(portal))
+    pipeline.reconcile(db, portal, run_id, pipeline.source_for(portal))
+    listed = {r[0] for r in db.execute("SELECT source_id FROM staging_listing WHERE run_id = %s", (run_id,))}
+    assert {"planted-\\ud800", "planted-\\x00nul", "planted-\ufffd", "planted-nul"} <= listed
+    pipeline.hash_compare(db, reader, portal, run_id)
+    stats = pipeline.upsert(db, portal, run_id, "no-model")
+    assert runs.get(db, run_id).status == "committed" and stats["removed"] == 0
+    assert _ids(db, portal.url) == {r["id"] for r in good} | {"planted-\ufffd", "planted-nul"}

@@ -149,12 +149,19 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else _as_text(value)
 
 
+def _quoted(ident: str) -> str:
+    """``ident`` percent-encoded for a path, a lone surrogate (which UTF-8 cannot encode) as the
+    three bytes ``surrogatepass`` gives it: the mapping goes on, and the record fails on its
+    identifier (``unstorable-identifier``, domain/dataset.py) rather than as an encoding error."""
+    return quote(ident, safe="@", errors="surrogatepass")
+
+
 def landing(root: str, ident: str) -> str:
-    return f"{root}/explore/dataset/{quote(ident, safe='@')}/"
+    return f"{root}/explore/dataset/{_quoted(ident)}/"
 
 
 def resources(root: str, ds: Mapping, ident: str) -> list[dict]:
-    base = f"{root}{API}/catalog/datasets/{quote(ident, safe='@')}"
+    base = f"{root}{API}/catalog/datasets/{_quoted(ident)}"
     out = [{"url": f"{base}/exports/csv", "format": "CSV", "name": "Export CSV"},
            {"url": f"{base}/exports/json", "format": "JSON", "name": "Export JSON"}]
     if ds.get("has_records", True) is not False:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable, Iterator
 
+from harvester.domain.screening import escaped
+
 # staging_records.seq of the records a reconciliation stages (fetch_modified counts up from 0).
 RECONCILE_SEQ = 1 << 40
 
@@ -34,13 +36,17 @@ def drop(conn, run_id: int) -> None:
 
 
 def write(conn, run_id: int, rows: Iterable[tuple[str, datetime | None]]) -> int:
-    """COPY listed (source_id, metadata_modified) pairs; returns how many were written."""
+    """COPY listed (source_id, metadata_modified) pairs; returns how many were written. An
+    identifier holding a lone surrogate or U+0000 (which PostgreSQL cannot store, and which failed
+    the whole COPY) is written escaped, as its Failed record keeps it (domain/dataset.py
+    ``failed``): never altered into another dataset's identifier (U+0000 removed, ``a\\x00b``
+    was ``ab``), whose removal it would withhold."""
     n = 0
     with conn.cursor() as cur:
         with cur.copy("COPY staging_listing (run_id, source_id, metadata_modified) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(["int8", "text", "timestamptz"])
             for source_id, modified in rows:
-                copy.write_row((run_id, source_id.replace("\x00", ""), modified))
+                copy.write_row((run_id, escaped(source_id), modified))
                 n += 1
     return n
 
