@@ -159,6 +159,49 @@ def _ids(db, portal_url: str) -> set[str]:
                                      (portal_url,)).fetchall()}
 
 
+def test_a_data_json_with_bare_nan_infinity_and_lone_surrogates_stores_every_dataset(db, reader, samples):
+    """A real DCAT-US catalogue as Python's json.dumps writes it, one dataset holding NaN,
+    Infinity and -Infinity, another the words in its texts, one a lone surrogate in its identifier.
+    Before, the bare NaN failed the whole document: nothing was stored."""
+    from harvester.testing.dcat_portal import DcatServer
+    from harvester.testing.samples import dcat_samples_dir, load_json
+
+    catalogue = load_json(dcat_samples_dir() / "dcat-us" / "dcatus.json")
+    good = catalogue["dataset"]
+    numbers = copy.deepcopy(good[0])
+    numbers.update(identifier="planted-numbers", size=float("nan"), spatial={"bbox": [-float("inf"), float("inf")]})
+    words = copy.deepcopy(good[1])
+    words.update(identifier="planted-words", title='"NaN", Infinity and -Infinity', keyword=["NaN", "-Infinity"])
+    surrogate = copy.deepcopy(good[2])
+    surrogate.update(identifier="planted-\ud800", title="Identifier with a lone surrogate")
+    catalogue["dataset"] = good + [numbers, words, surrogate]
+    body = json.dumps(catalogue).encode()
+    assert b"\"size\": NaN" in body and b"[-Infinity, Infinity]" in body
+
+    with DcatServer() as server:
+        server.set_document("/data.json", body)
+        portal = Portal(name="d", type="dcat-json", url=server.url("/data.json"), politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, len(good) + 2)
+    assert _ids(db, portal.url) == {e["identifier"] for e in good} | {"planted-numbers", "planted-words"}
+
+    assert set(_rows(db, run_id, "error")) == {("planted-\\ud800", "unstorable-identifier")}
+    error = _rows(db, run_id, "error")["planted-\\ud800", "unstorable-identifier"]
+    assert error["value"] == "planted-\\ud800" and error["stage"] == "parse"
+    assert error["message"].startswith("record 'planted-\\ud800': its identifier holds a lone surrogate (\\ud800")
+
+    warnings = _rows(db, run_id, "warning")
+    nan = warnings["planted-numbers", "non-finite-number"]
+    first = ("size", "NaN") if list(numbers).index("size") < list(numbers).index("spatial") else \
+        ("spatial.bbox[0]", "-Infinity")  # the first of the entry's keys (the sample has a spatial)
+    assert (nan["field"], nan["value"]) == first and "(3 values in all)" in nan["message"]
+    assert not any(code == "non-finite-number" for ident, code in warnings if ident != "planted-numbers")
+    extras = {e["key"]: e["value"] for e in _stored(db, portal.url, "planted-numbers")[2]["extras"]}
+    assert extras["size"] == "null" and extras["spatial"] == '{"bbox":[null,null]}'
+    title, _, raw = _stored(db, portal.url, "planted-words")
+    assert title == '"NaN", Infinity and -Infinity' and sorted(t["name"] for t in raw["tags"]) == ["-Infinity", "NaN"]
+
+
 def test_identifiers_holding_a_lone_surrogate_or_a_nul_fail_their_records_and_the_rest_commits(db, reader,
                                                                                                portal_server, samples):
     """Neutralised, "planted-\\ud800" would be "planted-\\ufffd" and "planted-\\x00nul" would be

@@ -21,6 +21,7 @@ from harvester.domain.dataset import content_hash, embedding_text, normalize_url
 from harvester.sources.base import Listing, SourceError, SourceUnavailable
 from harvester.sources.dcat_json import (DcatJsonSource, InvalidCatalogue, iter_entries, iter_records, normalize, to_package)
 from harvester.http import HttpFetcher
+from harvester.testing.dcat_portal import DcatServer
 from harvester.testing.samples import dcat_samples_dir, existing, load_json
 
 DCAT = dcat_samples_dir()
@@ -580,3 +581,85 @@ def test_landing_ids_are_the_sha256_of_the_normalized_landing_page():
     url = "HTTP://Data.Example.org/Dataset/1/"
     expected = "landing:" + hashlib.sha256(b"http://data.example.org/Dataset/1").hexdigest()[:32]
     assert normalize({"title": "t", "landingPage": url}, CATALOG).source_id == expected
+
+
+# -- what Python's json writes but ijson refuses or alters (issue 36) --------------------------------
+def _written_by_python(entries: list) -> bytes:
+    """A catalogue as a portal's Python writer serves it: ``json.dumps`` writes a float NaN or
+    infinity as a bare NaN, Infinity or -Infinity, and a lone surrogate as its escape."""
+    return json.dumps({"conformsTo": "https://project-open-data.cio.gov/v1.1/schema", "dataset": entries},
+                      indent=1).encode()
+
+
+def _bad_values_catalogue() -> list:
+    real = entry(US / "dcatus_single_record.json", "cftc-dc1")
+    numbers = dict(copy.deepcopy(real), identifier="numbers", size=float("nan"),
+                   spatial={"bbox": [-float("inf"), 1.5]})
+    numbers["distribution"][0]["byteSize"] = float("inf")
+    words = dict(copy.deepcopy(real), identifier="words", title='The "NaN" report',
+                 description='values NaN, Infinity and -Infinity; quoted: \\"NaN\\"', keyword=["NaN", "Infinity"])
+    ident = dict(copy.deepcopy(real), identifier="cftc-\ud800", title="An identifier with a lone surrogate")
+    low = dict(copy.deepcopy(real), identifier="low", title="A lone low half \udc00 in a title")
+    return [real, numbers, words, ident, low]
+
+
+def test_bare_nan_and_infinity_and_lone_surrogates_over_http_are_their_records_outcomes():
+    """Before, the bare NaN failed the whole document ("not a valid JSON document"), the lone low
+    half did (a UnicodeDecodeError), and the lone high half in an identifier became '?'."""
+    entries = _bad_values_catalogue()
+    body = _written_by_python(entries)
+    assert b'"size": NaN' in body and b"Infinity" in body and b'"cftc-\\ud800"' in body
+    with DcatServer() as server:
+        server.set_document("/data.json", body)
+        src = source(server.url("/data.json"))
+        records = [r for page in src.iter_pages(None) for r in page]
+    assert src.listed == 5 and [r.source_id for r in records] == ["cftc-dc1", "numbers", "words", "cftc-\\ud800", "low"]
+    real, numbers, words, ident, low = records
+    assert real.ok and not [p for p in real.problems if p.stage == "parse"]
+
+    assert numbers.ok
+    (found,) = [p for p in numbers.problems if p.code == "non-finite-number"]
+    assert (found.field, found.value, found.severity) == ("distribution[0].byteSize", "Infinity", "warning")
+    assert found.message == ("record 'numbers': a non-finite number (Infinity) was made null at "
+                             "distribution[0].byteSize (3 values in all)")  # the first in the entry, then size, bbox
+    extras = {e["key"]: e["value"] for e in numbers.raw["extras"]}
+    assert extras["size"] == "null" and extras["spatial"] == '{"bbox":[null,1.5]}'
+    assert extras["distribution[0].byteSize"] == "null"
+    same_but_numbers = normalize({k: v for k, v in entries[1].items() if k not in ("size", "spatial")}, CATALOG)
+    assert numbers.content_hash == same_but_numbers.content_hash  # the text is the entry's own
+
+    assert words.ok and words.title == 'The "NaN" report' and not [p for p in words.problems if p.stage == "parse"]
+    assert words.description == 'values NaN, Infinity and -Infinity; quoted: \\"NaN\\"'
+    assert {"key": "keyword", "value": "NaN"} not in words.raw["extras"] and words.tags == ["Infinity", "NaN"]
+
+    assert not ident.ok and [p.code for p in ident.problems if p.severity == "error"] == ["unstorable-identifier"]
+    assert "record 'cftc-\\ud800': its identifier holds a lone surrogate" in ident.error
+
+    assert low.ok and low.title == "A lone low half \ufffd in a title"
+    assert [(p.code, p.field) for p in low.problems if p.stage == "parse"] == [("lone-surrogate", "title")]
+
+
+def test_without_bare_tokens_a_catalogue_reads_as_it_did(ar_body):
+    """The filter passes a real catalogue's bytes on as they are (the entries json.load gives)."""
+    assert list(iter_entries(io.BytesIO(ar_body))) == json.loads(ar_body)["dataset"]
+
+
+def test_a_large_catalogue_with_nan_in_every_entry_streams_in_little_memory(tmp_path):
+    path = tmp_path / "data.json"
+    base = load_json(US / "dcatus.json")["dataset"]
+    with path.open("w", encoding="utf-8") as out:
+        out.write('{"dataset": [\n')
+        for i in range(12000):
+            item = dict(base[i % len(base)], identifier=f"gen-{i:06d}", size=float("nan"))
+            out.write(("," if i else "") + json.dumps(item) + "\n")
+        out.write("]}\n")
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        with path.open("rb") as handle:
+            count = sum(1 for e in iter_entries(handle) if e["size"] != e["size"])  # NaN, as json.load reads it
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 12000
+    assert peak < size / 10, f"peak {peak} bytes while parsing {size} bytes: the document was held in memory"

@@ -151,6 +151,33 @@ def without_surrogates(value: str) -> str:
     return _SURROGATE.sub(REPLACEMENT, value)
 
 
+def non_finite_as_null(value: Any, label: str) -> tuple[Any, Screen]:
+    """``value`` with its NaN and ±Infinity floats made null, each noted as ``screen`` notes it
+    (``non-finite-number``, at its JSON path), and nothing else changed (a new container only
+    where something changed; deeper than MAX_DEPTH levels, nothing). For a source whose mapping
+    writes numbers as texts (``json.dumps`` writes NaN as ``NaN``), so that they are made null
+    before it; ``screen`` does the rest afterwards."""
+    found = Screen(label)
+    return _nulled(value, "", 0, found), found
+
+
+def _nulled(value: Any, path: str, depth: int, found: Screen) -> Any:
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        found.note("non-finite-number", path or "(record)", float(value))
+        return None
+    if depth >= MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        out = {k: _nulled(v, _path(path, k), depth + 1, found) for k, v in value.items()}
+        return value if all(out[k] is v for k, v in value.items()) else out
+    if isinstance(value, (list, tuple)):
+        items = [_nulled(v, _path(path, i), depth + 1, found) for i, v in enumerate(value)]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return value
+
+
 def _path(parent: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"

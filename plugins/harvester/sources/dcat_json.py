@@ -7,6 +7,14 @@ and then a ``DatasetRecord`` (``normalize``). Whatever the package's own fields 
 its ``extras``, so that the metadata hash sees an edit anywhere in an entry except its ``modified``
 date (which is ``metadata_modified``) and the order of its keywords and themes.
 
+What Python's json reads but the stream's parser refuses or alters, a bare ``NaN``, ``Infinity``
+or ``-Infinity`` (``"size": NaN``, as ``json.dumps`` writes it) and a lone surrogate escape
+(``"\\ud800"``), goes through as a stand-in (sources/json_stream.py): the entry holds what
+``json.loads`` would give, and only its own record bears it (domain/screening.py): such a number
+is stored as null and such a text with U+FFFD, each with a warning, and an identifier holding a
+lone surrogate fails its record. Before, one such token failed the whole document (and a lone high
+half was read as ``?``).
+
 Where datasets are in the document:
 
 - ``dataset[*]``, and ``dataset[*]`` of nested catalogues (DCAT-US 3.0 ``catalog[*]``, any depth);
@@ -67,7 +75,9 @@ from harvester.config.portals import DCAT_JSON, DCAT_US_PROFILES
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record, sha256_hex,
                                       slug)
 from harvester.domain.outcomes import Problem, problem
+from harvester.domain.screening import non_finite_as_null
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
+from harvester.sources.json_stream import StandIns
 from harvester.http import scrub_url, streamed_bytes
 
 log = logging.getLogger(__name__)
@@ -590,13 +600,25 @@ def _is_http(url: Any) -> bool:
     return isinstance(url, str) and url.strip().lower().startswith(("http://", "https://"))
 
 
-def normalize(entry: Any, catalog_url: str, validator: Draft202012Validator | None = None) -> DatasetRecord:
+def normalize(entry: Any, catalog_url: str, validator: Draft202012Validator | None = None, *,
+              non_finite: bool = False) -> DatasetRecord:
     """A DCAT dataset entry as a DatasetRecord; an unusable entry comes back failed, saying why
     (its ``error`` names the dataset, its ``problems`` are coded). ``validator``: the catalogue's
     DCAT-US schema (``dataset_validator``), whose violations fail the entry too; a field the
-    mapping already found wrong is not reported again by the schema."""
+    mapping already found wrong is not reported again by the schema.
+
+    ``non_finite``: the entry may hold a NaN or ±Infinity (the document had bare tokens:
+    sources/json_stream.py). The mapping writes the numbers of ``extras`` as texts (NaN as
+    ``"NaN"``, which no screening would see), so such an entry is mapped with them made null, each
+    a ``non-finite-number`` warning naming its place in the entry (domain/screening.py); the
+    checks and the schema see the entry as it came."""
+    warnings: tuple[Problem, ...] = ()
     try:
         pkg = to_package(entry, catalog_url)
+        if non_finite:
+            nulled, found = non_finite_as_null(entry, pkg["id"])
+            if nulled is not entry:
+                pkg, warnings = to_package(nulled, catalog_url), found.problems()
         problems: tuple[Problem, ...] = ()
         ident, label = pkg["id"], None
     except InvalidEntry as exc:
@@ -617,7 +639,8 @@ def normalize(entry: Any, catalog_url: str, validator: Draft202012Validator | No
         url_hash = sha256_hex(f"{normalize_url(catalog_url)}#{pkg['id']}")
     org = pkg["organization"]
     return package_record(pkg, source_id=pkg["id"], url=url, url_hash=url_hash, title=title, description=description,
-                          tags=sorted({t["name"] for t in pkg["tags"]}), organization=org.get("title") if org else None)
+                          tags=sorted({t["name"] for t in pkg["tags"]}), organization=org.get("title") if org else None,
+                          warnings=warnings)
 
 
 # -- streaming parse ------------------------------------------------------------------------------
@@ -697,40 +720,55 @@ def _build(events: Iterator, event: str) -> Any:
     raise ijson.IncompleteJSONError("the document ends inside a dataset")
 
 
-def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> Iterator[tuple[Any, bool]]:
-    """(entry, embedded) for each dataset entry in document order; ``embedded``: a copy inside a
-    series or service, not a catalogue's own listing. ``header`` (when given) gets the top-level
-    ``conformsTo`` as soon as the stream passes it."""
+def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> Iterator[tuple[Any, bool, bool]]:
+    """(entry, embedded, restored) for each dataset entry in document order; ``embedded``: a copy
+    inside a series or service, not a catalogue's own listing; ``restored``: the entry held a bare
+    NaN or ±Infinity or a lone surrogate escape, which the parser takes only as a stand-in
+    (sources/json_stream.py), given back as ``json.loads`` reads it. ``header`` (when given) gets
+    the top-level ``conformsTo`` as soon as the stream passes it."""
     where = scrub_url(source)
     try:
         stream = _decoded(fp)
         if stream.empty:
             raise InvalidCatalogue(f"{where}: the document is empty, not a DCAT catalogue")
-        events = ijson.parse(stream, use_float=True)
+        stand_ins = StandIns(stream)
+        events = ijson.parse(stand_ins, use_float=True)
         first = next(events)
         bare_list = first[1] == "start_array"
         if not bare_list and first[1] != "start_map":
             raise InvalidCatalogue(f"{where}: the document is a single JSON value, not a DCAT catalogue")
         found = bare_list
+
+        def given_back(value: Any) -> tuple[Any, bool]:
+            if not stand_ins.pending:  # (the common case: nothing to give back, no walk)
+                return value, False
+            before = stand_ins.restored
+            value = stand_ins.restore(value)
+            return value, stand_ins.restored > before
+
         for prefix, event, value in events:
             if prefix == "conformsTo" and header is not None and not bare_list:
                 if event in _OPEN:
-                    header["conformsTo"] = _build(events, event)
+                    header["conformsTo"] = given_back(_build(events, event))[0]
                     continue
                 if event in _SCALARS:
-                    header["conformsTo"] = value
+                    header["conformsTo"] = given_back(value)[0]
                     continue
             if event in _OPEN:
                 listed = prefix == "item" if bare_list else (prefix.endswith("dataset.item")
                                                              and _LISTED.fullmatch(prefix) is not None)
                 if listed or (event == "start_map" and not bare_list and _EMBEDDED.fullmatch(prefix)):
                     found = True
-                    yield _build(events, event), not listed
+                    entry, restored = given_back(_build(events, event))
+                    yield entry, not listed, restored
                 elif event == "start_array" and not bare_list and _LISTS.fullmatch(prefix):
                     found = True
             elif event in _SCALARS and (prefix == "item" if bare_list else
                                         prefix.endswith("dataset.item") and _LISTED.fullmatch(prefix)):
-                yield value, False  # not an object: normalize says so
+                entry, restored = given_back(value)
+                yield entry, False, restored  # not an object: normalize says so
+            elif stand_ins.pending and value is not None:
+                stand_ins.restore(value)  # outside any dataset: counted, so that entries are not walked
         if not found:
             raise InvalidCatalogue(f"{where}: the JSON document has no 'dataset' array: not a DCAT catalogue")
     except ijson.JSONError as exc:
@@ -743,7 +781,7 @@ def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> I
 def iter_entries(fp: BinaryIO, *, source: str = "catalogue") -> Iterator[Any]:
     """The dataset entries of a catalogue read from the binary stream ``fp`` (plain or gzip), one
     at a time. Raises ``InvalidCatalogue`` (naming ``source``) for a document that is not one."""
-    for entry, _ in _located_entries(fp, source):
+    for entry, _, _ in _located_entries(fp, source):
         yield entry
 
 
@@ -760,7 +798,7 @@ def iter_records(fp: BinaryIO, catalog_url: str, *, schema_profile: str = NON_FE
     seen: dict[str, int] = {}  # identifier -> entry number, negative for an embedded copy
     header: dict[str, Any] = {}
     known, validator, unchecked = False, None, 0
-    for n, (entry, embedded) in enumerate(_located_entries(fp, catalog_url, header), 1):
+    for n, (entry, embedded, restored) in enumerate(_located_entries(fp, catalog_url, header), 1):
         if not known and "conformsTo" in header:
             known, version = True, conformance(header["conformsTo"])
             validator = dataset_validator(version, schema_profile)
@@ -778,7 +816,7 @@ def iter_records(fp: BinaryIO, catalog_url: str, *, schema_profile: str = NON_FE
             continue
         if ident is not None:
             seen[ident] = -n if embedded else n
-        record = normalize(entry, catalog_url, validator)
+        record = normalize(entry, catalog_url, validator, non_finite=restored)
         yield record if record.ok else replace(record, error=f"entry {n}: {record.error}")
     if unchecked and conformance(header.get("conformsTo")) is not None:
         log.warning("%s: conformsTo comes after %d dataset entries in the document: those were not checked against "
