@@ -234,3 +234,48 @@ def test_identifiers_holding_a_lone_surrogate_or_a_nul_fail_their_records_and_th
     stats = pipeline.upsert(db, portal, run_id, "no-model")
     assert runs.get(db, run_id).status == "committed" and stats["removed"] == 0
     assert _ids(db, portal.url) == {r["id"] for r in good} | {"planted-\ufffd", "planted-nul"}
+
+
+@pytest.fixture
+def ods():
+    from harvester.testing.opendatasoft_portal import OpenDataSoftPortal
+
+    with OpenDataSoftPortal() as server:
+        yield server
+
+
+def test_an_opendatasoft_identifier_with_a_lone_surrogate_fails_its_record_on_a_page_and_in_the_export(db, reader,
+                                                                                                      ods):
+    """30 datasets, the API's window scaled down to 20: the first 20 come from the records
+    endpoint (Python's json reads them), the rest from the streamed export (ijson), where a bare
+    NaN failed the whole listing and a lone high half became '?'. Before, the one on a page failed
+    as ``invalid-record`` with an encoding error for message."""
+    from harvester.http import HttpFetcher
+    from harvester.sources.opendatasoft import OpenDataSoftSource
+    from harvester.testing.opendatasoft_portal import fixture_datasets
+
+    template = fixture_datasets()[0]
+    datasets = []
+    for i in range(30):
+        ds = copy.deepcopy(template)
+        ds["dataset_id"] = f"ds-{i:05d}" + {5: "\ud800", 25: "\udbff"}.get(i, "")
+        ds["metas"]["default"].update(title=f"Dataset {i}", modified="2024-01-01T00:00:00+00:00")
+        datasets.append(ds)
+    datasets[27]["metas"]["default"]["records_count"] = float("nan")
+    for ds in datasets:
+        ods.put(ds)
+    ods.offset_cap = 20
+    portal = Portal(name="o", type="opendatasoft", url=ods.base_url, politeness_delay=0, max_retries=0)
+    source = OpenDataSoftSource(portal.url, fetcher=HttpFetcher(portal.url, max_retries=0, sleep=lambda s: None),
+                                offset_cap=20)
+
+    run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, source)
+    pipeline.hash_compare(db, reader, portal, run_id)
+    stats = pipeline.upsert(db, portal, run_id, "no-model")
+    assert runs.get(db, run_id).status == "committed"
+    assert ods.export_requests(), "the listing went past the window through the export"
+    assert (stats["failed"], stats["created"]) == (2, 28)
+    assert _ids(db, portal.url) == {f"ds-{i:05d}" for i in range(30) if i not in (5, 25)}
+    assert set(_rows(db, run_id, "error")) == {("ds-00005\\ud800", "unstorable-identifier"),
+                                               ("ds-00025\\udbff", "unstorable-identifier")}

@@ -68,6 +68,7 @@ from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_
 from harvester.http import RetriesExhausted, Retryable, scrub_url, streamed_bytes
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
+from harvester.sources.json_stream import StandIns
 
 log = logging.getLogger(__name__)
 
@@ -518,9 +519,13 @@ class _Checked:
 
 def _array_items(fp, where: str) -> Iterator[Any]:
     """The items of the JSON array that ``fp`` holds, one at a time, parsed as they stream
-    (ijson). Raises ``ExportCut`` unless the array closes and the document ends there, and
-    ``SourceError`` for a document that is not an array."""
-    events = ijson.parse(fp, use_float=True)
+    (ijson), each as ``json.loads`` reads it: a bare NaN or ±Infinity, or a lone surrogate escape,
+    which the parser refuses or alters, goes through as a stand-in (sources/json_stream.py) and
+    is that dataset's to bear, as on a page of the records endpoint. Raises ``ExportCut`` unless
+    the array closes and the document ends there, and ``SourceError`` for a document that is not
+    an array."""
+    stand_ins = StandIns(fp)
+    events = ijson.parse(stand_ins, use_float=True)
     closed = []
 
     def checked():
@@ -537,7 +542,8 @@ def _array_items(fp, where: str) -> Iterator[Any]:
             yield event
 
     try:
-        yield from ijson.items(checked(), "item")
+        for item in ijson.items(checked(), "item"):
+            yield stand_ins.restore(item) if stand_ins.pending else item
     except ijson.IncompleteJSONError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportCut(f"not a whole JSON document ({reason[:120]})") from exc
