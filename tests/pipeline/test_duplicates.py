@@ -255,3 +255,34 @@ def test_the_queue_is_grouped_by_any_portals_next_grouping(world, db, database_u
     world.harvest(world.other, full_sync=True)             # another portal's run groups the whole queue
     assert duplicates.waiting(db) == 0
     assert {frozenset(m) for m in _groups(db).values()} == world.expected()
+
+
+def test_a_queue_grouped_in_chunks_gives_the_groups_of_one_grouping(world, db):
+    """Every portal re-keyed at once (an upgrade) is one queue: a grouping takes it a chunk at a time
+    (GROUPING_CHUNK: bounded memory and lock time), each chunk in its own transaction, and the cut
+    changes nothing in the groups; past ``until`` the rest stays queued."""
+    import time
+
+    for p in (world.national, world.aggregator, world.other):
+        world.harvest(p, full_sync=True)
+    expected = {frozenset(m) for m in _groups(db).values()}
+    assert expected == world.expected()
+
+    def upgrade() -> int:  # as a migration that changes the keys would leave it: every dataset queued
+        db.execute("DELETE FROM duplicate_members; DELETE FROM dataset_keys")
+        return db.execute("INSERT INTO duplicate_pending (dataset_id) SELECT id FROM datasets ORDER BY id DESC").rowcount
+
+    queued = upgrade()
+    assert queued > 6
+    first = duplicates.regroup_pending(db, wait=5, chunk=3, until=time.monotonic())
+    assert (first["chunks"], first["stopped"], first["left"]) == (1, "deadline", queued - 3)
+    assert duplicates.waiting(db) == queued - 3
+    rest = duplicates.regroup_pending(db, wait=5, chunk=3)
+    assert rest["stopped"] is None and rest["left"] == 0 and rest["chunks"] == (queued - 3) // 3 + 1
+    assert first["touched"] + rest["touched"] == queued
+    assert {frozenset(m) for m in _groups(db).values()} == expected
+    # the same queue in one grouping: the same groups
+    upgrade()
+    whole = duplicates.regroup_pending(db, wait=5)
+    assert (whole["chunks"], whole["touched"]) == (1, queued)
+    assert {frozenset(m) for m in _groups(db).values()} == expected

@@ -489,14 +489,19 @@ def group_duplicates(conn, wait_deadline: float | None = None) -> dict | None:
     if wait_deadline is not None:
         wait = max(1.0, min(wait, wait_deadline - time.monotonic()))
     try:
-        grouped = duplicates.regroup_pending(conn, wait=wait)
+        grouped = duplicates.regroup_pending(conn, wait=wait, until=wait_deadline)
     except duplicates.GroupingDeferred as exc:
         log.warning("duplicate grouping deferred: %s", exc)
         return None
     if grouped["touched"]:
         log.info("duplicates: %d datasets re-keyed, %d examined with their neighbours in %.2fs (after waiting "
-                 "%.2fs for another grouping): %d in %d groups", grouped["touched"], grouped["examined"],
-                 grouped["seconds"] - grouped["waited"], grouped["waited"], grouped["grouped"], grouped["groups"])
+                 "%.2fs for another grouping): %d in %d groups%s", grouped["touched"], grouped["examined"],
+                 grouped["seconds"] - grouped["waited"], grouped["waited"], grouped["grouped"], grouped["groups"],
+                 f"; {grouped['chunks']} groupings of at most {duplicates.GROUPING_CHUNK:,} queued datasets"
+                 if grouped["chunks"] > 1 else "")
+    if grouped["stopped"] == "deadline":
+        log.warning("duplicate grouping: the task's time ran out with %d datasets still waiting to be grouped: the "
+                    "next run of any portal groups them, or `harvester duplicates regroup`", grouped["left"])
     return grouped
 
 

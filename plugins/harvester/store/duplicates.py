@@ -26,6 +26,9 @@ from harvester.store.db import LOCK_TIMEOUT_ENV, LockWaitTimeout, lock_timeout
 
 log = logging.getLogger(__name__)
 
+# Queued rows one grouping takes at most: a first scan of a million datasets is one grouping (about
+# 145 s, bench/scale_bench.py); several portals queued at once (an upgrade) are several.
+GROUPING_CHUNK = 1_000_000
 # Any constant: only grouping takes it.
 _LOCK_KEY = 0x48445550  # "HDUP"
 # A run that writes this many keys (or groups this many datasets) analyzes the table it wrote: about
@@ -265,11 +268,45 @@ class GroupingDeferred(RuntimeError):
     """The groups' lock stayed held past the grouping's wait: the queue is left to the next grouping."""
 
 
-def regroup_pending(conn, *, wait: float) -> dict:
-    """Group what is queued (every portal's), in a transaction of its own under the groups' lock,
-    waiting at most ``wait`` seconds for it (GroupingDeferred past that: the queue stays). The
-    queue's ids stay in PostgreSQL (the scope table): a first scan of a million datasets costs this
-    process no more memory than a run that changed ten."""
+def regroup_pending(conn, *, wait: float, chunk: int | None = None, until: float | None = None) -> dict:
+    """Group what is queued (every portal's), ``chunk`` queued rows at a time (GROUPING_CHUNK), each
+    chunk in a transaction of its own under the groups' lock, until the queue is empty or
+    ``until`` (a time.monotonic() value) has passed. The first chunk waits at most ``wait`` seconds
+    for the lock (GroupingDeferred past that: the queue stays); a later chunk that finds the lock
+    taken leaves the rest to that grouping. The chunk bounds a grouping's memory and lock time
+    (every portal re-keyed at once after an upgrade is one queue); it is correct in any cut, since
+    each chunk re-keys its datasets and regroups around them with every key already written.
+    Returns the chunks' figures added up, with ``chunks``, ``left`` (rows queued after the last
+    chunk) and ``stopped`` (None: the queue was empty at the last take; "deadline"; "taken over")."""
+    chunk = chunk or GROUPING_CHUNK
+    total = {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0, "waited": 0.0, "seconds": 0.0,
+             "chunks": 0, "left": 0, "stopped": None}
+    while True:
+        try:
+            out = _regroup_chunk(conn, wait, chunk)
+        except GroupingDeferred:
+            if not total["chunks"]:
+                raise
+            total["stopped"] = "taken over"  # another grouping has the lock: it takes the rest of the queue
+            break
+        total["chunks"] += 1
+        for key in ("examined", "groups", "grouped", "touched", "keys", "waited", "seconds"):
+            total[key] += out[key]
+        if out["taken"] < chunk:
+            break
+        if until is not None and time.monotonic() >= until:
+            total["stopped"] = "deadline"
+            break
+    total["left"] = conn.execute("SELECT count(*) FROM duplicate_pending").fetchone()[0]
+    total["waited"], total["seconds"] = round(total["waited"], 3), round(total["seconds"], 3)
+    return total
+
+
+def _regroup_chunk(conn, wait: float, chunk: int) -> dict:
+    """One grouping: up to ``chunk`` queued rows taken, in a transaction of its own under the groups'
+    lock, waiting at most ``wait`` seconds for it. The queue's ids stay in PostgreSQL (the scope
+    table): a first scan of a million datasets costs this process no more memory than a run that
+    changed ten."""
     from psycopg import errors
 
     started = time.perf_counter()
@@ -284,16 +321,21 @@ def regroup_pending(conn, *, wait: float) -> dict:
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
             waited = time.perf_counter() - started
             _scope(conn)
-            # Taken whole: rows queued by commits after this statement stay for the next grouping.
-            touched = conn.execute(f"""
-                WITH taken AS (DELETE FROM duplicate_pending RETURNING dataset_id)
-                INSERT INTO {SCOPE} (id)
-                SELECT DISTINCT t.dataset_id FROM taken t JOIN datasets d ON d.id = t.dataset_id
-                ON CONFLICT DO NOTHING
-                """).rowcount
+            # Rows queued by commits after this statement stay for the next grouping.
+            taken, touched = conn.execute(f"""
+                WITH taken AS (
+                    DELETE FROM duplicate_pending
+                    WHERE ctid = ANY(ARRAY(SELECT ctid FROM duplicate_pending LIMIT %s))
+                    RETURNING dataset_id),
+                added AS (
+                    INSERT INTO {SCOPE} (id)
+                    SELECT DISTINCT t.dataset_id FROM taken t JOIN datasets d ON d.id = t.dataset_id
+                    ON CONFLICT DO NOTHING RETURNING id)
+                SELECT (SELECT count(*) FROM taken), (SELECT count(*) FROM added)
+                """, (chunk,)).fetchone()
             if not touched:
-                return {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0,
-                        "waited": round(waited, 3), "seconds": round(time.perf_counter() - started, 3)}
+                return {"examined": 0, "groups": 0, "grouped": 0, "touched": 0, "keys": 0, "taken": taken,
+                        "waited": waited, "seconds": time.perf_counter() - started}
             _analyze_scope(conn, touched)
             keys = refresh_keys(conn)
             if keys >= ANALYZE_AFTER:
@@ -311,7 +353,7 @@ def regroup_pending(conn, *, wait: float) -> dict:
         raise GroupingDeferred(
             f"{why}: the {waiting(conn):,} datasets waiting are grouped by the next run of any portal (or "
             "`harvester duplicates regroup`)") from None
-    out.update(touched=touched, keys=keys, waited=round(waited, 3), seconds=round(time.perf_counter() - started, 3))
+    out.update(touched=touched, keys=keys, taken=taken, waited=waited, seconds=time.perf_counter() - started)
     return out
 
 
