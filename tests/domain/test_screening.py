@@ -133,3 +133,49 @@ def test_a_failed_record_holds_only_what_can_be_stored():
 def test_the_caps_the_codes_document_are_the_caps_applied():
     assert f"more than {sc.MAX_DEPTH} levels" in oc.CODES["record-too-deep"].summary
     assert f"more than {sc.MAX_RECORD_BYTES // (1024 * 1024)} MB" in oc.CODES["record-too-large"].summary
+
+
+# -- the record as published, before a source maps it ----------------------------------------------
+@pytest.mark.parametrize("levels", [sc.MAX_DEPTH + 1, 999, 1500, 100_000])
+def test_a_record_too_deep_fails_before_any_mapping_reads_it_whatever_its_depth(levels):
+    """A mapping reads the record before its package is screened: ``str()`` of a title, a
+    ``json.dumps`` of an extra, which raise RecursionError some hundreds of levels down (and
+    hide any depth in a text). So the record as published is screened first, without recursion,
+    and fails where ``screen`` would say it does."""
+    titled = ds.normalize({"id": "deep", "title": _nested(levels - 1)}, PORTAL)  # (str(title) recursed)
+    assert not titled.ok and [p.code for p in titled.problems] == ["record-too-deep"]
+    assert titled.raw == {"id": "deep"} and titled.problems[0].field == "title" + "[0]" * (sc.MAX_DEPTH - 1)
+
+    record = {"id": "deep", "title": "T", "x": _nested(levels - 1)}
+    with pytest.raises(sc.Unfit) as published:
+        sc.published(record, "deep")
+    with pytest.raises(sc.Unfit) as screened:
+        sc.screen(record, "deep")
+    assert published.value.problem == screened.value.problem
+    assert published.value.problem.field == "x" + "[0]" * (sc.MAX_DEPTH - 1)
+
+
+def test_a_record_too_large_fails_before_any_mapping():
+    with pytest.raises(sc.Unfit) as exc:
+        sc.published({"id": "big", "notes": "x" * sc.MAX_RECORD_BYTES}, "big")
+    assert exc.value.problem.code == "record-too-large" and "record 'big' is 10,485," in exc.value.problem.message
+    with pytest.raises(sc.Unfit):  # (one orjson cannot write, a lone surrogate in it, is measured too)
+        sc.published({"id": "big", "notes": "\ud800" + "x" * sc.MAX_RECORD_BYTES}, "big")
+
+
+def test_non_finite_numbers_are_null_before_a_mapping_reads_them_and_nothing_else_changes():
+    pkg = json.loads('{"id": "r", "title": NaN, "name": "r-name", "n": [1, {"v": -Infinity}],'
+                     ' "t": "a \\ud800 and NUL\\u0000"}')
+    # CKAN's mapping read a NaN title as the text "nan": the title is null, so the name stands in.
+    record = ds.normalize(pkg, PORTAL)
+    assert record.ok and record.title == "r-name" and record.raw["title"] is None
+    (warned,) = [p for p in record.problems if p.code == "non-finite-number"]
+    assert (warned.field, warned.value) == ("title", "NaN") and "(2 values in all)" in warned.message
+
+    nulled, found = sc.published(pkg, "r")
+    assert nulled == {"id": "r", "title": None, "name": "r-name", "n": [1, {"v": None}],
+                      "t": "a \ud800 and NUL\x00"}  # texts are left to screen, after the mapping
+    assert [(p.code, p.field, p.value) for p in found.problems()] == [("non-finite-number", "title", "NaN")]
+    assert pkg["title"] != pkg["title"]  # the caller's record is left as it was
+    clean = {"id": "c", "n": [1.5, 2]}
+    assert sc.published(clean, "c")[0] is clean

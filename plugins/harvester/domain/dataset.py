@@ -10,21 +10,22 @@ Pure functions over plain data: no database, HTTP or Airflow here.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from html.parser import HTMLParser
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from harvester.domain.outcomes import ERROR, Problem, error_text, problem
 from harvester.domain.quality import content_warnings
-from harvester.domain.screening import (Unfit, escaped, fix_text, identifier_problem, screen, screen_problems,
-                                        without_surrogates)
+from harvester.domain.screening import (Unfit, escaped, fix_text, identifier_problem, published, screen,
+                                        screen_problems, without_surrogates)
 
 # Bump when the text recipe changes: every content_hash changes with it, so everything re-embeds.
 TEXT_RECIPE = "harvester-text-v1"
@@ -98,6 +99,41 @@ def failed(source_id: str | None, raw: Any, problems: list[Problem] | tuple[Prob
         raw, problems = {"id": source_id}, problems + (exc.problem,)
     return DatasetRecord(source_id=source_id, raw=raw,
                          error=fix_text(prefix + (error_text(problems) or "invalid record")), problems=problems)
+
+
+def screened_as_published(source_id_of: Callable[[Any], str | None], *, nulls: bool = True):
+    """A source's ``normalize(raw, ...)`` (a portal's record as it published it, to a DatasetRecord)
+    given the record screened before its mapping reads it (``screening.published``), whatever the
+    kind of portal: the one place where a record is checked before a source's own code walks it.
+
+    - more than MAX_DEPTH levels, or more than MAX_RECORD_BYTES of JSON: a Failed record
+      (``record-too-deep``, ``record-too-large``) holding only its identifier, and the mapping
+      never runs. A mapping writes nested values as texts (``json.dumps``, which raises
+      RecursionError some hundreds of levels down, and hides any depth inside a string) and
+      ``str()`` of a deep value recurses too; each level it did read, the package's screening
+      could no longer see;
+    - a NaN or ±Infinity: null, before the mapping, with its ``non-finite-number`` warning at
+      its place in the record as published (``metas.default.records_count``), added to the
+      record's problems. A mapping writes a number it puts in ``extras`` as a text, NaN as
+      ``"NaN"``, which the package's screening cannot tell from a word. ``nulls`` False: the
+      source nulls them itself (data.json: its checks and schema judge the entry as it came).
+
+    ``source_id_of(raw)``: the record's identifier as the source reads it (None when it has none);
+    it must read only the top of the record (it meets records of any depth)."""
+    def decorate(normalize: Callable[..., DatasetRecord]) -> Callable[..., DatasetRecord]:
+        @functools.wraps(normalize)
+        def screened(raw: Any, *args, **kwargs) -> DatasetRecord:
+            ident = source_id_of(raw)
+            try:
+                nulled, found = published(raw, ident or "?", nulls=nulls)
+            except Unfit as exc:
+                return failed(ident, {"id": ident}, [exc.problem])
+            if nulled is raw:
+                return normalize(raw, *args, **kwargs)
+            record = normalize(nulled, *args, **kwargs)
+            return replace(record, problems=record.problems + screen_problems(found.problems()))
+        return screened
+    return decorate
 
 
 class _TextExtractor(HTMLParser):
@@ -277,8 +313,16 @@ def metadata_hash(pkg: Mapping, *, notes_text: str | None = None) -> str:
     return sha256_hex(_CANONICAL.encode(tracked))
 
 
+def _package_id(pkg: Any) -> str | None:
+    """A CKAN package's ``id`` as ``normalize`` takes it (None when it has none)."""
+    source_id = pkg.get("id") if _is_mapping(pkg) else None
+    return source_id.strip() if isinstance(source_id, str) and source_id.strip() else None
+
+
+@screened_as_published(_package_id)
 def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
-    """A fetched package as a DatasetRecord; unusable records come back with ``error`` saying why."""
+    """A fetched package as a DatasetRecord; unusable records come back with ``error`` saying why
+    (a package too deep or too large, or holding NaN: ``screened_as_published``)."""
     if not _is_mapping(pkg):
         return failed(None, pkg, [problem("not-an-object", f"record is a {type(pkg).__name__}, not a JSON object")])
     source_id = pkg.get("id")
@@ -302,20 +346,22 @@ def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
     url = landing_page(portal_url, name or source_id)
     return package_record(pkg, source_id=source_id, name=name, url=url, title=title, description=description,
                           tags=_names(pkg.get("tags")), organization=_organization(pkg), notes_text=description,
-                          url_is_landing_page=False)
+                          url_is_landing_page=False, published_fit=True)
 
 
 def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, description: str, tags: list[str],
                    organization: str | None, name: str | None = None, url_hash: str | None = None,
                    notes_text: str | None = None, warnings: tuple[Problem, ...] = (),
-                   url_is_landing_page: bool = True) -> DatasetRecord:
+                   url_is_landing_page: bool = True, published_fit: bool = False) -> DatasetRecord:
     """The record of a CKAN-shaped package, whatever kind of portal it came from (sources/ map
     theirs to this shape), with the three hashes computed one way for all. ``title`` and
     ``description`` are already cleaned; ``url_hash`` defaults to the hash of the normalized url;
     ``notes_text``: ``clean_text(pkg.get("notes"))``, when the caller has it (see metadata_hash).
     The record carries the content-quality warnings of domain/quality.py and the source's own
     ``warnings`` (its validation's); ``url_is_landing_page``: False for a CKAN package, whose
-    ``url`` is a free-text source field.
+    ``url`` is a free-text source field; ``published_fit``: ``pkg`` is the record as published,
+    screened by ``screened_as_published`` and unchanged since (a CKAN package): its depth and
+    numbers are not read again.
 
     First the package is made storable (domain/screening.py): non-finite numbers as null, lone
     surrogates as U+FFFD, U+0000 removed, each with its warning; a package too deep or too large,
@@ -325,7 +371,7 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
     if bad_identifier is not None:
         return failed(source_id, pkg, [bad_identifier])
     try:
-        pkg, found = screen(pkg, source_id)
+        pkg, found = screen(pkg, source_id, published_fit=published_fit)
     except Unfit as exc:
         return failed(source_id, {"id": source_id}, [exc.problem])
     source_id, url = found.derived(source_id, "id"), found.derived(url, "url")

@@ -17,6 +17,14 @@ portal fixed it; now it is that record's coded outcome and the run commits the o
   ``ab``) could be another dataset's identifier, and the record would overwrite it. The message
   shows the identifier with the character escaped (``'x\\ud800'``, as Python's repr writes it).
 
+A record is screened twice. First as its portal published it, before a source maps it
+(``published``, through ``dataset.screened_as_published``): too deep or too large, it fails there,
+and its NaN and ±Infinity are made null there, because a mapping reads the record first and
+writes what it has no field for into ``extras`` as texts (``json.dumps``: NaN as ``"NaN"``, which
+no later screening can tell from a word, any depth hidden in a string, and a RecursionError some
+hundreds of levels down). Then the package the mapping made (``screen``, in
+``dataset.package_record``): its lone surrogates and NULs, and what the mapping added.
+
 The caps leave a wide margin over real records: the sample catalogues' deepest record has 6 levels
 (the record itself the first) and the largest is 310 KB (a data.json entry with a detailed
 spatial polygon). Each kind is one problem per record however often it occurs, naming the first
@@ -178,6 +186,57 @@ def _nulled(value: Any, path: str, depth: int, found: Screen) -> Any:
     return value
 
 
+def published(value: Any, label: str, *, nulls: bool = True) -> tuple[Any, Screen]:
+    """``value`` (a record as its portal published it, before a source maps it) with its NaN and
+    ±Infinity made null (each noted, as ``non_finite_as_null``; ``nulls`` False: left as they
+    are, and not looked for); Unfit when it is too deep (``record-too-deep``, at the place
+    ``screen`` names) or too large (``record-too-large``).
+    Lone surrogates and U+0000 are left to ``screen``, which the mapped package goes through: an
+    identifier is judged as the source reads it, never altered before.
+
+    A mapping reads the record before ``screen`` sees the package: it writes numbers and nested
+    values as texts (``json.dumps`` writes NaN as ``NaN``, which no screening sees afterwards, and
+    raises RecursionError at some hundreds of levels), so the record is screened here first. No
+    recursion at any depth: the depth is read from orjson's text (orjson refuses more than 254
+    levels) or, failing that, by a walk with a stack of its own, which stops at MAX_DEPTH."""
+    found = Screen(label)
+    try:
+        text = orjson.dumps(value)
+    except TypeError:  # (more than 254 levels, a lone surrogate, an integer beyond 64 bits, ...)
+        text = None
+    if text is not None:
+        if len(text) > MAX_RECORD_BYTES:
+            raise Unfit(_too_large(label, len(text)))
+        deep = text.count(b"[") + text.count(b"{") > MAX_DEPTH and _depth(text) > MAX_DEPTH
+        if not deep:
+            if not nulls or not may_hold_non_finite(value):
+                return value, found
+            return _nulled(value, "", 0, found), found
+    where = _too_deep_at(value)
+    if where is not None:
+        raise Unfit(_too_deep(label, where))
+    nulled = _nulled(value, "", 0, found) if nulls else value
+    if text is None:
+        size = _size(nulled)
+        if size > MAX_RECORD_BYTES:
+            raise Unfit(_too_large(label, size))
+    return nulled, found
+
+
+def _too_deep_at(value: Any) -> str | None:
+    """The JSON path of the first object or array (in document order, as ``_walk`` meets it)
+    that is more than MAX_DEPTH levels deep; None when there is none. A stack, not recursion."""
+    stack = [(value, "", 0)] if isinstance(value, (dict, list, tuple)) else []
+    while stack:
+        node, path, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            return path or "(record)"
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((child, _path(path, key), depth + 1) for key, child in reversed(list(items))
+                     if isinstance(child, (dict, list, tuple)))
+    return None
+
+
 def _path(parent: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
@@ -254,14 +313,15 @@ class Unfit(Exception):
         self.problem = found
 
 
-def screen(value: Any, label: str) -> tuple[Any, Screen]:
+def screen(value: Any, label: str, *, published_fit: bool = False) -> tuple[Any, Screen]:
     """``value`` (a record's JSON, as Python's json reads it) made storable, with what was changed;
     Unfit when it is too deep or too large. ``label`` names the record in messages (its id).
 
     The common clean record costs one orjson serialization and one pickle, both in C: orjson
     refuses lone surrogates and more than 254 levels, the pickle shows any non-finite float, the
     serialized text shows U+0000 (escaped) and the size; only a record that may hold one of them is
-    walked in Python."""
+    walked in Python. ``published_fit``: ``value`` is what ``published`` gave back, unchanged
+    since (a CKAN package is the record as published): its depth and numbers are not read again."""
     found = Screen(label)
     try:
         text = orjson.dumps(value)
@@ -270,20 +330,27 @@ def screen(value: Any, label: str) -> tuple[Any, Screen]:
     if text is not None:
         if len(text) > MAX_RECORD_BYTES:
             raise Unfit(_too_large(label, len(text)))
-        deep = text.count(b"[") + text.count(b"{") > MAX_DEPTH and _depth(text) > MAX_DEPTH
-        if not deep and b"\\u0000" not in text and not may_hold_non_finite(value):
-            return value, found
+        if published_fit:
+            if b"\\u0000" not in text:
+                return value, found
+        else:
+            deep = text.count(b"[") + text.count(b"{") > MAX_DEPTH and _depth(text) > MAX_DEPTH
+            if not deep and b"\\u0000" not in text and not may_hold_non_finite(value):
+                return value, found
     try:
         clean = _walk(value, "", 0, found)
     except _TooDeep as exc:
-        raise Unfit(problem("record-too-deep", f"record {label!r} nests objects and arrays more than "
-                                               f"{MAX_DEPTH} levels deep (at {exc.path}): it is not stored",
-                            exc.path)) from None
+        raise Unfit(_too_deep(label, exc.path)) from None
     if text is None or clean is not value:
         size = _size(clean)
         if size > MAX_RECORD_BYTES:
             raise Unfit(_too_large(label, size))
     return clean, found
+
+
+def _too_deep(label: str, path: str) -> Problem:
+    return problem("record-too-deep", f"record {label!r} nests objects and arrays more than {MAX_DEPTH} levels "
+                                      f"deep (at {path}): it is not stored", path)
 
 
 def _too_large(label: str, size: int) -> Problem:
