@@ -13,6 +13,7 @@ import random
 import ijson
 import pytest
 
+from harvester.sources import json_stream
 from harvester.sources.json_stream import StandIns, held_back
 
 # One dataset with every bare token, others with the words in strings (after escaped quotes and
@@ -174,3 +175,63 @@ def test_a_long_stream_is_passed_on_in_chunks_never_gathered():
     while chunk := stream.read(65536):
         largest = max(largest, len(chunk), len(stream._out), len(stream._held))
     assert largest <= 65536 and stream.made == 2 * 20000
+
+
+# -- nesting of any depth (issue 36) ----------------------------------------------------------------
+def _deep(levels: int, leaf: bytes = b'"bottom"') -> bytes:
+    return b'{"in": ' * levels + leaf + b"}" * levels
+
+
+def _levels(value) -> int:
+    levels = 0
+    while isinstance(value, dict):
+        value, levels = value.get("in"), levels + 1
+    return levels
+
+
+def test_ijsons_paths_grow_with_the_depth_and_basic_events_do_not():
+    """What the streaming sources read instead of ``ijson.parse``: yajl2_c has no depth limit, but
+    ``parse`` builds each event's path as a string (a buffer's worth of events at once), so its
+    memory grows as the square of the depth; ``basic_parse`` and ``build`` stay small."""
+    import tracemalloc
+
+    body = _deep(5_000)
+    tracemalloc.start()
+    try:
+        sum(1 for _ in ijson.parse(io.BytesIO(body)))
+        _, with_paths = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        events = ijson.basic_parse(io.BytesIO(body + b" "))
+        value = json_stream.build(events, next(events)[0])
+        _, built = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert with_paths > 10 * built and built < 5_000_000
+    assert _levels(value) == json_stream.KEPT_LEVELS  # the rest read through, left out
+
+
+def test_a_page_too_deep_for_pythons_json_reads_as_it_would_its_depth_cut_past_the_page_levels():
+    page = (b'{"results": [{"id": "a", "size": NaN, "t": "x\\ud800"}, {"id": "deep", "tree": ' + _deep(100_000, b"NaN")
+            + b', "after": [1, -Infinity]}, {"id": "c"}]}')
+    with pytest.raises(RecursionError):
+        json.loads(page)
+    value = json_stream.loads(page)
+    first, deep, last = value["results"]
+    assert json.dumps(first) == json.dumps(json.loads(b'{"id": "a", "size": NaN, "t": "x\\ud800"}'))
+    assert last == {"id": "c"} and deep["id"] == "deep" and deep["after"][0] == 1 and deep["after"][1] == -math.inf
+    assert _levels(deep["tree"]) == json_stream.PAGE_LEVELS - 3  # (the page, results and the record above it)
+    assert json_stream.loads(b'{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}  # (json reads it: as it did)
+    assert json_stream.loads_deep(b"\xef\xbb\xbf[1]") == [1] == json_stream.loads_deep("[1]".encode("utf-16"))
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"results": [' + b"[" * 5000, "premature EOF"),
+    (b"[" * 5000 + b"]" * 5000 + b" x", "trailing garbage"),
+    (b"[" * 5000 + b"123456789012345678901234567890" + b"]" * 5000, "integer overflow"),  # (json reads it)
+])
+def test_a_page_too_deep_for_pythons_json_that_ijson_cannot_read_is_a_value_error_saying_so(body, reason):
+    """The sources take a ValueError as an answer that is not JSON (retried, then named), never a
+    RecursionError out of the run."""
+    with pytest.raises(ValueError) as exc:
+        json_stream.loads(body)
+    assert reason in str(exc.value) and "nests deeper than Python's json reads" in str(exc.value)

@@ -24,6 +24,20 @@ holding ``NaN`` (``"NaN"``, ``"a \\"NaN\\" b"``), a surrogate pair and an escape
 delimiters (``NaNx``, ``-NaN``, ``+Infinity``): the parser's errors about them are the ones it gave
 before.
 
+Nesting, which Python's json and ijson read differently again (issue 36). ``json.loads`` raises
+RecursionError at about 1,000 levels (the interpreter's recursion limit), for the whole page it was
+reading; yajl2_c has no depth limit (its ``basic_parse`` reads 100,000 levels in linear time and
+little memory), but ijson's ``parse`` and ``items`` give every event the path of its value as a
+string, which grows with the depth and is built for each event of a buffer: a document 30,000
+levels deep took 2.2 GB, 100,000 levels a MemoryError (a 600 KB document). So the streaming sources
+read ``basic_parse``'s events and build their values with ``build``, which keeps at most
+``KEPT_LEVELS`` levels: a record deeper is more than MAX_DEPTH levels deep all the same, and its
+screening fails it as ``record-too-deep`` at the same place (domain/screening.py), from a value
+that no later step can recurse too deep into. A page read whole (a CKAN, Socrata, OpenDataSoft or
+ArcGIS Hub answer) is read by Python's json as before, and only when that raises RecursionError,
+by ``loads`` here: the same value, its objects and arrays beyond ``PAGE_LEVELS`` levels left out,
+so that the other records of the page are read and the deep one fails alone.
+
 Streaming is kept, and the work done in C wherever it can be: a chunk is passed on as it came
 unless it holds ``\\ud`` (then its escaped backslashes masked, one regular expression finds the
 lone halves exactly) or ``NaN`` or ``Infinity`` (in a string, mostly: only such a chunk is scanned
@@ -34,10 +48,15 @@ unescaped quotes. Only the few bytes at its end that may begin a token or an esc
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import secrets
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
+
+import ijson
+
+from harvester.domain.screening import MAX_DEPTH
 
 _TOKENS = (b"NaN", b"Infinity", b"-Infinity")
 _LONGEST_TOKEN = max(map(len, _TOKENS))
@@ -256,3 +275,112 @@ class StandIns(io.RawIOBase):
         text, count = self._halves.subn(lambda m: chr(int(m.group(1), 16)), value)
         self.restored += count
         return text
+
+
+# -- values of any depth --------------------------------------------------------------------------
+# Levels of objects and arrays of a record that ``build`` keeps: one more than screening allows, so
+# that a deeper record is still too deep, at the same place (the first container past the cap).
+KEPT_LEVELS = MAX_DEPTH + 1
+# Levels of a whole page that ``loads`` keeps: a page's records are at most a few levels down its
+# answer (CKAN's result.results[*] is the fourth), so each keeps more than MAX_DEPTH levels.
+PAGE_LEVELS = 2 * MAX_DEPTH
+_STARTS = frozenset({"start_map", "start_array"})
+
+
+def build(events: Iterator[tuple[str, Any]], event: str, kept: int = KEPT_LEVELS,
+          stand_ins: StandIns | None = None) -> Any:
+    """The object or array that starts with ``event``, built from ijson's basic events up to its
+    end, with at most ``kept`` levels of objects and arrays (itself the first): one deeper is read
+    to its end and left out, its parent keeping its other members. No recursion, and memory for
+    ``kept`` levels, however deep the value. ``stand_ins``: the stream's (``StandIns``), so that
+    the stand-ins of what is left out are counted as given back (none stays ``pending``)."""
+    root: Any = {} if event == "start_map" else []
+    stack = [root]
+    key = None
+    for ev, value in events:
+        if ev == "map_key":
+            key = value
+            continue
+        if ev == "start_map" or ev == "start_array":
+            if len(stack) >= kept:
+                skip(events, stand_ins)
+                continue
+            value = {} if ev == "start_map" else []
+        elif ev == "end_map" or ev == "end_array":
+            stack.pop()
+            if not stack:
+                return root
+            continue
+        parent = stack[-1]
+        if type(parent) is dict:
+            parent[key] = value
+        else:
+            parent.append(value)
+        if ev == "start_map" or ev == "start_array":
+            stack.append(value)
+    raise ijson.IncompleteJSONError("the document ends inside a value")
+
+
+def skip(events: Iterator[tuple[str, Any]], stand_ins: StandIns | None = None) -> None:
+    """Reads the rest of an object or array whose start was just read, building nothing (its
+    stand-ins counted as given back, when ``stand_ins`` has any pending)."""
+    depth = 1
+    for ev, value in events:
+        if ev == "start_map" or ev == "start_array":
+            depth += 1
+        elif ev == "end_map" or ev == "end_array":
+            depth -= 1
+            if not depth:
+                return
+        elif stand_ins is not None and stand_ins.pending and (type(value) is str or type(value) is int):
+            stand_ins.restore(value)
+    raise ijson.IncompleteJSONError("the document ends inside a value")
+
+
+def loads(data: bytes | str) -> Any:
+    """What ``json.loads(data)`` gives, for a document of any depth: when Python's json raises
+    RecursionError (about 1,000 levels), the document is read again by ijson (``loads_deep``).
+    A document that is not JSON raises ValueError, as json does."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return loads_deep(data)
+
+
+def answer_json(resp) -> Any:
+    """``resp.json()`` (a requests Response) for a document of any depth: when Python's json raises
+    RecursionError, the body (as ``resp.json()`` decodes it) read again by ``loads_deep``."""
+    try:
+        return resp.json()
+    except RecursionError:
+        return loads_deep(resp.text if resp.encoding else resp.content)
+
+
+def loads_deep(data: bytes | str) -> Any:
+    """``data`` read by ijson through ``StandIns`` (a bare NaN and a lone surrogate escape read
+    as ``json.loads`` reads them), its objects and arrays beyond PAGE_LEVELS levels left out
+    (``build``): no recursion, memory for what is kept. ValueError when it is not JSON (or is
+    what yajl2_c refuses and Python's json reads: an integer beyond 64 bits, ``1e999``)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    else:
+        encoding = json.detect_encoding(data)
+        if encoding == "utf-8-sig":
+            data = data[3:]
+        elif encoding != "utf-8":
+            data = data.decode(encoding).encode("utf-8", "surrogatepass")
+    stand_ins = StandIns(io.BytesIO(data))
+    events = ijson.basic_parse(stand_ins, use_float=True)
+    try:
+        event, value = next(events)
+        if event in _STARTS:
+            value = build(events, event, PAGE_LEVELS, stand_ins)
+        for _ in events:  # (the end of the document: anything after its value is an error)
+            pass
+    except StopIteration:
+        raise ValueError("the document is empty") from None
+    except ijson.JSONError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{reason[:200]} (read by ijson: the document nests deeper than Python's json "
+                         f"reads)") from None
+    return stand_ins.restore(value) if stand_ins.pending else value
