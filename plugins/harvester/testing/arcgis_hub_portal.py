@@ -13,13 +13,12 @@ API Records)."""
 from __future__ import annotations
 
 import copy
-import json
 import re
 import threading
 from datetime import datetime
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from harvester.testing.local_http import LocalServer, QuietHandler
+from harvester.testing.local_http import LocalServer, QuietHandler, dumps
 
 ITEMS = "/api/search/v1/collections/dataset/items"
 _BETWEEN = re.compile(r"^\(*\s*modified\s+BETWEEN\s+(\d+)\s+AND\s+(\d+)\s*\)*$", re.I)
@@ -197,7 +196,7 @@ class ArcGisHubServer(LocalServer):
                     answer = server._search(parse_qs(parts.query)) if parts.path == ITEMS else (
                         404, {"code": 404, "description": f"Route {parts.path} not found"})
                 status, doc = answer
-                body = json.dumps(doc).encode()
+                body = dumps(doc).encode()
                 if fault and fault["truncate"]:
                     self._send(200, body[:len(body) // 2])  # a whole response of half a document
                     return

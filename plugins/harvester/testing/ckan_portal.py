@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
 from harvester.domain.dataset import parse_timestamp
+from harvester.testing.local_http import dumps
 
 log = logging.getLogger(__name__)
 
@@ -700,7 +701,7 @@ class DemoPortal(ServedPortal):
         if not isinstance(rec, dict):
             raise TypeError(f"a CKAN package dict, not {type(rec).__name__}")
         self._seq += 1
-        return _Entry(rec, json.dumps(rec), record_ms(rec.get("metadata_modified")),
+        return _Entry(rec, dumps(rec), record_ms(rec.get("metadata_modified")),
                       record_ms(rec.get("metadata_created")), self._seq)
 
     def _put(self, rec: dict) -> None:

@@ -1,10 +1,57 @@
 """What the local stand-ins for outside HTTP APIs share (test-only): a threaded server on
-127.0.0.1, the requests it received, and queued failures."""
+127.0.0.1, the requests it received, queued failures, and JSON that ``json.dumps`` cannot write
+(``Verbatim``, written by ``dumps``)."""
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Verbatim:
+    """A JSON value that the local portals write as ``text``, as it is (``dumps``): what
+    ``json.dumps`` cannot write, such as objects nested 100,000 levels deep (it raises
+    RecursionError at about 1,000), planted in a record. A leaf to Python: copied as itself."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __copy__(self) -> "Verbatim":
+        return self
+
+    def __deepcopy__(self, memo) -> "Verbatim":
+        return self
+
+    def __repr__(self) -> str:
+        return f"Verbatim({len(self.text)} characters)"
+
+
+def nested(levels: int, leaf: str = '"bottom"') -> Verbatim:
+    """``levels`` objects one in another (``{"in": {"in": ... leaf}}``), as JSON text."""
+    return Verbatim('{"in": ' * levels + leaf + "}" * levels)
+
+
+def dumps(value: Any, **kwargs) -> str:
+    """``json.dumps(value, **kwargs)``, each ``Verbatim`` in it written as its text."""
+    try:
+        return json.dumps(value, **kwargs)  # (the common case, at json's own speed)
+    except TypeError:
+        pass
+    planted: dict[str, str] = {}
+
+    def default(obj):
+        if isinstance(obj, Verbatim):
+            mark = f"verbatim-{secrets.token_hex(16)}"
+            planted[json.dumps(mark)] = obj.text
+            return mark
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+    text = json.dumps(value, default=default, **kwargs)
+    for mark, raw in planted.items():
+        text = text.replace(mark, raw, 1)
+    return text
 
 
 class QuietHandler(BaseHTTPRequestHandler):

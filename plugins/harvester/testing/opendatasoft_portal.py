@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from harvester.testing.local_http import FailureQueue, LocalServer
+from harvester.testing.local_http import FailureQueue, LocalServer, dumps
 
 CATALOG = "/api/explore/v2.1/catalog/datasets"
 EXPORT = "/api/explore/v2.1/catalog/exports/json"
@@ -238,7 +238,7 @@ class OpenDataSoftPortal(LocalServer):
                 pass
 
             def _send(self, status: int, body: dict, extra: dict | None = None, cut: bool = False):
-                data = json.dumps(body).encode()
+                data = dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=utf-8")
                 self.send_header("Content-Length", str(len(data)))
@@ -277,7 +277,7 @@ class OpenDataSoftPortal(LocalServer):
                             batch = batch[:max(0, stop - at)]
                         if batch:
                             chunk((b"," if at else b"") + b",".join(
-                                json.dumps(d).encode() for d in portal._narrowed(query, batch)))
+                                dumps(d).encode() for d in portal._narrowed(query, batch)))
                         if stop is not None and at + len(batch) >= stop:
                             self.wfile.flush()
                             self.close_connection = True  # no closing bracket, no last chunk

@@ -32,7 +32,7 @@ import json
 import threading
 from urllib.parse import parse_qs, urlsplit
 
-from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler
+from harvester.testing.local_http import FailureQueue, LocalServer, QuietHandler, dumps
 
 CATALOG_PATH = "/api/catalog/v1"
 MAX_WINDOW = 10_000
@@ -164,7 +164,7 @@ class SocrataServer(LocalServer):
                 if failure is not None:
                     status, retry_after, truncated = failure
                     if truncated:
-                        body = json.dumps(server._answer(query)[1]).encode()
+                        body = dumps(server._answer(query)[1]).encode()
                         self._send(200, body[:len(body) // 2], length=len(body))
                         self.close_connection = True
                         return
@@ -172,6 +172,6 @@ class SocrataServer(LocalServer):
                                {"Retry-After": retry_after} if retry_after else None)
                     return
                 status, body = server._answer(query)
-                self._send(status, json.dumps(body).encode())
+                self._send(status, dumps(body).encode())
 
         return Handler
