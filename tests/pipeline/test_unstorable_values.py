@@ -279,3 +279,208 @@ def test_an_opendatasoft_identifier_with_a_lone_surrogate_fails_its_record_on_a_
     assert _ids(db, portal.url) == {f"ds-{i:05d}" for i in range(30) if i not in (5, 25)}
     assert set(_rows(db, run_id, "error")) == {("ds-00005\\ud800", "unstorable-identifier"),
                                                ("ds-00025\\udbff", "unstorable-identifier")}
+
+
+# -- nesting beyond what Python's json reads, NaN where a mapping writes texts ------------------------
+# A record 100,000 levels deep in a page made Python's json raise RecursionError for the whole page:
+# the run failed, on every run until the portal fixed it. Now the page is read again (by ijson,
+# sources/json_stream.py), the record fails alone as record-too-deep, and the rest commits. A NaN
+# in a field that a mapping wrote into extras as a text was stored as the text "NaN", unwarned: it
+# is now null, with its non-finite-number warning, as anywhere else.
+DEEP = 100_000
+
+
+def _deep_field(errors: dict, ident: str) -> str:
+    (row,) = [r for (i, code), r in errors.items() if i == ident and code == "record-too-deep"]
+    assert f"record '{ident}' nests objects and arrays more than 64 levels deep" in row["message"]
+    return row["field"]
+
+
+def test_a_ckan_page_holding_a_record_100000_levels_deep_fails_that_record_and_the_rest_commits(db, reader,
+                                                                                                portal_server,
+                                                                                                samples):
+    from harvester.testing.local_http import nested
+
+    good = samples(UK)[:30]
+    deep = copy.deepcopy(good[0])
+    deep["id"] = deep["name"] = "planted-deep"
+    deep["spatial_tree"] = nested(DEEP)
+    portal_server.set_records(good + [deep])
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0, max_retries=0)
+
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, len(good))
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {("planted-deep", "record-too-deep")}
+    assert _deep_field(errors, "planted-deep") == "spatial_tree" + ".in" * 63
+    assert _ids(db, portal.url) == {r["id"] for r in good}
+
+
+def _socrata_results() -> list[dict]:
+    data = Path(__file__).resolve().parents[1] / "data" / "socrata" / "chicago_transportation.json"
+    return json.loads(data.read_text())["results"]
+
+
+def _socrata_run(db, reader, results: list[dict]) -> tuple[Portal, int, dict]:
+    from harvester.testing.socrata_portal import SocrataServer
+
+    with SocrataServer(results) as server:
+        portal = Portal(name="s", type="socrata", url=server.base_url, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+    return portal, run_id, stats
+
+
+def test_a_socrata_page_with_a_record_100000_levels_deep_fails_that_record_and_the_rest_commits(db, reader):
+    from harvester.testing.local_http import nested
+
+    results = _socrata_results()
+    deep = results[1]["resource"]["id"]
+    results[1]["resource"]["tree"] = nested(DEEP)
+    portal, run_id, stats = _socrata_run(db, reader, results)
+    assert (stats["failed"], stats["created"]) == (1, len(results) - 1)
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(deep, "record-too-deep")}
+    assert _deep_field(errors, deep) == "resource.tree" + ".in" * 62
+
+
+def test_socrata_nan_and_infinity_that_the_mapping_writes_into_extras_are_null_and_warned(db, reader):
+    results = _socrata_results()
+    numbers = results[2]["resource"]["id"]
+    results[2]["resource"]["hide_from_data_json"] = float("inf")
+    results[2]["classification"]["domain_metadata"][0]["value"] = float("nan")
+    key = results[2]["classification"]["domain_metadata"][0]["key"]
+    portal, run_id, stats = _socrata_run(db, reader, results)
+    assert (stats["failed"], stats["created"]) == (0, len(results))
+    warning = _rows(db, run_id, "warning")[numbers, "non-finite-number"]
+    assert (warning["field"], warning["value"]) == ("resource.hide_from_data_json", "Infinity")
+    assert "(2 values in all)" in warning["message"]
+    extras = {e["key"]: e["value"] for e in _stored(db, portal.url, numbers)[2]["extras"]}
+    assert extras[f"domain_metadata.{key}"] == "null"  # was the text "NaN"
+    assert "resource.hide_from_data_json" not in extras  # a null is no extra (was the text "Infinity")
+    assert not any(v in ("NaN", "Infinity") for v in extras.values())
+
+
+def _ods_run(db, reader, ods, plant) -> tuple[Portal, int, dict]:
+    """30 datasets, the API's window scaled down to 20: the first 20 come from the records
+    endpoint (Python's json), the rest from the streamed export (ijson). ``plant(i, ds)`` changes
+    dataset i."""
+    from harvester.http import HttpFetcher
+    from harvester.sources.opendatasoft import OpenDataSoftSource
+    from harvester.testing.opendatasoft_portal import fixture_datasets
+
+    template = fixture_datasets()[0]
+    for i in range(30):
+        ds = copy.deepcopy(template)
+        ds["dataset_id"] = f"ds-{i:05d}"
+        ds["metas"]["default"].update(title=f"Dataset {i}", modified="2024-01-01T00:00:00+00:00")
+        plant(i, ds)
+        ods.put(ds)
+    ods.offset_cap = 20
+    portal = Portal(name="o", type="opendatasoft", url=ods.base_url, politeness_delay=0, max_retries=0)
+    source = OpenDataSoftSource(portal.url, fetcher=HttpFetcher(portal.url, max_retries=0, sleep=lambda s: None),
+                                offset_cap=20)
+    run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
+    pipeline.fetch_modified(db, portal, run_id, source)
+    pipeline.hash_compare(db, reader, portal, run_id)
+    stats = pipeline.upsert(db, portal, run_id, "no-model")
+    assert runs.get(db, run_id).status == "committed" and ods.export_requests()
+    return portal, run_id, stats
+
+
+def test_opendatasoft_records_100000_levels_deep_on_a_page_and_in_the_export_fail_alone(db, reader, ods):
+    from harvester.testing.local_http import nested
+
+    def plant(i: int, ds: dict) -> None:
+        if i in (3, 24):
+            ds["metas"]["default"]["tree"] = nested(DEEP)
+
+    portal, run_id, stats = _ods_run(db, reader, ods, plant)
+    assert (stats["failed"], stats["created"]) == (2, 28)
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {("ds-00003", "record-too-deep"), ("ds-00024", "record-too-deep")}
+    assert _deep_field(errors, "ds-00003") == _deep_field(errors, "ds-00024") == "metas.default.tree" + ".in" * 61
+
+
+def test_opendatasoft_nan_that_the_mapping_writes_into_extras_is_null_and_warned_on_a_page_and_in_the_export(
+        db, reader, ods):
+    def plant(i: int, ds: dict) -> None:
+        if i in (4, 27):
+            ds["metas"]["default"]["records_count"] = float("nan")
+
+    portal, run_id, stats = _ods_run(db, reader, ods, plant)
+    assert (stats["failed"], stats["created"]) == (0, 30)
+    warnings = _rows(db, run_id, "warning")
+    assert {i for i, code in warnings if code == "non-finite-number"} == {"ds-00004", "ds-00027"}
+    for ident in ("ds-00004", "ds-00027"):
+        warning = warnings[ident, "non-finite-number"]
+        assert (warning["field"], warning["value"]) == ("metas.default.records_count", "NaN")
+        extras = {e["key"]: e["value"] for e in _stored(db, portal.url, ident)[2]["extras"]}
+        assert extras["records_count"] == "null"  # was the text "NaN"
+
+
+def _hub_features() -> list[dict]:
+    from harvester.testing.arcgis_hub_portal import features_from_dcat
+
+    feed = json.loads((HUB_DATA / "sce-drpep-hub-dcat-us-1.1.json").read_text())
+    template = json.loads((HUB_DATA / "ogcItemsResponse.json").read_text())["features"][0]
+    return features_from_dcat(feed, template)
+
+
+def test_an_arcgis_hub_page_with_a_feature_100000_levels_deep_fails_that_feature_and_the_rest_commits(db, reader,
+                                                                                                     hub):
+    from harvester.testing.local_http import nested
+
+    features = _hub_features()
+    deep = features[0]["id"]
+    features[0]["properties"]["extent"] = {"coordinates": nested(DEEP)}
+    hub.set_features(features)
+    portal = Portal(name="hub", type="arcgis-hub", url=hub.url, politeness_delay=0, max_retries=0)
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, len(features) - 1)
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(deep, "record-too-deep")}
+    assert _deep_field(errors, deep) == "properties.extent.coordinates" + ".in" * 61
+
+
+def test_an_arcgis_hub_feature_with_an_infinite_or_nan_date_is_stored_with_its_warning(db, reader, hub):
+    """The mapping reads the dates as epoch milliseconds: an infinite ``created`` raised
+    OverflowError, which failed the run; a NaN ``modified`` failed its record as invalid-record."""
+    features = _hub_features()
+    infinite, nan = features[1]["id"], features[2]["id"]
+    features[1]["properties"]["created"] = float("inf")
+    features[2]["properties"]["modified"] = float("nan")
+    hub.set_features(features)
+    portal = Portal(name="hub", type="arcgis-hub", url=hub.url, politeness_delay=0, max_retries=0)
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (0, len(features))
+    warnings = _rows(db, run_id, "warning")
+    assert (warnings[infinite, "non-finite-number"]["field"], warnings[infinite, "non-finite-number"]["value"]) == (
+        "properties.created", "Infinity")
+    assert (warnings[nan, "non-finite-number"]["field"], warnings[nan, "non-finite-number"]["value"]) == (
+        "properties.modified", "NaN")
+
+
+def test_a_data_json_with_entries_1500_and_100000_levels_deep_stores_every_other_dataset(db, reader, samples):
+    """Before, the entry of 1,500 levels failed the whole document (RecursionError), the one of
+    100,000 made the parser run out of memory."""
+    from harvester.testing.dcat_portal import DcatServer
+    from harvester.testing.local_http import dumps, nested
+    from harvester.testing.samples import dcat_samples_dir, load_json
+
+    catalogue = load_json(dcat_samples_dir() / "dcat-us" / "dcatus.json")
+    good = catalogue["dataset"]
+    planted = []
+    for levels in (1500, DEEP):
+        entry = copy.deepcopy(good[0])
+        entry.update(identifier=f"planted-{levels}", tree=nested(levels))
+        planted.append(entry)
+    catalogue["dataset"] = good[:2] + planted + good[2:]
+    with DcatServer() as server:
+        server.set_document("/data.json", dumps(catalogue).encode())
+        portal = Portal(name="d", type="dcat-json", url=server.url("/data.json"), politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (2, len(good))
+    assert _ids(db, portal.url) == {e["identifier"] for e in good}
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {("planted-1500", "record-too-deep"), (f"planted-{DEEP}", "record-too-deep")}
+    assert all(r["stage"] == "parse" and r["field"] == "tree" + ".in" * 63 for r in errors.values())

@@ -22,6 +22,7 @@ from harvester.sources.base import Listing, SourceError, SourceUnavailable
 from harvester.sources.dcat_json import (DcatJsonSource, InvalidCatalogue, iter_entries, iter_records, normalize, to_package)
 from harvester.http import HttpFetcher
 from harvester.testing.dcat_portal import DcatServer
+from harvester.testing.local_http import dumps, nested
 from harvester.testing.samples import dcat_samples_dir, existing, load_json
 
 DCAT = dcat_samples_dir()
@@ -663,3 +664,43 @@ def test_a_large_catalogue_with_nan_in_every_entry_streams_in_little_memory(tmp_
         tracemalloc.stop()
     assert count == 12000
     assert peak < size / 10, f"peak {peak} bytes while parsing {size} bytes: the document was held in memory"
+
+
+# -- nesting of any depth (issue 36) ----------------------------------------------------------------
+def test_entries_nested_too_deep_are_their_own_errors_over_http_at_any_depth():
+    """An entry 65 levels deep was stored (its extras written as texts, in which screening saw no
+    depth), one of 1,500 failed the whole document (RecursionError in the mapping's json.dumps),
+    and one of 100,000 ran out of memory in the parser (ijson's paths, one string per event,
+    grow with the depth: 2.2 GB at 30,000 levels). Nesting outside any dataset, as deep, is read
+    through. Each deep entry is now its own record-too-deep, named where it passes 64 levels, and
+    the others are read as before (a NaN deep inside one does not make a later one's be missed)."""
+    real = entry(US / "dcatus_single_record.json", "cftc-dc1")
+    entries = [real]
+    for name, levels, leaf in (("deep-65", 64, '"bottom"'), ("deep-1500", 1500, '"bottom"'),
+                               ("deep-100000", 100_000, "NaN")):
+        entries.append(dict(copy.deepcopy(real), identifier=name, title=f"Nested {levels}", tree=nested(levels, leaf)))
+    entries.append(dict(copy.deepcopy(real), identifier="after", size=float("nan")))
+    body = dumps({"conformsTo": "https://project-open-data.cio.gov/v1.1/schema", "junk": nested(100_000),
+                  "dataset": entries}).encode()
+    assert 1_000_000 < len(body) < 2_000_000
+    with DcatServer() as server:
+        server.set_document("/data.json", body)
+        src = source(server.url("/data.json"))
+        tracemalloc.start()
+        try:
+            records = [r for page in src.iter_pages(None) for r in page]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 30_000_000, f"peak {peak} bytes reading a {len(body)}-byte catalogue"
+    assert src.listed == 5 and [r.source_id for r in records] == ["cftc-dc1", "deep-65", "deep-1500", "deep-100000",
+                                                                   "after"]
+    first, *deep, after = records
+    assert first.ok and after.ok
+    assert [(p.code, p.field) for p in after.problems if p.stage == "parse"] == [("non-finite-number", "size")]
+    for n, record in enumerate(deep, 2):
+        assert not record.ok and [(p.code, p.field) for p in record.problems] == [
+            ("record-too-deep", "tree" + ".in" * (64 - 1))]  # the entry is the first level, tree the second
+        assert record.error == (f"entry {n}: record {record.source_id!r} nests objects and arrays more than 64 levels "
+                                f"deep (at tree{'.in' * 63}): it is not stored")
+        assert record.raw == {"id": record.source_id}

@@ -296,6 +296,32 @@ def test_an_export_always_cut_short_fails_the_listing_never_complete():
             list(source_for(server, offset_cap=20, max_retries=0).list_ids(5))
 
 
+def test_an_exported_dataset_100000_levels_deep_is_read_in_little_memory_and_fails_alone():
+    """ijson's ``items`` gave every event its path as a string, which grows with the depth: one
+    dataset 100,000 levels deep in the export (600 KB) made gigabytes of them. The export is read
+    from the parser's basic events, the dataset built down to one level past the cap."""
+    import tracemalloc
+
+    from harvester.testing.local_http import nested
+
+    datasets = numbered(30)
+    datasets[25]["metas"]["default"]["tree"] = nested(100_000)
+    with OpenDataSoftPortal(datasets) as server:
+        server.offset_cap = 20
+        source = source_for(server, offset_cap=20)
+        tracemalloc.start()
+        try:
+            records, listing = harvest(source, page_size=5)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert server.export_requests() and listing.complete and peak < 30_000_000
+    assert [r.source_id for r in records] == [f"ds-{i:05d}" for i in range(30)]
+    assert [r.source_id for r in records if not r.ok] == ["ds-00025"]
+    assert [(p.code, p.field) for p in by_id(records)["ds-00025"].problems] == [
+        ("record-too-deep", "metas.default.tree" + ".in" * 61)]
+
+
 def test_the_server_refuses_what_the_api_documents_it_refuses(portal):
     import requests
 

@@ -35,7 +35,6 @@ every other property as an extra (``modified`` aside: it is ``metadata_modified`
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from datetime import datetime, timezone
@@ -44,10 +43,11 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from harvester.config.portals import ARCGIS_HUB
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
-                                      parse_timestamp, sha256_hex)
+                                      parse_timestamp, screened_as_published, sha256_hex)
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
+from harvester.sources.json_stream import loads
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,11 @@ def to_package(feature: Mapping, site: str) -> dict:
     }
 
 
+@screened_as_published(feature_id)
 def normalize(feature: Any, site: str) -> DatasetRecord:
-    """A Hub search feature as a DatasetRecord; an unusable one comes back failed, saying why."""
+    """A Hub search feature as a DatasetRecord; an unusable one comes back failed, saying why (one
+    too deep or too large fails before the mapping, a NaN or ±Infinity is null before it reads
+    dates and tags: ``screened_as_published``)."""
     ident = feature_id(feature)
     try:
         if not isinstance(feature, Mapping):
@@ -238,7 +241,7 @@ class ArcGisHubSource(CountsTraffic):
             if not 200 <= resp.status_code < 300:
                 raise SourceError(f"{where}: HTTP {resp.status_code} {resp.reason or ''}".rstrip())
             try:
-                page = json.loads(resp.content)
+                page = loads(resp.content)  # (a page of any depth: sources/json_stream.py)
             except ValueError as exc:  # a cut body or a proxy's page: try again
                 raise Retryable(f"the answer is not JSON ({exc})") from exc
             if not isinstance(page, Mapping) or not isinstance(page.get("features"), list):

@@ -57,6 +57,7 @@ from harvester.domain.dataset import DatasetRecord, normalize, parse_timestamp
 from harvester.http import HttpFetcher, RetriesExhausted, Retryable, scrub_url, split_userinfo
 from harvester.sources.base import Capabilities, IdPage, Listing, SourceError, SourceUnavailable, to_ms
 from harvester.sources.base import FilterRejected as SourceFilterRejected
+from harvester.sources.json_stream import answer_json
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +429,7 @@ class CkanClient:
     def _result(self, action: str, resp: requests.Response, fq: str | None) -> Any:
         status = resp.status_code
         try:
-            body = resp.json()
+            body = answer_json(resp)  # (a page of any depth: sources/json_stream.py)
         except ValueError:
             if 200 <= status < 300:
                 ctype = resp.headers.get("Content-Type", "no content type")

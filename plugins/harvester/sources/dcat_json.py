@@ -15,6 +15,16 @@ is stored as null and such a text with U+FFFD, each with a warning, and an ident
 lone surrogate fails its record. Before, one such token failed the whole document (and a lone high
 half was read as ``?``).
 
+Nesting of any depth is one entry's outcome too. The stream is read from the parser's basic
+events (``ijson.parse`` gives each event its path as a new string, which grows with the depth: a
+document 100,000 levels deep, 600 KB, took gigabytes), and an entry is built down to one level
+past the cap of domain/screening.py (``json_stream.build``), what is deeper read through and left
+out: the entry is screened as published before ``to_package`` maps it
+(``screened_as_published``), and one more than 64 levels deep is its own ``record-too-deep``,
+named where it passes the cap. Before, an entry of 65 to about 1,000 levels was stored (the
+mapping wrote its deep value into ``extras`` as a text) and a deeper one failed the document
+(RecursionError). Datasets are looked for in the document's first MAX_OUTER_LEVELS levels.
+
 Where datasets are in the document:
 
 - ``dataset[*]``, and ``dataset[*]`` of nested catalogues (DCAT-US 3.0 ``catalog[*]``, any depth);
@@ -72,12 +82,12 @@ from referencing.jsonschema import DRAFT202012
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from harvester.config.portals import DCAT_JSON, DCAT_US_PROFILES
-from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record, sha256_hex,
-                                      slug)
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
+                                      screened_as_published, sha256_hex, slug)
 from harvester.domain.outcomes import Problem, problem
 from harvester.domain.screening import non_finite_as_null
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
-from harvester.sources.json_stream import StandIns
+from harvester.sources.json_stream import StandIns, build, skip
 from harvester.http import scrub_url, streamed_bytes
 
 log = logging.getLogger(__name__)
@@ -101,6 +111,9 @@ _EMBEDDED = re.compile(r"(?:catalog\.item\.)*(?:datasetSeries\.item\.(?:seriesMe
 _OPEN = frozenset({"start_map", "start_array"})
 _CLOSE = frozenset({"end_map", "end_array"})
 _SCALARS = frozenset({"string", "number", "boolean", "null"})
+# Levels of the document, outside dataset entries, where datasets are looked for (30 catalogues one
+# in another); anything deeper is read through and left out.
+MAX_OUTER_LEVELS = 64
 _BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -600,12 +613,16 @@ def _is_http(url: Any) -> bool:
     return isinstance(url, str) and url.strip().lower().startswith(("http://", "https://"))
 
 
+@screened_as_published(source_id, nulls=False)
 def normalize(entry: Any, catalog_url: str, validator: Draft202012Validator | None = None, *,
               non_finite: bool = False) -> DatasetRecord:
     """A DCAT dataset entry as a DatasetRecord; an unusable entry comes back failed, saying why
     (its ``error`` names the dataset, its ``problems`` are coded). ``validator``: the catalogue's
     DCAT-US schema (``dataset_validator``), whose violations fail the entry too; a field the
     mapping already found wrong is not reported again by the schema.
+
+    An entry too deep or too large fails before it is mapped (``screened_as_published``, which
+    leaves its NaN to ``non_finite``).
 
     ``non_finite``: the entry may hold a NaN or ±Infinity (the document had bare tokens:
     sources/json_stream.py). The mapping writes the numbers of ``extras`` as texts (NaN as
@@ -693,51 +710,32 @@ def _decoded(fp: BinaryIO) -> _Prefixed:
     return stream
 
 
-def _build(events: Iterator, event: str) -> Any:
-    """The value that starts with ``event``, built from the events up to its end (what
-    ``ijson.ObjectBuilder`` does, inlined: this loop runs for every token of every entry)."""
-    root: Any = {} if event == "start_map" else []
-    stack = [root]
-    key = None
-    for _, ev, value in events:
-        if ev == "map_key":
-            key = value
-            continue
-        if ev == "start_map" or ev == "start_array":
-            value = {} if ev == "start_map" else []
-        elif ev == "end_map" or ev == "end_array":
-            stack.pop()
-            if not stack:
-                return root
-            continue
-        parent = stack[-1]
-        if type(parent) is dict:
-            parent[key] = value
-        else:
-            parent.append(value)
-        if ev == "start_map" or ev == "start_array":
-            stack.append(value)
-    raise ijson.IncompleteJSONError("the document ends inside a dataset")
-
-
 def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> Iterator[tuple[Any, bool, bool]]:
     """(entry, embedded, restored) for each dataset entry in document order; ``embedded``: a copy
     inside a series or service, not a catalogue's own listing; ``restored``: the entry held a bare
     NaN or ±Infinity or a lone surrogate escape, which the parser takes only as a stand-in
     (sources/json_stream.py), given back as ``json.loads`` reads it. ``header`` (when given) gets
-    the top-level ``conformsTo`` as soon as the stream passes it."""
+    the top-level ``conformsTo`` as soon as the stream passes it.
+
+    The parser's basic events are read (ijson's ``parse`` gives each event its path as a string,
+    built anew for every event: quadratic in the depth, gigabytes for a document 30,000 levels
+    deep), with the path kept here for what is outside entries, down to MAX_OUTER_LEVELS (deeper,
+    nothing is looked for: it is read through and left out). An entry is built with at most
+    ``json_stream.KEPT_LEVELS`` levels (``build``): one deeper is its own ``record-too-deep``,
+    and no step after can recurse into more."""
     where = scrub_url(source)
     try:
         stream = _decoded(fp)
         if stream.empty:
             raise InvalidCatalogue(f"{where}: the document is empty, not a DCAT catalogue")
         stand_ins = StandIns(stream)
-        events = ijson.parse(stand_ins, use_float=True)
-        first = next(events)
-        bare_list = first[1] == "start_array"
-        if not bare_list and first[1] != "start_map":
+        events = ijson.basic_parse(stand_ins, use_float=True)
+        first, _ = next(events)
+        bare_list = first == "start_array"
+        if not bare_list and first != "start_map":
             raise InvalidCatalogue(f"{where}: the document is a single JSON value, not a DCAT catalogue")
         found = bare_list
+        path: list[str | None] = ["item" if bare_list else None]  # ijson's prefix, a part a level
 
         def given_back(value: Any) -> tuple[Any, bool]:
             if not stand_ins.pending:  # (the common case: nothing to give back, no walk)
@@ -746,10 +744,19 @@ def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> I
             value = stand_ins.restore(value)
             return value, stand_ins.restored > before
 
-        for prefix, event, value in events:
+        for event, value in events:
+            if event == "map_key":
+                path[-1] = value
+                if stand_ins.pending:
+                    stand_ins.restore(value)  # outside any dataset: counted, so that entries are not walked
+                continue
+            if event in _CLOSE:
+                path.pop()
+                continue
+            prefix = ".".join(path)
             if prefix == "conformsTo" and header is not None and not bare_list:
                 if event in _OPEN:
-                    header["conformsTo"] = given_back(_build(events, event))[0]
+                    header["conformsTo"] = given_back(build(events, event, stand_ins=stand_ins))[0]
                     continue
                 if event in _SCALARS:
                     header["conformsTo"] = given_back(value)[0]
@@ -759,10 +766,15 @@ def _located_entries(fp: BinaryIO, source: str, header: dict | None = None) -> I
                                                              and _LISTED.fullmatch(prefix) is not None)
                 if listed or (event == "start_map" and not bare_list and _EMBEDDED.fullmatch(prefix)):
                     found = True
-                    entry, restored = given_back(_build(events, event))
+                    entry, restored = given_back(build(events, event, stand_ins=stand_ins))
                     yield entry, not listed, restored
-                elif event == "start_array" and not bare_list and _LISTS.fullmatch(prefix):
+                    continue
+                if event == "start_array" and not bare_list and _LISTS.fullmatch(prefix):
                     found = True
+                if len(path) >= MAX_OUTER_LEVELS:
+                    skip(events, stand_ins)  # (no dataset is looked for so deep)
+                    continue
+                path.append(None if event == "start_map" else "item")
             elif event in _SCALARS and (prefix == "item" if bare_list else
                                         prefix.endswith("dataset.item") and _LISTED.fullmatch(prefix)):
                 entry, restored = given_back(value)

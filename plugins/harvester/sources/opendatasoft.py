@@ -64,11 +64,12 @@ import ijson
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from harvester.config.portals import OPENDATASOFT
-from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
+from harvester.domain.dataset import (DatasetRecord, clean_text, failed, package_record, parse_timestamp,
+                                      screened_as_published, slug)
 from harvester.http import RetriesExhausted, Retryable, scrub_url, streamed_bytes
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
-from harvester.sources.json_stream import StandIns
+from harvester.sources.json_stream import StandIns, answer_json, build
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,11 @@ def to_package(item: Any, root: str) -> dict:
     }
 
 
+@screened_as_published(lambda item: dataset_id(unwrap(item)))
 def normalize(item: Any, root: str) -> DatasetRecord:
-    """A catalogue result as a DatasetRecord; an unusable one comes back failed, saying why."""
+    """A catalogue result as a DatasetRecord; an unusable one comes back failed, saying why (one
+    too deep or too large fails before the mapping, a NaN is null before it writes extras:
+    ``screened_as_published``)."""
     try:
         pkg = to_package(item, root)
     except ValueError as exc:
@@ -291,7 +295,7 @@ class OpenDataSoftSource(CountsTraffic):
                 raise SourceError(f"{scrub_url(self.root)}: GET {shown} answered HTTP {resp.status_code} "
                                   f"{resp.reason or ''}: {resp.text[:200]}".rstrip())
             try:
-                body = resp.json()
+                body = answer_json(resp)  # (a page of any depth: sources/json_stream.py)
             except ValueError as exc:  # a cut body or a proxy's page: try again
                 raise Retryable(f"{shown}: the answer is not JSON ({exc})") from exc
             if not isinstance(body, Mapping) or not isinstance(body.get("results", body.get("datasets")), list):
@@ -521,29 +525,28 @@ def _array_items(fp, where: str) -> Iterator[Any]:
     """The items of the JSON array that ``fp`` holds, one at a time, parsed as they stream
     (ijson), each as ``json.loads`` reads it: a bare NaN or ±Infinity, or a lone surrogate escape,
     which the parser refuses or alters, goes through as a stand-in (sources/json_stream.py) and
-    is that dataset's to bear, as on a page of the records endpoint. Raises ``ExportCut`` unless
+    is that dataset's to bear, as on a page of the records endpoint. An item is built with at most
+    ``json_stream.KEPT_LEVELS`` levels (``build``: one nested deeper still fails as
+    ``record-too-deep``, and no depth costs more than those levels). Raises ``ExportCut`` unless
     the array closes and the document ends there, and ``SourceError`` for a document that is not
     an array."""
     stand_ins = StandIns(fp)
-    events = ijson.parse(stand_ins, use_float=True)
-    closed = []
-
-    def checked():
+    events = ijson.basic_parse(stand_ins, use_float=True)
+    closed = False
+    try:
         first = next(events, None)
         if first is None:
             raise ExportCut("the body is empty")
-        if first[1] != "start_array":
-            raise SourceError(f"{where}: the export is not a JSON array (it starts with {first[1]}): not an "
+        if first[0] != "start_array":
+            raise SourceError(f"{where}: the export is not a JSON array (it starts with {first[0]}): not an "
                               f"Explore v2.1 catalogue export")
-        yield first
-        for event in events:
-            if event[0] == "" and event[1] == "end_array":
-                closed.append(True)
-            yield event
-
-    try:
-        for item in ijson.items(checked(), "item"):
-            yield stand_ins.restore(item) if stand_ins.pending else item
+        for event, value in events:
+            if event == "end_array":
+                closed = True
+                continue  # (what follows the array, if anything, is the parser's error)
+            if event == "start_map" or event == "start_array":
+                value = build(events, event, stand_ins=stand_ins)
+            yield stand_ins.restore(value) if stand_ins.pending else value
     except ijson.IncompleteJSONError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportCut(f"not a whole JSON document ({reason[:120]})") from exc

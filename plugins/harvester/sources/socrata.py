@@ -74,11 +74,12 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harvester.config.portals import SOCRATA
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
-                                      parse_timestamp, sha256_hex, slug)
+                                      parse_timestamp, screened_as_published, sha256_hex, slug)
 from harvester.domain.outcomes import problem
 from harvester.http import scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, capped_count, coded, to_ms)
+from harvester.sources.json_stream import answer_json
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +193,11 @@ def to_package(result: Mapping, domain: str | None = None) -> dict:
     }
 
 
+@screened_as_published(result_id)
 def normalize(result: Any, catalog_url: str, domain: str | None = None) -> DatasetRecord:
-    """A Discovery API result as a DatasetRecord; an unusable one comes back failed, saying why."""
+    """A Discovery API result as a DatasetRecord; an unusable one comes back failed, saying why (one
+    too deep or too large fails before the mapping, a NaN is null before it writes extras:
+    ``screened_as_published``)."""
     if not isinstance(result, Mapping):
         return failed(None, result, [problem("not-an-object", f"result is a {type(result).__name__}, not an object")])
     try:
@@ -254,7 +258,7 @@ class SocrataSource(CountsTraffic):
                 raise SourceError(f"{where}?{_query(params)} answered HTTP {resp.status_code} "
                                   f"{resp.reason or ''}".rstrip())
             try:
-                body = resp.json()
+                body = answer_json(resp)  # (a page of any depth: sources/json_stream.py)
             except ValueError as exc:
                 raise InvalidAnswer(f"{where}?{_query(params)}: not JSON ({len(resp.content)} bytes: "
                                     f"{resp.text[:80]!r})") from exc
