@@ -460,6 +460,27 @@ def test_an_arcgis_hub_feature_with_an_infinite_or_nan_date_is_stored_with_its_w
         "properties.modified", "NaN")
 
 
+def test_an_arcgis_hub_feature_with_a_date_past_any_calendar_is_its_records_outcome(db, reader, hub):
+    """A finite epoch-milliseconds date no calendar holds (1e300, -1e20) raised OverflowError or
+    ValueError in the mapping, which failed the whole run."""
+    features = _hub_features()
+    created, modified = features[1]["id"], features[2]["id"]
+    features[1]["properties"]["created"] = 1e300
+    features[2]["properties"]["modified"] = -1e20
+    hub.set_features(features)
+    portal = Portal(name="hub", type="arcgis-hub", url=hub.url, politeness_delay=0, max_retries=0)
+    run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, len(features) - 1)
+    errors, warnings = _rows(db, run_id, "error"), _rows(db, run_id, "warning")
+    assert set(errors) == {(modified, "bad-date")}
+    assert (errors[modified, "bad-date"]["field"], errors[modified, "bad-date"]["value"]) == ("properties.modified",
+                                                                                           "-1e+20")
+    assert (warnings[created, "bad-optional-date"]["field"], warnings[created, "bad-optional-date"]["value"]) == (
+        "properties.created", "1e+300")
+    stored = {r[0] for r in db.execute("SELECT source_id FROM datasets WHERE portal_url = %s", (portal.url,))}
+    assert created in stored and modified not in stored
+
+
 def test_a_data_json_with_entries_1500_and_100000_levels_deep_stores_every_other_dataset(db, reader, samples):
     """Before, the entry of 1,500 levels failed the whole document (RecursionError), the one of
     100,000 made the parser run out of memory."""

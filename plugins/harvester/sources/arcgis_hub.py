@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 from harvester.config.portals import ARCGIS_HUB
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
                                       parse_timestamp, screened_as_published, sha256_hex)
+from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
@@ -79,10 +80,19 @@ def epoch_ms(dt: datetime) -> int:
 
 
 def iso_from_ms(value: Any) -> str | None:
-    """An epoch-milliseconds date as ISO 8601 UTC; None when missing or not a number."""
+    """An epoch-milliseconds date as ISO 8601 UTC; None when missing, not a number, or past any
+    calendar (1e300: the platform's clock refuses it with OverflowError, ValueError or OSError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return datetime.fromtimestamp(value / 1000, tz=timezone.utc).isoformat()
+    try:
+        return datetime.fromtimestamp(value / 1000, tz=timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _past_any_calendar(value: Any) -> bool:
+    """A number of epoch milliseconds no date holds (iso_from_ms gives None for it)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and iso_from_ms(value) is None
 
 
 def modified_filter(since: datetime) -> str:
@@ -133,6 +143,9 @@ def to_package(feature: Mapping, site: str) -> dict:
         raise BadRecord("no-identifier" if ident is None else "no-title",
                         f"item {ident or props.get('title')!r}: {'; '.join(problems)}",
                         "id" if ident is None else "properties.title", None if ident is None else props.get("title"))
+    if _past_any_calendar(props.get("modified")):
+        raise BadRecord("bad-date", f"item {ident!r}: its modification date {props['modified']!r} (epoch milliseconds) "
+                        "is past any calendar", "properties.modified", props["modified"])
     org = _first_text(props, "orgName", "source", "owner")
     licence = _first_text(props, "license", "licenseInfo")
     licence = clean_text(licence)[:MAX_LICENSE_CHARS] if licence else None
@@ -175,10 +188,13 @@ def normalize(feature: Any, site: str) -> DatasetRecord:
         return failed(ident, feature, coded(exc), prefix=f"{site}: ")
     title, description = clean_text(pkg["title"]), clean_text(pkg["notes"])
     org = pkg["organization"]
+    created = feature["properties"].get("created")
+    warnings = (problem("bad-optional-date", f"its creation date {created!r} (epoch milliseconds) is past any "
+                        "calendar: stored without it", "properties.created", created),) if _past_any_calendar(created) else ()
     return package_record(pkg, source_id=pkg["id"], url=pkg["url"], url_hash=sha256_hex(normalize_url(pkg["url"])),
                           title=title, description=description,
                           tags=sorted({t["name"] for t in pkg["tags"]}), organization=org["title"] if org else None,
-                          notes_text=description)
+                          notes_text=description, warnings=warnings)
 
 
 # -- over HTTP ------------------------------------------------------------------------------------
