@@ -339,3 +339,16 @@ def test_guessing_kinds():
     assert v.sniff(b"@prefix dcat: <http://www.w3.org/ns/dcat#> .") == "dcat-rdf"
     assert v.sniff(gzip.compress(b'{"dataset": []}')) == "dcat-json"
     assert v.sniff(b"\x00\x01binary") is None
+
+
+def test_an_uploaded_package_nested_too_deep_for_pythons_json_is_its_records_error():
+    """Python's json gives up at about 1,000 levels (RecursionError, which failed the validation
+    whole); the document is read again level by level and the deep package fails alone."""
+    from harvester.testing.local_http import dumps, nested
+
+    packages = broken_ckan_packages()
+    deep = dict(packages[0], id="deep-one", name="deep-one", extras=[{"key": "tree", "value": nested(5000)}])
+    data = dumps({"success": True, "result": {"count": len(packages) + 1, "results": packages + [deep]}})
+    report = v.validate_bytes(data.encode(), "ckan", "answer.json")
+    assert report.records == len(packages) + 1 and report.failed == 3
+    assert any(row["code"] == "record-too-deep" and row["source_id"] == "deep-one" for row in report.rows)

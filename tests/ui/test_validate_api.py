@@ -293,3 +293,10 @@ def test_a_validation_over_its_memory_is_413_naming_the_setting(client, headers,
     response = client.post(PATH, files={"file": ("data.json", SAMPLE.read_bytes(), "application/json")},
                            headers=headers)
     assert response.status_code == 503 and "HARVESTER_VALIDATE_MAX_MEMORY='banana'" in detail(response)
+
+
+def test_a_json_request_nested_too_deep_is_422_not_500(client, headers):
+    body = b'{"url": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = client.post(PATH, content=body, headers={**headers, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "nests deeper than a request naming a URL ever does" in detail(response)

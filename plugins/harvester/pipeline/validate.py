@@ -24,7 +24,6 @@ shell); the API with ``FetchPolicy.from_settings()``.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 import time
@@ -41,7 +40,7 @@ from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, Portal
 from harvester.domain import outcomes as oc
 from harvester.domain.dataset import DatasetRecord, normalize
 from harvester.http.guard import FetchPolicy, FetchTimeout, Refused, TooLarge, size_text
-from harvester.sources import Listing, SourceError, source_for
+from harvester.sources import Listing, SourceError, json_loads, source_for
 
 log = logging.getLogger(__name__)
 
@@ -291,16 +290,16 @@ def _ckan_packages(data: bytes, name: str, limit: int | None = None) -> list:
     except UnicodeDecodeError as exc:
         raise SourceError(f"{name}: not UTF-8 text ({exc}): neither a CKAN answer nor packages") from None
     try:
-        document: Any = json.loads(text)
-    except json.JSONDecodeError as exc:
+        document: Any = json_loads(text)  # (any depth: a package too deep is its record's error)
+    except ValueError as exc:
         lines = [line for line in text.splitlines() if line.strip()]
         if len(lines) < 2:
             raise SourceError(f"{name}: not a JSON document ({exc})") from None
         packages = []
         for n, line in enumerate(lines, 1):
             try:
-                packages.append(json.loads(line))
-            except json.JSONDecodeError as line_exc:
+                packages.append(json_loads(line))
+            except ValueError as line_exc:
                 raise SourceError(f"{name}: line {n} is not JSON ({line_exc}): neither a CKAN answer nor "
                                   "packages one a line") from None
         return packages

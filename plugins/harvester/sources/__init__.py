@@ -14,11 +14,13 @@ from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF
                                       RECONCILE_TYPES, SOCRATA)
 from harvester.sources.base import (EXACT_COUNT, Capabilities, FilterRejected, Listing, Source, SourceError,
                                     SourceUnavailable, capped_count)
+# (a portal's JSON of any depth: what uploaded documents are read with too, pipeline/validate.py)
+from harvester.sources.json_stream import loads as json_loads
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CAPABILITIES", "Capabilities", "FilterRejected", "Listing", "Source", "SourceError", "SourceUnavailable",
-           "as_source", "count_kind", "source_for"]
+           "as_source", "count_kind", "json_loads", "source_for"]
 
 # Socrata's resultSetSize stops here (sources/socrata.py COUNT_CAP; tests/sources/test_socrata.py
 # checks that the two say the same).

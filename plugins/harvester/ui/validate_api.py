@@ -240,6 +240,8 @@ async def _read_json(request: Request) -> dict:
         data = json.loads(body)
     except ValueError as exc:
         raise _invalid("url", f"the body is not JSON ({exc})") from None
+    except RecursionError:  # (64 kB of brackets: Python's json gives up at about 1,000 levels)
+        raise _invalid("url", "the body nests deeper than a request naming a URL ever does") from None
     if not isinstance(data, dict):
         raise _invalid("url", "send an object: {\"url\": ..., \"type\": ..., \"pages\": ...}")
     return data
