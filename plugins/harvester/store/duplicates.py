@@ -351,8 +351,8 @@ def _regroup_chunk(conn, wait: float, chunk: int) -> dict:
         why = (f"a statement waited more than {before} for a lock another session holds ({str(exc).strip()})"
                if locked else f"another grouping held the duplicate groups' lock for more than {wait:g}s")
         raise GroupingDeferred(
-            f"{why}: the {waiting(conn):,} datasets waiting are grouped by the next run of any portal (or "
-            "`harvester duplicates regroup`)") from None
+            f"{why}: this run's datasets stay queued (the grouping under way takes what was queued when it "
+            "began); the next run of any portal groups them, or `harvester duplicates regroup`") from None
     out.update(touched=touched, keys=keys, taken=taken, waited=waited, seconds=time.perf_counter() - started)
     return out
 
