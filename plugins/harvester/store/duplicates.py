@@ -26,9 +26,11 @@ from harvester.store.db import LOCK_TIMEOUT_ENV, LockWaitTimeout, lock_timeout
 
 log = logging.getLogger(__name__)
 
-# Queued rows one grouping takes at most: a first scan of a million datasets is one grouping (about
-# 145 s, bench/scale_bench.py); several portals queued at once (an upgrade) are several.
-GROUPING_CHUNK = 1_000_000
+# Queued rows one grouping (one transaction) takes at most. A grouping's transaction holds back every
+# CREATE INDEX CONCURRENTLY begun meanwhile (it waits for older transactions): four portals of
+# 100,000 first-synced at once grouped 300,000 in one transaction of 754 s, and the model's HNSW
+# build waited 714 s for it (bench/regroup_bench.py). 100,000 groups in tens of seconds.
+GROUPING_CHUNK = 100_000
 # Any constant: only grouping takes it.
 _LOCK_KEY = 0x48445550  # "HDUP"
 # A run that writes this many keys (or groups this many datasets) analyzes the table it wrote: about
