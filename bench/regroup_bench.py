@@ -81,12 +81,11 @@ def say(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-class Bench:
+class Bench(cb.Bench):
+    """concurrency_bench's set-up (its stop() and servers), with portals that share records."""
+
     def __init__(self, args, home: Path):
-        self.args, self.home = args, home
-        self.server = self.cluster = self.gemini = None
-        self.portal_servers: dict[str, cb.LocalServer] = {}
-        self.portal_urls: dict[str, str] = {}
+        super().__init__(args, home)
         self.db_url = ""
         self.rolled_back = 0
         self.longest_merge_wait = 0.0
@@ -123,15 +122,6 @@ class Bench:
         for dag_id in dags:
             self.cluster.unpause(dag_id)
         print(f"Airflow up (LocalExecutor), {len(dags)} DAGs unpaused; HARVESTER_LOCK_TIMEOUT_SECS={LOCK_TIMEOUT_SECS}")
-
-    def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-        for srv in [*self.portal_servers.values(), self.gemini]:
-            if srv is not None:
-                srv.stop()
-        if self.server is not None:
-            self.server.stop()
 
     def part(self, label: str, conf: dict) -> None:
         import psycopg
