@@ -130,7 +130,6 @@ class FakeGemini(LocalAPIServer):
         self._hold: int | None = None
         self._hold_timeout = 0.0
         self._odd_answers: list = []  # 200 answers to give instead of the vectors (answer_next)
-        self.poisoned: dict[str, str] = {}  # text -> how its vector is answered wrong (poison)
 
     # -- control ------------------------------------------------------------------------------
     def fail_next(self, n: int = 1, status: int | None = 500, retry_after: float | str | None = None,
@@ -147,22 +146,11 @@ class FakeGemini(LocalAPIServer):
         with self._lock:
             self._odd_answers.append(body)
 
+    # poison(text, how): ``nan`` (its values "NaN", as Google's JSON writes a float NaN: proto3's
+    # JSON mapping), ``inf`` (one value "Infinity"), ``short`` (one value less than asked for),
+    # ``empty`` (``"values": []``), ``zero`` (every value 0) or ``missing`` (its embedding left out:
+    # the answer holds one vector fewer than the texts sent).
     POISONS = ("nan", "inf", "short", "empty", "zero", "missing")
-
-    def poison(self, text: str, how: str = "nan") -> None:
-        """From now on, whenever ``text`` is in a request, its vector is answered wrong, the rest of
-        the answer as usual: ``nan`` (its values "NaN", as Google's JSON writes a float NaN: proto3's
-        JSON mapping), ``inf`` (one value "Infinity"), ``short`` (one value less than asked for),
-        ``empty`` (``"values": []``), ``zero`` (every value 0) or ``missing`` (its embedding left out:
-        the answer holds one vector fewer than the texts sent). ``unpoison`` ends it."""
-        if how not in self.POISONS:
-            raise ValueError(f"poison {how!r}: one of {', '.join(self.POISONS)}")
-        with self._lock:
-            self.poisoned[text] = how
-
-    def unpoison(self, text: str) -> None:
-        with self._lock:
-            self.poisoned.pop(text, None)
 
     def _poisoned(self, vector, how: str) -> list | None:
         values = vector.tolist()

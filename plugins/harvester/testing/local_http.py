@@ -146,11 +146,29 @@ class LocalAPIServer(LocalServer):
     name = "local-api"
     content_type = "application/json; charset=UTF-8"
 
+    # The ways an embedding stand-in can answer a text's vector wrong (``poison``); its class says
+    # what each means for its protocol.
+    POISONS: tuple[str, ...] = ()
+
     def __init__(self):
         self.requests: list[tuple[str, dict, object]] = []
         self._fail = FailureQueue()
         self._lock = threading.Lock()
+        self.poisoned: dict[str, str] = {}  # text -> how its vector is answered wrong (poison)
         super().__init__()
+
+    def poison(self, text: str, how: str = "nan") -> None:
+        """From now on, whenever ``text`` is in a request, its vector is answered wrong in the way
+        ``how`` names (one of the class's POISONS), the rest of the answer as usual. ``unpoison``
+        ends it."""
+        if how not in self.POISONS:
+            raise ValueError(f"poison {how!r}: one of {', '.join(self.POISONS)}")
+        with self._lock:
+            self.poisoned[text] = how
+
+    def unpoison(self, text: str) -> None:
+        with self._lock:
+            self.poisoned.pop(text, None)
 
     def _record(self, path: str, headers: dict, raw: bytes):
         """Parse a request's JSON body (None if it is not JSON) and remember the request."""

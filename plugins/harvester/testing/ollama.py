@@ -43,7 +43,6 @@ class FakeOllama(LocalAPIServer):
     def __init__(self, models=None):
         super().__init__()
         self.models = dict(models or {"nomic-embed-text": 768, "all-minilm": 384})
-        self.poisoned: dict[str, str] = {}  # text -> how its vector is answered wrong (poison)
 
     @property
     def url(self) -> str:
@@ -52,25 +51,14 @@ class FakeOllama(LocalAPIServer):
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None) -> None:
         self._queue_failure(n, status, retry_after)
 
+    # poison(text, how): ``nan`` as Ollama does for a NaN vector (HTTP 500 ``NAN_ERROR``, no vector
+    # of the request comes back), ``short`` (one value less than the model's size), ``empty``
+    # (``[]``), ``zero`` (every value 0) or ``missing`` (left out: the answer holds one vector fewer
+    # than the texts sent, as a gateway dropping one would).
     POISONS = ("nan", "short", "empty", "zero", "missing")
     # What Ollama answers when a vector of the batch holds a NaN: its Go JSON encoder refuses it, so
     # the whole request fails (ollama/ollama#9639, #15582: bge-m3 on some GPUs).
     NAN_ERROR = "failed to encode response: json: unsupported value: NaN"
-
-    def poison(self, text: str, how: str = "nan") -> None:
-        """From now on, whenever ``text`` is in a request, its vector is answered wrong: ``nan`` as
-        Ollama does for a NaN vector (HTTP 500 ``NAN_ERROR``, no vector of the request comes back),
-        ``short`` (one value less than the model's size), ``empty`` (``[]``), ``zero`` (every value
-        0) or ``missing`` (left out: the answer holds one vector fewer than the texts sent, as a
-        gateway dropping one would). The rest of the answer as usual. ``unpoison`` ends it."""
-        if how not in self.POISONS:
-            raise ValueError(f"poison {how!r}: one of {', '.join(self.POISONS)}")
-        with self._lock:
-            self.poisoned[text] = how
-
-    def unpoison(self, text: str) -> None:
-        with self._lock:
-            self.poisoned.pop(text, None)
 
     @property
     def texts(self) -> list[str]:
