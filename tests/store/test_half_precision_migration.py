@@ -21,7 +21,8 @@ from harvester.testing.runs import COPY_DRIFT
 from harvester.testing.samples import distinct_records
 
 # what the migrations since 018 changed: vectors in half precision (019), a version's text kept once (020)
-MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql"]
+# (023 gives databases that applied 020's first text, on PostgreSQL 18, the same schema: here a no-op)
+MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql", "023_version_text_functions.sql"]
 
 
 def column_types(conn) -> dict[str, str]:
@@ -90,8 +91,8 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     before_019.mkdir()
     for version, path in migrations.migration_files():
         # before 019, and the later ones that leave 019 and 020's tables alone but that today's
-        # code (writing the old database here) reads: sql/021's embedding_failures
-        if version < 19 or version > 20:
+        # code (writing the old database here) reads: sql/021's embedding_failures (023 follows 020)
+        if version < 19 or 20 < version < 23:
             shutil.copy(path, before_019 / path.name)
     assert all((migrations.SQL_DIR / name).exists() for name in MIGRATIONS)
 
@@ -134,9 +135,11 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
         assert migrations.migrate(conn) == MIGRATIONS
     with store_db.prepare(store_db.connect_url(url)) as conn, store_db.prepare(store_db.connect_url(url)) as reader:
         assert column_types(conn) == {"embeddings": "halfvec", "dataset_vectors": "halfvec"}
-        assert dict(conn.execute("SELECT attname, attgenerated FROM pg_attribute WHERE attrelid = 'dataset_versions'"
-                                 "::regclass AND attname IN ('title', 'description')").fetchall()) == \
-            {"title": "v", "description": "v"}  # computed from the snapshot when read
+        # no columns: functions of the row compute them from the snapshot when read
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'dataset_versions'::regclass"
+                            " AND attname IN ('title', 'description') AND NOT attisdropped").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname IN ('title', 'description')"
+                            " AND proargtypes[0] = 'dataset_versions'::regtype").fetchone()[0] == 2
         assert conn.execute("SELECT (SELECT count(*) FROM embeddings), (SELECT count(*) FROM dataset_vectors),"
                             " (SELECT count(*) FROM dataset_versions), (SELECT count(*) FROM dataset_changes)"
                             ).fetchone() == counts
@@ -208,3 +211,73 @@ def test_embeddings_reindex_builds_a_missing_index_now(database_url, db, reader,
     assert capsys.readouterr().out.strip() == f"{provider.model}: index ready"
     assert main(["embeddings", "reindex", "--model", "no-such-model"]) == 2
     assert "no vector of model 'no-such-model' is stored" in capsys.readouterr().err
+
+
+# 020 as it was first written (PostgreSQL 18 only), which databases on 18 applied; 023 follows it.
+VIRTUAL_020 = """
+UPDATE dataset_versions
+SET snapshot = snapshot || jsonb_build_object('title', title, 'description', description)
+WHERE snapshot ->> 'title' IS DISTINCT FROM title OR snapshot ->> 'description' IS DISTINCT FROM description;
+DROP VIEW current_datasets;
+ALTER TABLE dataset_versions DROP COLUMN title, DROP COLUMN description;
+ALTER TABLE dataset_versions
+    ADD COLUMN title text GENERATED ALWAYS AS (coalesce(snapshot ->> 'title', '')) VIRTUAL,
+    ADD COLUMN description text GENERATED ALWAYS AS (coalesce(snapshot ->> 'description', '')) VIRTUAL;
+ALTER TABLE dataset_versions ALTER COLUMN first_seen_at TYPE timestamptz USING first_seen_at + interval '0';
+CREATE VIEW current_datasets AS
+SELECT d.id AS dataset_id, d.portal_url, d.source_id, d.name, d.url,
+       v.version_number, v.title, v.description, v.content_hash, v.metadata_hash, v.snapshot,
+       v.change_type, v.first_seen_at AS version_first_seen_at, v.last_seen_at AS version_last_seen_at,
+       d.first_seen_at, d.last_seen_at
+FROM datasets d
+JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
+WHERE d.removed_at IS NULL;
+"""
+
+
+def test_a_database_that_applied_the_virtual_columns_reaches_the_same_schema(
+        empty_database_url, portal_server, samples, gemini, tmp_path, monkeypatch):
+    """On PostgreSQL 18, 020's first text made title and description VIRTUAL generated columns; 023
+    drops them for the functions 020 now creates: every reader sees the same titles and descriptions
+    (the history, the current_datasets view, SQL naming `v.title`), and the schema is the one a new
+    database gets on any version."""
+    from harvester.embeddings import get_provider
+
+    version = psycopg.connect(empty_database_url, autocommit=True).execute("SHOW server_version_num").fetchone()[0]
+    assert int(version) >= 180000, "VIRTUAL generated columns: this test needs PostgreSQL 18 (the embedded server)"
+    url = empty_database_url
+    monkeypatch.setenv("HARVESTER_DATABASE_URL", url)
+    before = tmp_path / "sql"
+    before.mkdir()
+    for number, path in migrations.migration_files():
+        if number < 23:
+            (before / path.name).write_text(VIRTUAL_020 if number == 20 else path.read_text())
+    records = distinct_records(samples, 20)
+    portal_server.set_records(records)
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    with old_connection(url, before) as conn, old_connection(url, before) as reader:
+        pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
+        edited = copy.deepcopy(records[3])
+        edited["title"] += " (revised)"
+        edited["metadata_modified"] = (datetime.now(timezone.utc) + timedelta(minutes=5)).strftime(
+            "%Y-%m-%dT%H:%M:%S.%f")
+        portal_server.upsert_record(edited)
+        pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
+        ids = [r[0] for r in conn.execute("SELECT id FROM datasets ORDER BY id")]
+        versions = {i: history.list_versions(conn, i) for i in ids}
+        view = conn.execute("SELECT * FROM current_datasets ORDER BY dataset_id").fetchall()
+        named = conn.execute("SELECT v.dataset_id, v.version_number, v.title, v.description"
+                             " FROM dataset_versions v ORDER BY 1, 2").fetchall()
+    assert len(named) == 21 and {r[2] for r in named} >= {records[3]["title"], edited["title"]}
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert migrations.migrate(conn) == ["023_version_text_functions.sql"]
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'dataset_versions'::regclass"
+                            " AND attname IN ('title', 'description') AND NOT attisdropped").fetchone()[0] == 0
+        assert conn.execute("SELECT * FROM current_datasets ORDER BY dataset_id").fetchall() == view
+        assert conn.execute("SELECT v.dataset_id, v.version_number, v.title, v.description"
+                            " FROM dataset_versions v ORDER BY 1, 2").fetchall() == named
+    with store_db.prepare(store_db.connect_url(url)) as conn:
+        assert {i: history.list_versions(conn, i) for i in ids} == versions
+        assert history.get_version(conn, ids[3], 2)["title"] == edited["title"]

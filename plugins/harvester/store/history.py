@@ -364,6 +364,8 @@ def find_dataset(conn, portal_url: str, *, url: str | None = None, source_id: st
     return dict(zip(("id", "source_id", "name", "title", "url", "removed_at"), row))
 
 
+# Read as v.<name> (v: a row of dataset_versions): title and description are functions of the row
+# that read its snapshot (sql/020), which PostgreSQL calls for the qualified name only.
 _VERSION_COLUMNS = ("version_number", "is_current", "change_type", "content_hash", "metadata_hash", "title",
                     "description", "snapshot", "first_seen_at", "last_seen_at")
 
@@ -392,8 +394,8 @@ def list_versions(conn, dataset_id: int) -> list[dict]:
 
 
 def get_version(conn, dataset_id: int, number: int) -> dict | None:
-    row = conn.execute(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM dataset_versions"
-                       " WHERE dataset_id = %s AND version_number = %s", (dataset_id, number)).fetchone()
+    row = conn.execute(f"SELECT {', '.join('v.' + c for c in _VERSION_COLUMNS)} FROM dataset_versions v"
+                       " WHERE v.dataset_id = %s AND v.version_number = %s", (dataset_id, number)).fetchone()
     return dict(zip(_VERSION_COLUMNS, row)) if row else None
 
 
