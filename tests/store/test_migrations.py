@@ -111,3 +111,86 @@ def test_a_task_after_begin_applies_what_a_deploy_added(harvest, portal_server, 
     with psycopg.connect(empty_database_url) as conn:
         assert applied(conn) == names
     assert "lacks migrations" not in caplog.text
+
+
+# -- the server check before migrating ----------------------------------------------------------
+
+def facts(version_num=170004, available="0.8.0", installed="0.8.0"):
+    major, minor = divmod(version_num, 10000)
+    return migrations.ServerFacts(version_num, f"{major}.{minor}", available, installed, "harvester", "app")
+
+
+@pytest.mark.parametrize("case, expected", [
+    (facts(150000), None),
+    (facts(180003, installed="0.8.2"), None),
+    (facts(170004, installed=None), None),  # available: check_server creates it
+    (facts(190000), None),  # newer than tested: logged, not refused
+    (facts(140011), "PostgreSQL 14.11 is too old: Harvester supports PostgreSQL 15 to 18 with pgvector 0.8.0 or newer"),
+    (facts(installed="0.7.4"), 'pgvector 0.7.4 is installed in database "harvester" and Harvester needs 0.8.0 or newer:'
+                               " run ALTER EXTENSION vector UPDATE; in it as its owner or a superuser (the server has 0.8.0)"),
+    (facts(available="0.7.4", installed="0.7.4"), "install pgvector 0.8.0 or newer on the server, then run ALTER"),
+    (facts(available=None, installed=None), "the vector extension (pgvector) is not available on PostgreSQL 17.4"),
+    (facts(available="0.7.0", installed=None), "the server offers pgvector 0.7.0 and Harvester needs 0.8.0 or newer"),
+])
+def test_what_the_server_check_refuses_and_says(case, expected):
+    reason = migrations.unsupported(case)
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason is not None and expected in reason and "\n" not in reason
+        assert reason.endswith(("(" + migrations.SUPPORTED + ")", migrations.SUPPORTED))
+
+
+def test_the_check_reads_the_server_it_is_given(empty_database_url):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        read = migrations.server_facts(conn)
+        assert read.version == conn.execute("SHOW server_version").fetchone()[0]
+        assert read.major in migrations.SUPPORTED_MAJORS
+        assert read.vector_available == conn.execute(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0]
+        assert read.vector_installed is None  # an empty database: migrate creates it
+        migrations.migrate(conn)
+        assert migrations.server_facts(conn).vector_installed == read.vector_available
+
+
+def test_a_role_that_may_not_create_the_extension_is_told_who_must_before_anything_is_touched(
+        empty_database_url, capsys, monkeypatch):
+    """A managed database where the application's role is no superuser and nobody ran CREATE
+    EXTENSION vector: one line naming the extension, the database, the role and the remedy, from
+    `harvester db migrate` and from a task's migration step alike; the database is left as it was."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from harvester.cli.main import main
+
+    role = "app_" + urlsplit(empty_database_url).path.strip("/")
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'GRANT ALL ON DATABASE "{urlsplit(empty_database_url).path.strip("/")}" TO "{role}"')
+        admin.execute(f'GRANT ALL ON SCHEMA public TO "{role}"')
+    parts = urlsplit(empty_database_url)
+    url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            with pytest.raises(migrations.UnsupportedServer) as refused:
+                migrations.migrate(conn)
+        message = str(refused.value)
+        assert "\n" not in message and not refused.value.transient
+        assert message.startswith(f'the vector extension (pgvector ') and (
+            f'is not installed in database "{parts.path.strip("/")}" and role "{role}" may not create it') in message
+        assert message.endswith("have a superuser (on a managed service, its admin role) run CREATE EXTENSION vector;"
+                                " in that database")
+        monkeypatch.setenv("HARVESTER_DATABASE_URL", url)
+        assert main(["db", "migrate"]) != 0
+        assert message in capsys.readouterr().err
+        with psycopg.connect(empty_database_url, autocommit=True) as admin:
+            assert tables(admin) == set()  # not even schema_migrations
+            assert admin.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()[0] == 0
+            admin.execute("CREATE EXTENSION vector")  # what the message asks for: then the role migrates
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert migrations.migrate(conn)[-1] == migrations.migration_files()[-1][1].name
+    finally:
+        with psycopg.connect(empty_database_url, autocommit=True) as admin:
+            admin.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+            admin.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(empty_database_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')

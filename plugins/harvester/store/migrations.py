@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,105 @@ class MigrationError(RuntimeError):
             cause.sqlstate is None or cause.sqlstate[:2] in ("08", "40", "53", "55", "57"))
 
 
+class UnsupportedServer(MigrationError):
+    """The server, or its pgvector, is not one Harvester supports: nothing was migrated. Terminal
+    (trying again changes nothing); the message is one line naming what is missing and what is
+    supported."""
+
+
+# What Harvester supports (docs/operations.md, "Supported versions"): PostgreSQL 15 to 18, the ones
+# CI runs on (15 and 18) and those between; pgvector 0.8.0 or newer (hnsw.iterative_scan, which
+# filtered searches use, came in 0.8.0; halfvec in 0.7.0).
+SUPPORTED_MAJORS = (15, 16, 17, 18)
+MIN_VECTOR = (0, 8, 0)
+SUPPORTED = (f"Harvester supports PostgreSQL {SUPPORTED_MAJORS[0]} to {SUPPORTED_MAJORS[-1]} with pgvector "
+             f"{'.'.join(map(str, MIN_VECTOR))} or newer")
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the pre-migration check reads: the server's version, pgvector as the server offers it
+    (the default version of the extension's files: None when they are not installed) and as the
+    database has it (None when CREATE EXTENSION was never run), and who asks where."""
+
+    version_num: int  # server_version_num: 150004 is 15.4
+    version: str  # server_version, as the server says it
+    vector_available: str | None
+    vector_installed: str | None
+    database: str
+    role: str
+
+    @property
+    def major(self) -> int:
+        return self.version_num // 10000
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """'0.8.0' -> (0, 8, 0); a suffix after the numbers ('0.8.0-beta') is ignored."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("-")[0])[:3])
+
+
+def unsupported(facts: ServerFacts) -> str | None:
+    """Why Harvester cannot migrate this database (one line), or None. A server newer than the
+    newest supported passes (logged by check_server): PostgreSQL keeps SQL and pgvector compatible."""
+    minimum = ".".join(map(str, MIN_VECTOR))
+    if facts.major < SUPPORTED_MAJORS[0]:
+        return f"PostgreSQL {facts.version} is too old: {SUPPORTED}"
+    if facts.vector_installed is not None:
+        if _version_tuple(facts.vector_installed) < MIN_VECTOR:
+            newer = (facts.vector_available is not None and _version_tuple(facts.vector_available) >= MIN_VECTOR)
+            remedy = (f"run ALTER EXTENSION vector UPDATE; in it as its owner or a superuser (the server has "
+                      f"{facts.vector_available})" if newer else
+                      f"install pgvector {minimum} or newer on the server, then run ALTER EXTENSION vector UPDATE;")
+            return (f"pgvector {facts.vector_installed} is installed in database \"{facts.database}\" and Harvester "
+                    f"needs {minimum} or newer: {remedy} ({SUPPORTED})")
+        return None
+    if facts.vector_available is None:
+        return (f"the vector extension (pgvector) is not available on PostgreSQL {facts.version}: install pgvector "
+                f"{minimum} or newer on the server, or enable it on a managed service ({SUPPORTED})")
+    if _version_tuple(facts.vector_available) < MIN_VECTOR:
+        return (f"the server offers pgvector {facts.vector_available} and Harvester needs {minimum} or newer: "
+                f"upgrade pgvector on the server ({SUPPORTED})")
+    return None
+
+
+def server_facts(conn) -> ServerFacts:
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version'),"
+            " (SELECT default_version FROM pg_available_extensions WHERE name = 'vector'),"
+            " (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"
+            " current_database(), current_user").fetchone()
+    return ServerFacts(*row)
+
+
+def check_server(conn) -> ServerFacts:
+    """Before any migration: the server is a supported PostgreSQL and the database has, or may be given,
+    a supported pgvector. When the extension is available but not installed it is created here
+    (what the first migration would do): a role that may not create it gets UnsupportedServer
+    saying who must, instead of a failed migration. Touches nothing else."""
+    import psycopg
+
+    facts = server_facts(conn)
+    reason = unsupported(facts)
+    if reason:
+        raise UnsupportedServer(reason)
+    if facts.major > SUPPORTED_MAJORS[-1]:
+        log.warning("PostgreSQL %s is newer than Harvester is tested on (%s); going on", facts.version, SUPPORTED)
+    if facts.vector_installed is None:
+        try:
+            with conn.transaction():
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise UnsupportedServer(
+                f"the vector extension (pgvector {facts.vector_available}) is not installed in database "
+                f"\"{facts.database}\" and role \"{facts.role}\" may not create it "
+                f"({str(exc).strip().splitlines()[0]}): have a superuser (on a managed service, its admin "
+                f"role) run CREATE EXTENSION vector; in that database") from None
+        log.info("created the vector extension (pgvector %s) in database %s", facts.vector_available, facts.database)
+    return facts
+
+
 # A migration's statements may each wait this long for a lock (an ALTER TABLE waits for every
 # transaction using the table, and everyone else then queues behind it): short, and tried again.
 LOCK_TIMEOUT = "5s"
@@ -64,10 +164,13 @@ def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
     under a transaction-level advisory lock (so a connection pooler in transaction mode is fine)
     and checks again that nobody applied it meanwhile; its statements wait at most LOCK_TIMEOUT for
     a lock, and on a timeout it is rolled back and tried again, LOCK_ATTEMPTS times, before it
-    fails (the task that ran it is retried later). Call it with no transaction open."""
+    fails (the task that ran it is retried later). First, whatever is pending, the server is checked
+    (check_server): an unsupported PostgreSQL or pgvector is UnsupportedServer, before anything is
+    touched. Call it with no transaction open."""
     import psycopg
 
     files = migration_files(sql_dir)
+    check_server(conn)
     done = _applied(conn)
     applied_now: list[str] = []
     if not done:
