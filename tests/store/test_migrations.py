@@ -175,7 +175,7 @@ def test_a_role_that_may_not_create_the_extension_is_told_who_must_before_anythi
                 migrations.migrate(conn)
         message = str(refused.value)
         assert "\n" not in message and not refused.value.transient
-        assert message.startswith(f'the vector extension (pgvector ') and (
+        assert message.startswith('the vector extension (pgvector ') and (
             f'is not installed in database "{parts.path.strip("/")}" and role "{role}" may not create it') in message
         assert message.endswith("have a superuser (on a managed service, its admin role) run CREATE EXTENSION vector;"
                                 " in that database")
