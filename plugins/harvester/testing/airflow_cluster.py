@@ -139,7 +139,8 @@ class AirflowCluster:
     id), ``run``, ``runs_of``, ``task_instances``, ``task_states``, ``xcom``, ``pools``/``create_pool``,
     ``api`` (any other call). Waiting: ``wait_for_runs``/``wait_for`` (-> states), ``require_success``,
     ``wait_until``. Diagnostics: ``task_log``, ``describe``, ``process_tails``. Processes:
-    ``kill_task_process`` (only a descendant of this cluster's processes), ``airflow(...)`` (the CLI).
+    ``kill_task_process`` (only a descendant of this cluster's processes), ``airflow(...)`` (the CLI),
+    ``restart`` (stop and start again: e.g. on other code in the same folders).
     ``dags_folder``/``plugins_folder``: this checkout's by default (its plugins folder also goes first
     on the processes' PYTHONPATH). ``parse_interval``: seconds between two parses of a DAG file.
     ``executor`` (LocalExecutor) and ``extra_processes`` (e.g. Celery workers): see the module docstring."""
@@ -339,6 +340,19 @@ class AirflowCluster:
                 pass
         self.procs.clear()
         self.http.close()
+
+    def restart(self) -> None:
+        """``stop()``, then ``start()`` again with the same home, metadata database, settings, ports
+        and secrets: an operator's restart (``docker compose up -d`` with a new image), whatever code
+        the dags and plugins folders hold by then. Task processes die with the processes; Airflow
+        then resets or fails their task instances, and retries them as it would."""
+        self.stop()
+        self.http = requests.Session()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     # -- REST -----------------------------------------------------------------------------------------
     def api(self, method: str, path: str, expect: Iterable[int] = (200,), **kwargs):
