@@ -12,7 +12,9 @@ dataset, largest first, and their sum. What storage work must cut (issue 26) is 
     .venv/bin/python bench/storage_bench.py --datasets 500 --json     # a smoke run
 
 ``--database-url`` uses an existing, migrated, empty database instead of a fresh server (the
-smoke test's); nothing is asserted.
+smoke test's); ``--postgres-bin`` makes the fresh server from another PostgreSQL installation
+(e.g. Debian's /usr/lib/postgresql/15/bin, with pgvector: .ci/postgres15) instead of the embedded
+18; nothing is asserted.
 """
 from __future__ import annotations
 
@@ -57,7 +59,9 @@ def measure(conn) -> dict:
     by_table: dict[str, int] = {}
     for table, _, size in rows:
         by_table[table] = by_table.get(table, 0) + size
-    return {"datasets": datasets, "versions": versions,
+    server = conn.execute("SHOW server_version").fetchone()[0]
+    pgvector = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+    return {"server": f"PostgreSQL {server}, pgvector {pgvector}", "datasets": datasets, "versions": versions,
             "parts": [{"table": t, "part": p, "bytes": s, "per_dataset": round(per(s), 1)} for t, p, s in rows],
             "tables": [{"table": t, "bytes": s, "per_dataset": round(per(s), 1)}
                        for t, s in sorted(by_table.items(), key=lambda kv: -kv[1])],
@@ -66,7 +70,8 @@ def measure(conn) -> dict:
 
 def print_report(report: dict) -> None:
     n = report["datasets"]
-    print(f"\n{n:,} live datasets, {report['versions']:,} versions; bytes per dataset, largest first\n")
+    print(f"\n{report['server']}: {n:,} live datasets, {report['versions']:,} versions; bytes per dataset, "
+          "largest first\n")
     print("| table | bytes per dataset | of which (heap, TOAST, each index) |")
     print("|---|---|---|")
     for table in report["tables"]:
@@ -111,6 +116,8 @@ def main() -> int:
     parser.add_argument("--changed", type=float, default=0.01, help="share of datasets edited once (default 0.01)")
     parser.add_argument("--dimension", type=int, default=768, help="vector dimension (default 768)")
     parser.add_argument("--database-url", help="an existing, migrated, empty database instead of a fresh server")
+    parser.add_argument("--postgres-bin", type=Path,
+                        help="the fresh server's bin directory (initdb, pg_ctl; default: the embedded PostgreSQL 18)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     if args.database_url:
@@ -119,7 +126,7 @@ def main() -> int:
         from harvester.store.embedded.server import EmbeddedServer
 
         home = Path(tempfile.mkdtemp(prefix="harvester-storage-bench-"))
-        server = EmbeddedServer(home)
+        server = EmbeddedServer(home, bin_dir=args.postgres_bin)
         try:
             report = run(server.start(), args)
         finally:
