@@ -227,7 +227,9 @@ def test_airflow_init_migrates_and_creates_the_embedding_pool(config: dict):
     assert re.search(r"airflow pools set embedding_api 4 \"[^\"]+\"", script), script
     # The harvester schema, each migration in its own transaction; under `set -e`, so a failing
     # migration fails airflow-init and nothing that depends on it starts.
-    migrate = re.search(r"^(?:\w+=\S*\s+)*(?:/entrypoint\s+)?harvester db migrate$", script, re.M)
+    # (through the entrypoint as `bash -c`: it runs any other first word as `airflow <args>`)
+    migrate = re.search(r'^(?:\w+=\S*\s+)*(?:/entrypoint\s+bash\s+-c\s+"harvester db migrate"|harvester db migrate)$',
+                        script, re.M)
     assert migrate, script
     assert 0 <= script.find("set -e") < migrate.start(), script
     for name in set(AIRFLOW_SERVICES) - {"airflow-init"}:
