@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -179,7 +180,10 @@ def test_compose_stack_harvests_two_portals(compose_file, tmp_path, samples, cap
     shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__", "portals*.yaml"))
     write_portals(dags / "portals.yaml", [{"name": name, "url": portal.base_url} for name, portal in portals.items()])
 
-    stack = ComposeStack(tmp_path / "stack", compose_binary(), compose_file, project_dir=ROOT, dags=dags,
+    # Not under tmp_path: pytest removes old numbered temporary folders when a session starts, and
+    # another session starting meanwhile must not pull the data directories from under the servers.
+    work = Path(tempfile.mkdtemp(prefix="harvester-compose-stack-"))
+    stack = ComposeStack(work / "stack", compose_binary(), compose_file, project_dir=ROOT, dags=dags,
                          model_cache=Path(os.environ["HARVESTER_MODEL_CACHE"]) if os.environ.get("HARVESTER_MODEL_CACHE")
                          else None)
     api = None
@@ -252,7 +256,10 @@ def test_compose_stack_harvests_two_portals(compose_file, tmp_path, samples, cap
         for portal in portals.values():
             portal.stop()
         left = stack.leftovers()
+        if left:
+            stack.stop()  # again: nothing of it may outlive the test
         if passed:
-            assert not left, f"the stack still runs after stop: {left}"
-        elif left:
-            print(f"the stack still runs after stop: {left}")
+            shutil.rmtree(work, ignore_errors=True)
+            assert not left, f"the stack still ran after stop: {left}"
+        else:
+            print(f"the stack's files are kept in {work}" + (f"; it still ran after stop: {left}" if left else ""))

@@ -631,8 +631,8 @@ class ComposeStack:
     def leftovers(self) -> list[str]:
         """What of this stack still runs: marked processes, PostgreSQL servers."""
         left = [f"pid {pid}" for pid in marked_processes(str(self.work))]
-        left += [f"{service}: {server.pgdata / 'postmaster.pid'}" for service, server in self.servers.items()
-                 if (server.pgdata / "postmaster.pid").exists()]
+        left += [f"{service}: postmaster {pid} ({server.pgdata})" for service, server in self.servers.items()
+                 for pid in _postmasters(server.pgdata)]
         return left
 
 
@@ -643,7 +643,11 @@ def _end_postmaster(service: str, pgdata: Path) -> list[str]:
     try:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return []
+        # No pid file (its directory removed under the running server?): the postmaster whose
+        # command line names this data directory.
+        pid = next(iter(_postmasters(pgdata)), None)
+        if pid is None:
+            return []
     done = []
     for sig, wait in ((signal.SIGQUIT, 10), (signal.SIGKILL, 5)):
         try:
@@ -669,6 +673,22 @@ def marked_processes(work: str) -> list[int]:
                 found.append(int(entry.name))
         except OSError:
             continue
+    return found
+
+
+def _postmasters(pgdata: Path) -> list[int]:
+    """PostgreSQL servers started on ``pgdata`` (``postgres -D <pgdata> ...``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"/postgres") and b"-D" in argv and \
+                argv[argv.index(b"-D") + 1:argv.index(b"-D") + 2] == [str(pgdata).encode()]:
+            found.append(int(entry.name))
     return found
 
 
