@@ -14,7 +14,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml
+$(STAMP): requirements.txt requirements-local.txt requirements-dev.txt requirements-celery.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-local.txt -r requirements-dev.txt
