@@ -1,6 +1,7 @@
 """The harvester command, in-process (harvest, runs, datasets, portals) and as the installed script (db)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,8 +79,16 @@ def test_db_commands_manage_an_embedded_server(tmp_path):
     try:
         assert run("db", "url").stdout.strip() == url
         assert "running at" in run("db", "status").stdout
+        checked = run("db", "check")
+        assert checked.returncode == 0, checked.stderr
+        server, pending = checked.stdout.strip().splitlines()
+        assert re.fullmatch(r"PostgreSQL 1[5-8]\S*( \(.*\))?, pgvector 0\.8\.\d+ on the server, 0\.8\.\d+ installed in"
+                            r' database "harvester": supported \(Harvester supports PostgreSQL 15 to 18 with pgvector'
+                            r" 0\.8\.0 or newer\)", server), server
+        assert pending.startswith("pending migrations: 001_initial.sql, 002_") and pending.endswith(".sql")
         assert run("db", "migrate").stdout.strip().startswith("applied: 001_initial.sql, ")
         assert run("db", "migrate").stdout.strip() == "schema is up to date"
+        assert run("db", "check").stdout.strip().splitlines()[1] == "schema is up to date"
     finally:
         assert run("db", "stop").stdout.strip() == "stopped"
     assert "not running" in run("db", "status").stdout

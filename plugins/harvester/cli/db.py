@@ -1,4 +1,4 @@
-"""`harvester db start | stop | url | status | migrate`: the embedded server and the schema."""
+"""`harvester db start | stop | url | status | check | migrate`: the embedded server and the schema."""
 from __future__ import annotations
 
 
@@ -25,6 +25,21 @@ def cmd_db(args) -> int:
         print(redact_url(url) if args.redact else url)
     elif args.action == "status":
         print(f"embedded server in {server.home}: {'running at ' + server.url() if server.is_running() else 'not running'}")
+    elif args.action == "check":
+        from harvester.store import migrations
+
+        with db.connect_url(db.cli_database_url()) as conn:
+            conn.autocommit = True
+            facts = migrations.server_facts(conn)
+            reason = migrations.unsupported(facts)
+            if reason:
+                raise migrations.UnsupportedServer(reason)
+            pending = migrations.pending(conn)
+        installed = (f"{facts.vector_installed} installed" if facts.vector_installed else
+                     "not installed yet (the first migration creates it, if the role may)")
+        print(f"PostgreSQL {facts.version}, pgvector {facts.vector_available} on the server, {installed} in database "
+              f"\"{facts.database}\": supported ({migrations.SUPPORTED})")
+        print(f"pending migrations: {', '.join(pending)}" if pending else "schema is up to date")
     elif args.action == "migrate":
         from harvester.store.migrations import migrate
 
@@ -39,7 +54,8 @@ def cmd_db(args) -> int:
 def register(subparsers) -> None:
     """Add db to the ``harvester`` subparsers."""
     p = subparsers.add_parser("db", help="the database: embedded server and migrations")
-    p.add_argument("action", choices=["start", "stop", "url", "status", "migrate"])
+    p.add_argument("action", choices=["start", "stop", "url", "status", "check", "migrate"],
+                   help="check: the server's PostgreSQL and pgvector, and the migrations pending (changes nothing)")
     p.add_argument("--resolve", action="store_true",
                    help="with url: the database the CLI would use (configured or embedded)")
     p.add_argument("--redact", action="store_true", help="with url: hide the password")
