@@ -140,7 +140,8 @@ class AirflowCluster:
     ``api`` (any other call). Waiting: ``wait_for_runs``/``wait_for`` (-> states), ``require_success``,
     ``wait_until``. Diagnostics: ``task_log``, ``describe``, ``process_tails``. Processes:
     ``kill_task_process`` (only a descendant of this cluster's processes), ``airflow(...)`` (the CLI),
-    ``restart`` (stop and start again: e.g. on other code in the same folders).
+    ``restart`` (stop and start again: e.g. on other code in the same folders), ``descendants``
+    (every process under the cluster's, with its start time: ``alive(...)`` says which still run).
     ``dags_folder``/``plugins_folder``: this checkout's by default (its plugins folder also goes first
     on the processes' PYTHONPATH). ``parse_interval``: seconds between two parses of a DAG file.
     ``executor`` (LocalExecutor) and ``extra_processes`` (e.g. Celery workers): see the module docstring."""
@@ -324,22 +325,59 @@ class AirflowCluster:
                                    f"{tail(self.home / f'{name}.out', 60)}")
 
     def stop(self) -> None:
-        """SIGTERM to each process's group, SIGKILL to what is left after 20 s."""
+        """SIGTERM to each process's group, SIGKILL to what is left after 20 s, and then SIGKILL to
+        every task process still alive: Airflow's supervisor puts each task in a process group of
+        its own (os.setpgid), so a task whose supervisor died in the group's SIGKILL would outlive
+        the cluster, orphaned (as a container's stop kills everything in it, this does too). The
+        cluster's descendants are noted while they still descend from it (an orphan's parent is
+        init), each with its start time, so that a pid used again meanwhile is left alone."""
+        seen = self.descendants()
         for proc in self.procs.values():
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(proc.poll() is None for proc in self.procs.values()):
+            seen.update(self.descendants())
+            time.sleep(0.2)
         for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc, signal.SIGKILL)  # the group: executor workers, task processes
+            seen.update(self.descendants())
+            _signal_group(proc, signal.SIGKILL)  # the group: executor workers, supervisors
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        left = {pid: start for pid, start in seen.items() if _start_time(pid) == start}
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        until = time.monotonic() + 10
+        while left and time.monotonic() < until:
+            left = {pid: start for pid, start in left.items() if _start_time(pid) == start}
+            time.sleep(0.1)
         self.procs.clear()
         self.http.close()
+
+    def descendants(self) -> dict[int, int]:
+        """{pid: start time} of every process descending from the cluster's processes now."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+        found: dict[int, int] = {}
+        stack = [proc.pid for proc in self.procs.values()]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                start = _start_time(child)
+                if child not in found and start is not None:
+                    found[child] = start
+                    stack.append(child)
+        return found
 
     def restart(self) -> None:
         """``stop()``, then ``start()`` again with the same home, metadata database, settings, ports
@@ -590,6 +628,22 @@ class AirflowCluster:
         if not self.is_descendant(pid):
             raise ClusterError(f"pid {pid} is not a process of this Airflow cluster: not signalled")
         os.kill(pid, sig)
+
+
+def alive(processes: dict[int, int]) -> list[int]:
+    """The pids of ``processes`` ({pid: start time}, as ``AirflowCluster.descendants`` gives them)
+    still running (the same process: a pid used again by another is not)."""
+    return [pid for pid, start in processes.items() if _start_time(pid) == start]
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None once it is gone
+    (a zombie counts as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
