@@ -39,6 +39,8 @@ DYNAMIC = {
     ("plugins/harvester/config/secrets.py", "match.group(1)"): "${NAME} in portals.yaml (registered as ${NAME})",
     ("plugins/harvester/store/db.py", "conn_env(conn_id)"): "AIRFLOW_CONN_<CONN_ID> (registered)",
     ("plugins/harvester/testing/airflow_cluster.py", "k"): "the caller's HOME, LANG, ... handed to a test cluster",
+    ("plugins/harvester/testing/compose_stack.py", "k"): "the caller's LANG, LC_ALL, TZ, TMPDIR handed to the compose stack's services",
+    ("plugins/harvester/testing/upgrade.py", "v"): "the caller's environment but for Harvester's own settings, handed to the old code's process",
 }
 
 

@@ -240,7 +240,7 @@ def render(binary: Path, compose_file: Path = COMPOSE_FILE, env: dict[str, str] 
     done = subprocess.run([str(binary), "--env-file", str(empty), "-f", str(compose_file), *project,
                            "config", "--format", "json"],
                           cwd=compose_file.parent, capture_output=True, text=True, timeout=120,
-                          env={"PATH": os.environ.get("PATH", os.defpath), "HOME": str(workdir), **(env or {})})
+                          env={"PATH": os.defpath, "HOME": str(workdir), **(env or {})})
     if done.returncode != 0:
         raise StackError(f"docker compose config rejected {compose_file}:\n{done.stderr}")
     return json.loads(done.stdout)
