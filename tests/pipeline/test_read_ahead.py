@@ -148,11 +148,11 @@ def test_staging_that_fails_stops_the_listing_and_leaves_no_thread(db, monkeypat
     run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
     stage, calls = pipeline._stage, []
 
-    def failing_stage(conn, run, seq, records, logged):
+    def failing_stage(conn, run, seq, records, logged, attempt):
         calls.append(len(records))
         if len(calls) == 2:
             raise OSError("the database went away")
-        return stage(conn, run, seq, records, logged)
+        return stage(conn, run, seq, records, logged, attempt)
 
     monkeypatch.setattr(pipeline, "_stage", failing_stage)
     with pytest.raises(OSError, match="the database went away"):

@@ -54,12 +54,15 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
 LOGGED_FAILURES = 20
 
 
-def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged: list[int]) -> tuple[int, int]:
-    """COPY normalized records into staging from ``seq`` on, logging the first LOGGED_FAILURES of
-    the step's records that cannot be used (``logged``: how many the step logged so far, a
-    one-item list); returns (how many were staged, how many of them failed)."""
-    staging.write(conn, run_id, seq, records)
-    runs.touch(conn, run_id)
+def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged: list[int],
+           attempt) -> tuple[int, int]:
+    """COPY normalized records into staging from ``seq`` on, if the run's staging is still this
+    attempt's (``attempt``: runs.claim_staging's token; runs.AttemptSuperseded otherwise), logging
+    the first LOGGED_FAILURES of the step's records that cannot be used (``logged``: how many the
+    step logged so far, a one-item list); returns (how many were staged, how many of them failed)."""
+    with runs.staging_page(conn, run_id, attempt):
+        staging.write(conn, run_id, seq, records)
+        runs.touch(conn, run_id)
     bad = [r for r in records if not r.ok]
     for rec in bad:
         if logged[0] < LOGGED_FAILURES:
@@ -73,9 +76,12 @@ def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged:
 
 def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, listing: Listing,
                    validators: dict | None = None) -> dict:
-    """Stage the source's listing page by page. The source reads (fetches, parses, normalizes) the
-    next page in a thread of its own while this one is staged (sources/readahead.py): one page
-    queued at most; its errors reach the caller as they are; the thread has ended on return."""
+    """Stage the source's listing page by page, as the run's only writer of staging (an earlier
+    attempt of the task still running stops at its next page: runs.claim_staging). The source
+    reads (fetches, parses, normalizes) the next page in a thread of its own while this one is
+    staged (sources/readahead.py): one page queued at most; its errors reach the caller as they
+    are; the thread has ended on return."""
+    attempt = runs.claim_staging(conn, run_id)
     staging.clear(conn, run_id)
     progress = Progress(f"fetch_modified {portal.name}", None, log)
     seq = failed = 0
@@ -84,7 +90,7 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
                     name=f"harvester-listing-{run_id}") as pages:
         for page in pages:
             progress.total = getattr(source, "total", None) or progress.total
-            staged, bad = _stage(conn, run_id, seq, page, logged)
+            staged, bad = _stage(conn, run_id, seq, page, logged, attempt)
             seq, failed = seq + staged, failed + bad
             progress.advance(staged)
             del page  # not held while the next one is awaited
@@ -247,6 +253,7 @@ _reconcile_step = reconcile  # harvest()'s `reconcile` flag shadows the step's n
 
 
 def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_request: int) -> dict:
+    attempt = runs.claim_staging(conn, run_id)  # an earlier attempt still running stops at its next page
     listing.clear(conn, run_id)
     seq = listing.next_seq(conn, run_id)
     unusable = whole_records = 0
@@ -255,13 +262,14 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     for page in source.list_ids(portal.page_size):
         progress.total = source.total or progress.total
         unusable += page.unusable
-        listing.write(conn, run_id, page.ids)
+        with runs.staging_page(conn, run_id, attempt):
+            listing.write(conn, run_id, page.ids)
         if page.records:
             # The portal ignored the narrowing: it sent whole records, so use them (a full listing, only heavier).
             if not whole_records:
                 log.warning("reconcile: %s ignored %s and sends whole records; reconciling from them as from "
                             "a full listing (same outcome, more bytes)", portal.name, page.ignored or "the narrowing")
-            staged, _ = _stage(conn, run_id, seq, page.records, logged)
+            staged, _ = _stage(conn, run_id, seq, page.records, logged, attempt)
             seq, whole_records = seq + staged, whole_records + staged
         progress.advance(len(page.ids) + page.unusable)
     if unusable:
@@ -275,7 +283,7 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
     for ids in listing.iter_to_fetch(conn, run_id):
         for page in source.fetch_by_ids(ids, per_request=ids_per_request):
-            staged, _ = _stage(conn, run_id, seq, page, logged)
+            staged, _ = _stage(conn, run_id, seq, page, logged, attempt)
             seq, fetched = seq + staged, fetched + staged
             progress.advance(staged)
     if not whole_records and fetched < to_fetch:

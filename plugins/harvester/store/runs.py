@@ -6,6 +6,7 @@ that clearing the failed task in Airflow resumes it; the portal's next run super
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -29,6 +30,38 @@ class NotResumable(RuntimeError):
 class RunMismatch(NotResumable):
     """A task was handed a run that is not its portal's or its DAG run's (or that its database does
     not hold): its worker reaches another database than the one begin used."""
+
+
+class AttemptSuperseded(RuntimeError):
+    """A later attempt of this task took the run's staging over (sql/024): this one, a process that
+    outlived its Airflow supervisor, stops without writing. Terminal: its retry is already running."""
+
+    transient = False
+
+
+def claim_staging(conn, run_id: int):
+    """Make this attempt of a staging step (fetch_modified, reconcile) the run's only writer of
+    staging, and return its token for staging_page. Waits for a page an earlier attempt is writing
+    (at most the session's lock_timeout); that attempt's next page finds the new token and stops."""
+    row = conn.execute("UPDATE sync_runs SET staging_attempt = gen_random_uuid() WHERE run_id = %s"
+                       " RETURNING staging_attempt", (run_id,)).fetchone()
+    if row is None:
+        raise LookupError(f"no run with run_id {run_id}")
+    return row[0]
+
+
+@contextlib.contextmanager
+def staging_page(conn, run_id: int, attempt):
+    """A transaction in which this attempt writes one page of staging, if the run is still its
+    (claim_staging); AttemptSuperseded otherwise. The run's row is share-locked to the end of the
+    page, so a newer attempt's claim cannot come between the check and the write."""
+    with conn.transaction():
+        row = conn.execute("SELECT staging_attempt FROM sync_runs WHERE run_id = %s FOR SHARE", (run_id,)).fetchone()
+        if row is None or row[0] != attempt:
+            raise AttemptSuperseded(
+                f"run {run_id}: a later attempt of this task took over its staging (this process outlived its "
+                "Airflow supervisor, and the task was retried meanwhile); this attempt stops without writing more")
+        yield
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,15 @@
+-- One attempt at a time writes a run's staging. A task process can outlive its Airflow supervisor
+-- (a worker or scheduler killed with SIGKILL on a host that leaves the rest of its processes
+-- running: Airflow 3's supervisor puts each task in a process group of its own), and Airflow then
+-- retries the task while the first attempt still runs. Seen in tests/deploy/test_upgrade.py: the
+-- orphaned fetch_modified went on staging pages after its retry had cleared the run's staging and
+-- started over, and the retry failed on its own (run_id, seq); had the orphan's seq numbers run
+-- past the retry's, its rows would have stayed staged and been taken in.
+--
+-- Each attempt of a step that stages (fetch_modified, reconcile) takes the run for itself by
+-- writing a new token here; each page it stages is written in a transaction that first reads the
+-- token under FOR SHARE (store/runs.py staging_page): an older attempt's next page finds another
+-- token and that attempt stops, and a newer attempt's claim waits for the page being written (one
+-- page, under the session's lock_timeout). Set-based and transaction-scoped: fine behind PgBouncer in
+-- transaction mode, unlike a session's advisory lock.
+ALTER TABLE sync_runs ADD COLUMN staging_attempt uuid;
