@@ -278,6 +278,21 @@ def test_standard_output_takes_csv_and_json_lines_for_a_pipe(harvested, db, caps
     assert "Parquet is not written to standard output" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("what", ["changes", "datasets"])
+def test_a_pipe_closed_early_ends_the_export_quietly(harvested, what):
+    """`harvester export changes --format csv -o - | head -3`, as the export docs pipe it: when the
+    reader goes away, the export stops with a Unix tool's status (128 + SIGPIPE), no traceback."""
+    import signal
+
+    script = Path(sys.executable).parent / "harvester"
+    proc = subprocess.Popen([str(script), "export", what, "--format", "csv", "-o", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first row
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
 def test_the_docs_list_every_column_with_its_type():
     from harvester.store import export as store
 

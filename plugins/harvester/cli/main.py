@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Sequence
 
@@ -49,6 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             RunInProgress, NotResumable, DatabaseConfigError, DatabaseLookupError, MigrationError,
             LockWaitTimeout, LookupError) as exc:
         return error(str(exc))
+    except BrokenPipeError:
+        # The reader of the output went away (`harvester export changes --format csv -o - | head -3`):
+        # stop quietly with a Unix tool's status when SIGPIPE ends it, 128 + 13. Python would print a
+        # traceback, and another when it flushes stdout at exit: stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
