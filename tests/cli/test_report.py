@@ -136,6 +136,15 @@ def test_report_shows_the_runs_groups_and_validate_the_same_writing_nothing(data
     assert table_counts(db) == before
     assert len(catalogue.requests) >= 3  # it did read the catalogue (the harvest, then twice validate)
 
+    # a severity the run has none of (its errors gone here): the table says so, as the counts line
+    # does, instead of "no errors or warnings" under "0 errors, 2 warnings"
+    db.execute("DELETE FROM record_outcomes WHERE run_id = %s AND severity = 'error'", (run_id,))
+    capsys.readouterr()
+    assert main(["report", str(run_id), "--severity", "error"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1].startswith("0 errors, ") and shown[1].endswith(" warnings (shown: errors)")
+    assert shown[2] == f"Record outcomes of run {run_id}: no errors"
+
 
 def test_report_errors_exit_2(database_url, tmp_path, monkeypatch, capsys):
     configure(tmp_path, monkeypatch, "https://example.org/data.json")

@@ -26,10 +26,11 @@ def group_rows(groups: Iterable[Mapping]) -> list[tuple[str, str, str, str, str]
     return [(g["severity"], g["code"], str(g["count"]), ", ".join(g["examples"]), g["message"]) for g in groups]
 
 
-def print_groups(title: str, groups: list[Mapping]) -> None:
-    """The grouped table ``report`` and ``validate`` both print (one format: their groups compare)."""
+def print_groups(title: str, groups: list[Mapping], severity: str | None = None) -> None:
+    """The grouped table ``report`` and ``validate`` both print (one format: their groups compare);
+    ``severity``: the only one shown, which an empty table then says it lacks."""
     if not groups:
-        print(f"{title}: no errors or warnings")
+        print(f"{title}: no {severity + 's' if severity else 'errors or warnings'}")
         return
     output.table(title, TABLE_COLUMNS, group_rows(groups))
 
@@ -103,7 +104,7 @@ def cmd_report(args) -> int:
               f"started {when(run['started_at'])}" + (f": {run['error']}" if run["error"] else ""))
         print(f"{counts['errors']} errors, {counts['warnings']} warnings"
               + (f" (shown: {args.severity}s)" if args.severity else ""))
-        print_groups(f"Record outcomes of run {run_id}", groups)
+        print_groups(f"Record outcomes of run {run_id}", groups, args.severity)
     if written is not None:
         print(f"wrote {written} rows to {args.csv}", file=sys.stderr)
     return 0
