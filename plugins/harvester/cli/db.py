@@ -1,6 +1,8 @@
 """`harvester db start | stop | url | status | check | migrate`: the embedded server and the schema."""
 from __future__ import annotations
 
+import argparse
+
 
 def cmd_db(args) -> int:
     from harvester.store import db
@@ -52,11 +54,20 @@ def cmd_db(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Add db to the ``harvester`` subparsers."""
-    p = subparsers.add_parser("db", help="the database: embedded server and migrations")
-    p.add_argument("action", choices=["start", "stop", "url", "status", "check", "migrate"],
-                   help="check: the server's PostgreSQL and pgvector, and the migrations pending (changes nothing)")
-    p.add_argument("--resolve", action="store_true",
-                   help="with url: the database the CLI would use (configured or embedded)")
-    p.add_argument("--redact", action="store_true", help="with url: hide the password")
+    """Add db to the ``harvester`` subparsers: one subcommand an action, each with its own --help."""
+    top = subparsers.add_parser("db", help="the database: embedded server and migrations")
+    # url's options may still come before the action (`harvester db --resolve url`, as the one
+    # parser of old took them): the parent keeps them, hidden; url's own never overwrite them.
+    top.add_argument("--resolve", action="store_true", help=argparse.SUPPRESS)
+    top.add_argument("--redact", action="store_true", help=argparse.SUPPRESS)
+    actions = top.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (("start", "start the embedded server (checking that pgvector runs on this CPU); prints its URL"),
+                       ("stop", "stop the embedded server"),
+                       ("status", "whether the embedded server runs, and where"),
+                       ("check", "the server's PostgreSQL and pgvector, and the migrations pending (changes nothing)"),
+                       ("migrate", "apply the pending migrations (sql/NNN_*.sql)")):
+        actions.add_parser(name, help=text).set_defaults(func=cmd_db)
+    p = actions.add_parser("url", help="the embedded server's URL", argument_default=argparse.SUPPRESS)
+    p.add_argument("--resolve", action="store_true", help="the database the CLI would use (configured or embedded)")
+    p.add_argument("--redact", action="store_true", help="hide the password")
     p.set_defaults(func=cmd_db)

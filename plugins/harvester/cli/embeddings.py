@@ -2,6 +2,8 @@
 (prune), building the models' missing HNSW indexes now (reindex)."""
 from __future__ import annotations
 
+import argparse
+
 from harvester.cli import options
 from harvester.cli.output import error, print_json, table
 
@@ -122,11 +124,33 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
-    p = subparsers.add_parser("embeddings", help="force re-embedding (invalidate), drop unused vectors (prune), "
-                                                 "build the models' missing HNSW indexes now (reindex), or show "
-                                                 "the local model and make its ONNX export now (local)")
-    p.add_argument("action", choices=["invalidate", "prune", "reindex", "local"])
-    p.add_argument("--portal", help="invalidate the active model's vectors of this portal's datasets")
-    p.add_argument("--dataset", help="invalidate the active model's vector of this dataset (its CKAN id)")
-    p.add_argument("--model", help="invalidate every vector of this model; reindex: only this model's index")
+    top = subparsers.add_parser("embeddings", help="force re-embedding (invalidate), drop unused vectors (prune), "
+                                                   "build the models' missing HNSW indexes now (reindex), or show "
+                                                   "the local model and make its ONNX export now (local)")
+    # Each action is a subcommand with its own --help. Their options may still come before the
+    # action (`harvester embeddings --model M reindex`, as the one parser of old took them): the
+    # parent keeps them, hidden, and a subcommand's own (default SUPPRESS) never overwrites them.
+    for flags in (("-p", "--portal"), ("--dataset",), ("--model",)):
+        top.add_argument(*flags, help=argparse.SUPPRESS)
+    actions = top.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    p = actions.add_parser("invalidate", help="force re-embedding: drop the active model's vectors of a portal's "
+                                              "datasets or of one dataset, or every vector of a model; give "
+                                              "exactly one of --portal, --dataset, --model",
+                           argument_default=argparse.SUPPRESS)
+    p.add_argument("-p", "--portal", help="the active model's vectors of this portal's datasets (its name in "
+                                          "portals.yaml, or as its runs recorded it)")
+    p.add_argument("--dataset", help="the active model's vector of this dataset (its CKAN id)")
+    p.add_argument("--model", help="every vector of this model")
+    p.set_defaults(func=cmd_embeddings)
+
+    p = actions.add_parser("prune", help="delete the vectors no dataset uses")
+    p.set_defaults(func=cmd_embeddings)
+
+    p = actions.add_parser("reindex", help="build the models' missing HNSW indexes now",
+                           argument_default=argparse.SUPPRESS)
+    p.add_argument("--model", help="only this model's index")
+    p.set_defaults(func=cmd_embeddings)
+
+    p = actions.add_parser("local", help="the local model, its runtime and its ONNX export (made now if missing)")
     p.set_defaults(func=cmd_embeddings)
