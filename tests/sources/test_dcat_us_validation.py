@@ -143,7 +143,8 @@ def test_a_1_1_record_missing_required_fields_names_each_and_the_bad_values():
     assert sorted(problems) == ["accessLevel", "contactPoint", "distribution[0].mediaType", "keyword", "modified"]
     assert all(p.code == "schema-violation" for p in record.problems)
     media = problems["distribution[0].mediaType"]
-    assert media.value == "csv" and media.message.startswith("distribution[0].mediaType: 'csv' does not match '^")
+    assert media.value == "csv" and media.message == ("distribution[0].mediaType: 'csv' is not a media type "
+                                                      "(e.g. text/csv or application/json)")
     assert problems["modified"].value == "last tuesday" and "'last tuesday'" in problems["modified"].message
     assert problems["keyword"].message == "keyword: required property is missing" and problems["keyword"].value is None
     assert record.error.startswith("entry 1: dataset 'Commitment of Traders': accessLevel: required property")

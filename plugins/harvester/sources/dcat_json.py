@@ -49,7 +49,8 @@ dcat-us/3.0 URI is DCAT-US 3.0 (its Dataset definition, for listed and embedded 
 anything else (DCAT-AR, no ``conformsTo``) has no schema, and only the checks above apply. The
 schemas are the vendored copies in ``schemas/`` (nothing is fetched); one validator per catalogue.
 Each failing field is one ``schema-violation`` naming the field (a JSON path such as
-``distribution[0].mediaType``), the rule and the value; a field the checks above already found wrong
+``distribution[0].mediaType``), the value and what it should be, in words (schema_wording.py: "not an
+ISO 8601 date", never the regular expression); a field the checks above already found wrong
 is not reported twice. A document is streamed, so ``conformsTo`` is known only once the parser has
 passed it: it normally precedes ``dataset``, but entries that come before it are not checked
 against any schema (nothing is buffered, and an entry's own shape is not trusted to say which
@@ -88,6 +89,7 @@ from harvester.domain.outcomes import Problem, problem
 from harvester.domain.screening import non_finite_as_null
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
 from harvester.sources.json_stream import StandIns, build, skip
+from harvester.sources.schema_wording import format_text, pattern_text
 from harvester.http import scrub_url, streamed_bytes
 
 log = logging.getLogger(__name__)
@@ -250,12 +252,14 @@ def _short(value: Any) -> str:
 
 
 def _rule(error: ValidationError) -> str:
-    """What ``error`` says, with the value cut short: '<value> does not match <pattern>'."""
+    """What ``error`` says, with the value cut short: '<value> is not <what it should be>'. A pattern or
+    a format is said in words (sources/schema_wording.py: ``'desconocido' is not an ISO 8601 date
+    (e.g. 2024-05-31 or 2024-05-31T12:00:00Z)``), never as its regular expression."""
     rule, wanted, value = error.validator, error.validator_value, _short(error.instance)
     if rule == "type":
         return f"{value} is not of type {' or '.join(map(repr, wanted)) if isinstance(wanted, list) else repr(wanted)}"
     if rule == "pattern":
-        return f"{value} does not match {wanted if len(wanted) <= 40 else wanted[:40] + '...'!r}"
+        return f"{value} {pattern_text(str(wanted))}"
     if rule == "maxLength":
         return f"{value} is longer than {wanted} characters ({len(error.instance)})"
     if rule == "minLength":
@@ -265,7 +269,7 @@ def _rule(error: ValidationError) -> str:
     if rule == "const":
         return f"{value} is not {_short(wanted)}"
     if rule == "format":
-        return f"{value} is not a valid {wanted}"
+        return f"{value} {format_text(str(wanted))}"
     if rule in ("minItems", "maxItems"):
         return f"{value} has {'fewer' if rule == 'minItems' else 'more'} than {wanted} item{'s' if wanted != 1 else ''}"
     if rule in ("anyOf", "oneOf") and error.context:
