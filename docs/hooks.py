@@ -6,6 +6,10 @@ A page asks for a generated part with a marker line of its own:
     <!-- generated: cli -->        the --help of `harvester` and of every subcommand (cli/main.py's build_parser())
     <!-- generated: api -->        method, path and summary of every operation of the UI's API (ui/app.py's OpenAPI)
     <!-- generated: codes -->      the reason codes of per-record outcomes (domain/outcomes.py's reference_table())
+    <!-- generated: kinds -->      the kinds of portal: config/portals.py's PORTAL_TYPES, each with its module in
+                                   sources/ and what sources/__init__.py's CAPABILITIES say it can do
+    <!-- generated: shipped -->    the portals dags/portals.yaml ships, read by config/portals.py's loader
+    <!-- generated: compose -->    the commands of docker-compose.yaml's own "Usage:" header
 
 Each part is produced by a subprocess of the same Python with plugins/ on its path, so it works on a
 fresh clone (no database, no network, no Airflow set-up) and a `mkdocs serve` rebuild sees edited
@@ -53,6 +57,26 @@ print(json.dumps(walk(build_parser(), [])))
 CODES = """
 from harvester.domain.outcomes import reference_table
 print(reference_table())
+"""
+
+KINDS = """
+import json
+from harvester.config.portals import AUTH_HEADERS, PORTAL_TYPES
+from harvester.sources import CAPABILITIES
+out = []
+for kind in PORTAL_TYPES:
+    can = CAPABILITIES[kind]
+    out.append({"type": kind, "incremental": can.incremental, "conditional": can.conditional,
+                "reconcile": can.reconcile, "count": can.count.kind, "cap": getattr(can.count, "cap", None),
+                "header": AUTH_HEADERS.get(kind)})
+print(json.dumps(out))
+"""
+
+SHIPPED = """
+import json
+from harvester.config.portals import DEFAULT_PORTALS_FILE, load_portals
+print(json.dumps([{"name": p.name, "type": p.type, "url": p.url, "schedule": p.schedule, "enabled": p.enabled,
+                   "description": p.description} for p in load_portals(DEFAULT_PORTALS_FILE)]))
 """
 
 API = """
@@ -134,7 +158,65 @@ def codes() -> str:
                 ).strip() + "\n"
 
 
-PARTS = {"settings": settings, "cli": cli, "api": api, "codes": codes}
+def source_module(kind: str) -> Path:
+    """The module of a kind of portal: ``type: arcgis-hub`` is plugins/harvester/sources/arcgis_hub.py."""
+    return ROOT / "plugins" / "harvester" / "sources" / (kind.replace("-", "_") + ".py")
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def kinds() -> str:
+    data = json.loads(_run("kinds", KINDS, "PORTAL_TYPES of harvester.config.portals and CAPABILITIES of "
+                                          "harvester.sources (plugins/harvester/sources/__init__.py)"))
+    rows = ["| `type:` | module | incremental | conditional (304) | reconcile | its count | token header "
+            "(`conn_id`) |", "|---|---|---|---|---|---|---|"]
+    for kind in data:
+        module = source_module(kind["type"])
+        if not module.is_file():
+            raise PluginError(f"docs/hooks.py: the kind of portal '{kind['type']}' (config/portals.py PORTAL_TYPES) "
+                              f"has no module {module.relative_to(ROOT)}; a kind's module is named after its type")
+        count = {"exact": "exact", "absent": "none"}.get(kind["count"]) or f"{kind['count']} at {kind['cap']:,}"
+        header = kind["header"]
+        header = f"`{header[0]}: {header[1]}`".replace("{token}", "<token>") if header else "named by `auth_header`"
+        rows.append(f"| `{kind['type']}` | `sources/{module.name}` | {_yes(kind['incremental'])} "
+                    f"| {_yes(kind['conditional'])} | {_yes(kind['reconcile'])} | {count} | {header} |")
+    return "\n".join(rows) + "\n"
+
+
+def shipped() -> str:
+    data = json.loads(_run("shipped", SHIPPED, "dags/portals.yaml, read by harvester.config.portals.load_portals()"))
+    rows = ["| name | type | url | schedule | enabled |", "|---|---|---|---|---|"]
+    for p in data:
+        rows.append(f"| `{p['name']}` | `{p['type']}` | <{p['url']}> | `{p['schedule']}` "
+                    f"| {'**yes**' if p['enabled'] else 'no'} |")
+    enabled = [p["name"] for p in data if p["enabled"]]
+    if not enabled:
+        note = f"All {len(data)} are disabled (`enabled: false`): a fresh install harvests nothing until you enable one."
+    else:
+        note = (f"{len(enabled)} of {len(data)} are enabled ({', '.join(f'`{n}`' for n in enabled)}); "
+                f"the others are disabled.")
+    return note + "\n\n" + "\n".join(rows) + "\n"
+
+
+USAGE = re.compile(r"^# Usage:\n((?:#   .*\n)+)", re.MULTILINE)
+
+
+def compose() -> str:
+    path = ROOT / "docker-compose.yaml"
+    found = USAGE.search(path.read_text(encoding="utf-8"))
+    if not found:
+        raise PluginError("docs/hooks.py: the generated part 'compose' is docker-compose.yaml's header lines under "
+                          "'# Usage:' (each '#   <command>'), and the file has none")
+    lines = [line[len("#   "):] for line in found.group(1).splitlines()]
+    commands = [line for line in lines if not line.startswith(("UI", " "))]
+    notes = [line for line in lines if line.startswith("UI")]
+    return "```bash\n" + "\n".join(commands) + "\n```\n" + "".join(f"\n{n}\n" for n in notes)
+
+
+PARTS = {"settings": settings, "cli": cli, "api": api, "codes": codes, "kinds": kinds, "shipped": shipped,
+         "compose": compose}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
