@@ -335,8 +335,35 @@ def linked_pages(text: str, prefix: str = "") -> set[str]:
             if m.group(1).startswith(prefix)}
 
 
+def ui_pages() -> list[str]:
+    """The paths of the Harvester UI's pages: ui/app.py's routes that serve the page (`_serve_page`)."""
+    import ast
+
+    tree = ast.parse(read(PACKAGE / "ui" / "app.py"))
+    pages = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "_serve_page" in ast.unparse(node):
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "app.get":
+                    pages.append(decorator.args[0].value)
+    return pages
+
+
 def test_the_lists_of_pages_name_every_page_of_the_nav():
+    """The docs' pages (mkdocs.yml's nav, the home page's and the README's lists) and the UI's pages
+    (ui/app.py's routes, named in docs/ui.md)."""
     problems = []
+    from harvester.ui.app import PREFIX
+
+    ui = read(DOCS / "ui.md")
+    assert len(ui_pages()) >= 5, ui_pages()
+    for path in ui_pages():
+        # `/harvester/portals/<name>` names the route /portals/{name}: a {parameter} is any <...>
+        pattern = "".join("<[^>]+>" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^}]*\})", PREFIX + path))
+        if not re.search(f"`{pattern}`", ui):
+            example = re.sub(r"\{([^}:]*)[^}]*\}", r"<\1>", PREFIX + path)
+            problems.append(f"docs/ui.md does not name the UI page {PREFIX}{path} (ui/app.py), e.g. as `{example}`")
     on_disk = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     nav = set(nav_pages())
     if on_disk != nav:
