@@ -959,11 +959,15 @@ class DemoPortal(ServedPortal):
             names = names[offset:]
         return json.dumps(names)
 
+    # Set by whoever started this portal (the demo) to tell it from another server on the same port.
+    nonce: str | None = None
+
     def status_show(self, params: dict, authorized: bool = False) -> str:
         return json.dumps({
             "site_title": self.site_title, "site_description": "Real CKAN records served locally",
             "site_url": self.base_url, "ckan_version": self.ckan_version, "error_emails_to": None,
             "locale_default": "en", "extensions": ["demo_portal"],
+            **({"demo_portal_nonce": self.nonce} if self.nonce else {}),
         })
 
     ACTIONS = ("package_search", "package_show", "package_list", "status_show")
@@ -1141,9 +1145,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     parser.add_argument("--hide-inactive", action="store_true",
                         help="list only active, public datasets (CKAN's default visibility)")
+    parser.add_argument("--nonce", help="a value status_show answers with (demo_portal_nonce), so whoever started "
+                        "this portal can tell it answers, not another server on the port")
     args = parser.parse_args(argv)
     portal = DemoPortal(files=args.data, host=args.host, port=args.port, hide_inactive=args.hide_inactive)
-    portal.start()
+    portal.nonce = args.nonce
+    try:
+        portal.start()
+    except OSError as exc:  # EADDRINUSE above all: one line, not a traceback
+        print(f"demo portal: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr,
+              flush=True)
+        return 3
     print(portal.base_url, flush=True)
 
     stop = threading.Event()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,9 @@ import requests
 from harvester.config.settings import SettingError, env_value
 
 ROOT = Path(__file__).resolve().parents[3]
+PORTAL_LOG = "demo-portal.log"  # the demo portal's standard error, in the demo's home
+# How many lines of Airflow's log the demo shows when an Airflow command fails.
+LOG_TAIL = 40
 SAMPLES = env_value("HARVESTER_SAMPLES_DIR") or ROOT.parent / "shared" / "ckan-samples"
 # A varied catalogue: Portuguese with HTML, German, bilingual, harvested records, DKAN timestamps.
 DEMO_FILES = (
@@ -61,27 +66,78 @@ def embedded_texts() -> list[str]:
     return list(seen.values())
 
 
-def start_portal(port: int, edits: Path | None = None) -> tuple[subprocess.Popen, str]:
+def port_taken(port: int) -> bool:
+    """True when another program listens on 127.0.0.1:``port`` (bound as the demo portal binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def port_busy(port: int) -> str:
+    """The one line the demo stops with when its port is another program's."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    return (f"demo: 127.0.0.1:{port}, the demo portal's port, is taken by another program; nothing was harvested. "
+            f"Set HARVESTER_DEMO_PORT to a free port (e.g. HARVESTER_DEMO_PORT={free} make demo)")
+
+
+def start_portal(port: int, edits: Path | None = None, log: Path | None = None) -> tuple[subprocess.Popen, str]:
     """The demo portal; ``edits``: a JSONL file of changed records served instead of the samples'
-    (later ids replace earlier ones)."""
+    (later ids replace earlier ones); ``log``: where its standard error goes. Exits with one line when
+    the port is taken, or when what answers on it is not the portal started here (its nonce)."""
+    if port_taken(port):
+        sys.exit(port_busy(port))
     files = sample_files() + ([edits] if edits is not None and edits.exists() else [])
-    args = [sys.executable, "-m", "harvester.testing.ckan_portal", "--port", str(port)]
+    nonce = secrets.token_hex(16)
+    args = [sys.executable, "-m", "harvester.testing.ckan_portal", "--port", str(port), "--nonce", nonce]
     for f in files:
         args += ["--data", str(f)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    stderr = log.open("a", encoding="utf-8") if log is not None else None
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
+    finally:
+        if stderr is not None:
+            stderr.close()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    wait_for_portal(proc, url, nonce, port)
+    return proc, url
+
+
+def wait_for_portal(proc: subprocess.Popen, url: str, nonce: str, port: int, timeout: float = 30) -> None:
+    """Until the portal ``proc`` answers on ``url`` with its ``nonce``; exits with one line when it
+    exits first, when another server answers instead, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"demo: the demo portal exited with status {proc.returncode} (is port {port} in use? "
-                     "set HARVESTER_DEMO_PORT)")
+            sys.exit(port_busy(port) if port_taken(port) else
+                     f"demo: the demo portal exited with status {proc.returncode} before it answered on {url}")
         try:
-            if requests.get(f"{url}/api/3/action/status_show", timeout=2).ok:
-                return proc, url
+            answer = requests.get(f"{url}/api/3/action/status_show", timeout=2)
         except requests.RequestException:
             time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"demo: the demo portal did not answer on {url}")
+            continue
+        try:
+            theirs = (answer.json().get("result") or {}).get("demo_portal_nonce")
+        except (ValueError, AttributeError):
+            theirs = None
+        if theirs == nonce:
+            return
+        stop_portal(proc)
+        sys.exit(port_busy(port))  # another server answered: it was there first
+    stop_portal(proc)
+    sys.exit(f"demo: the demo portal did not answer on {url} within {timeout:g}s")
+
+
+def model_cache() -> Path:
+    """The local model's ONNX cache the CLI uses in this environment (embeddings/onnx.py cache_root)."""
+    from harvester.embeddings.onnx import cache_root
+
+    return cache_root()
 
 
 def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
@@ -97,8 +153,9 @@ def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
         "HARVESTER_DEMO_PORTAL_URL": portal_url,
         "HARVESTER_HOME": str(home / "db"),
         # The local model's ONNX export outlives the demo's data (removed at each start): made by the
-        # first demo of a checkout, reused by the next ones and by the CLI (the same default place).
-        "HARVESTER_MODEL_CACHE": env.get("HARVESTER_MODEL_CACHE") or str(ROOT / ".harvester" / "models"),
+        # first demo of a checkout, reused by the next ones and by the CLI. The CLI's own cache, as this
+        # environment sets it (HARVESTER_HOME below would move the default).
+        "HARVESTER_MODEL_CACHE": str(model_cache()),
         # The pool the demo creates below (unset, embed_changed would run in Airflow's default_pool).
         "HARVESTER_EMBEDDING_POOL": env.get("HARVESTER_EMBEDDING_POOL") or "embedding_api",
         "HF_HUB_OFFLINE": "1",
@@ -107,12 +164,40 @@ def environment(home: Path, db_url: str, portal_url: str) -> dict[str, str]:
     return env
 
 
-def airflow(env: dict, *args: str, quiet: bool = False) -> None:
+def airflow_log(env: dict) -> Path:
+    """Where the demo writes Airflow's own output (hundreds of lines a run), not on the terminal."""
+    return Path(env["AIRFLOW_HOME"]) / "demo-airflow.log"
+
+
+def airflow(env: dict, *args: str) -> None:
+    """``airflow ARGS``, its output appended to airflow_log(); on failure its tail is printed and the
+    demo exits with one line naming the command and the log."""
     cmd = [str(Path(sys.executable).parent / "airflow"), *args]
-    out = subprocess.DEVNULL if quiet else None
-    result = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if quiet else None)
+    log = airflow_log(env)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n$ airflow {' '.join(args)}\n")
+        out.flush()
+        result = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     if result.returncode != 0:
-        sys.exit(f"demo: `airflow {' '.join(args)}` failed with exit status {result.returncode}")
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL:]
+        print(f"--- the last {len(lines)} lines of {log} ---", *lines, "---", sep="\n", file=sys.stderr, flush=True)
+        sys.exit(f"demo: `airflow {' '.join(args)}` failed with exit status {result.returncode} (its output: {log})")
+
+
+def last_run(db_url: str) -> str:
+    """One line on the latest run of the demo portal: its status and what it did."""
+    import psycopg
+
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT run_id, status, stats, finished_at - started_at FROM sync_runs "
+                           "WHERE portal_name = 'demo' ORDER BY run_id DESC LIMIT 1").fetchone()
+    if row is None:
+        return "no run recorded"
+    run_id, status, stats, took = row
+    counts = ", ".join(f"{key} {stats.get(key, 0)}" for key in ("fetched", "created", "updated", "unchanged",
+                                                                 "failed", "embedded", "embeddings_reused"))
+    return f"run {run_id}: {status}" + (f" in {took.total_seconds():.1f}s" if took else "") + f": {counts}"
 
 
 def harvester(env: dict, *args: str) -> None:
@@ -188,14 +273,14 @@ def seed_for_standalone(env: dict, home: Path, db_url: str, port: int, portal: s
         if edits.exists():  # the first run harvests the samples as they are
             edits.unlink()
             stop_portal(portal)
-            portal, _ = start_portal(port)
+            portal, _ = start_portal(port, log=home / PORTAL_LOG)
         say("no runs yet: harvest_demo as a full sync first (airflow dags test harvest_demo -c '{\"full_sync\": true}')")
         airflow(env, "dags", "test", "harvest_demo", "-c", json.dumps({"full_sync": True}))
     if review == 0:
         count = write_edits(edits)
         say(f"{count} datasets edited on the demo portal ({edits}): harvest_demo again, incremental")
         stop_portal(portal)
-        portal, _ = start_portal(port, edits)
+        portal, _ = start_portal(port, edits, log=home / PORTAL_LOG)
         airflow(env, "dags", "test", "harvest_demo")
     runs, review = harvested(db_url)
     say(f"the demo database holds {runs} runs of harvest_demo and {review} changes that need review")
@@ -209,12 +294,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        home = env_value("HARVESTER_DEMO_HOME") or ROOT / ".harvester" / "demo"
         port = env_value("HARVESTER_DEMO_PORT")
     except SettingError as exc:
         sys.exit(f"demo: {exc}")
-    from harvester.store.embedded.server import EmbeddedServer
+    from harvester.store.embedded.server import EmbeddedServer, demo_home
 
+    home = demo_home()
+    sample_files()
+    # Before anything else (the previous demo's data is removed below): another program on the
+    # portal's port would answer the demo's runs.
+    if port_taken(port):
+        sys.exit(port_busy(port))
     server = EmbeddedServer(home / "db")
     if not args.keep and not args.standalone:
         if (home / "db" / "pgdata").exists():
@@ -223,13 +313,14 @@ def main(argv=None) -> int:
     say(f"starting the embedded PostgreSQL + pgvector ({home / 'db'})")
     db_url = server.start()
     say(f"serving {len(DEMO_FILES)} real CKAN sample files as a CKAN portal on 127.0.0.1:{port}")
-    portal, portal_url = start_portal(port, home / "portal-edits.jsonl" if args.standalone else None)
+    portal, portal_url = start_portal(port, home / "portal-edits.jsonl" if args.standalone else None,
+                                      log=home / PORTAL_LOG)
     env = environment(home, db_url, portal_url)
     try:
-        say("preparing the Airflow metadata database")
-        airflow(env, "db", "migrate", quiet=True)
+        say(f"preparing the Airflow metadata database (Airflow's own output goes to {airflow_log(env)})")
+        airflow(env, "db", "migrate")
         airflow(env, "pools", "set", env["HARVESTER_EMBEDDING_POOL"], "2",
-                "Embedding provider calls across all harvest DAGs", quiet=True)
+                "Embedding provider calls across all harvest DAGs")
         if args.standalone:
             portal = seed_for_standalone(env, home, db_url, port, portal)
             say("starting Airflow standalone on http://localhost:8080 (Ctrl-C to stop); "
@@ -238,8 +329,10 @@ def main(argv=None) -> int:
             return 0
         say("run 1: harvest_demo as a full sync (airflow dags test harvest_demo -c '{\"full_sync\": true}')")
         airflow(env, "dags", "test", "harvest_demo", "-c", json.dumps({"full_sync": True}))
+        print(last_run(db_url), flush=True)
         say("run 2: harvest_demo again, incremental (nothing changed on the portal)")
         airflow(env, "dags", "test", "harvest_demo")
+        print(last_run(db_url), flush=True)
         say("both runs (harvester runs -p demo)")
         harvester(env, "runs", "-p", "demo", "--limit", "2")
         say("the records run 1 took with warnings, by reason (harvester report 1)")
@@ -248,7 +341,8 @@ def main(argv=None) -> int:
         harvester(env, "datasets", "-p", "demo", "--limit", "8")
         say("hybrid search, full text and vectors (harvester search \"council purchase card spending\" -p demo --limit 5)")
         harvester(env, "search", "council purchase card spending", "-p", "demo", "--limit", "5")
-        say(f"done. The demo's data stays in {home} (`make airflow` opens it in the Airflow UI).")
+        say(f"done. The demo's data stays in {home}: the harvester command finds it with nothing set (try "
+            "`harvester changes -p demo`), `make airflow` opens it in the Airflow UI.")
     finally:
         stop_portal(portal)
         if not args.standalone:
