@@ -10,8 +10,8 @@ from harvester.cli.output import error, print_json, table
 def cmd_datasets(args) -> int:
     from harvester.store import datasets, db
 
-    url = options.portal_url(args.portal)
     with db.open_cli() as conn:
+        url = options.find_portal_url(conn, args.portal)
         rows, total = datasets.page_live(conn, url, limit=args.limit)
     if args.json:
         print_json(rows)
@@ -26,15 +26,15 @@ def cmd_search(args) -> int:
     from harvester.config import portals as portal_config
     from harvester.store import db, search
 
-    url = options.portal_url(args.portal)
-    filters = search.SearchFilters(portal_url=url, organization=args.organization, tag=args.tag, format=args.format,
-                                   license=args.license, since=args.since, until=args.until,
-                                   include_removed=args.include_removed)
     try:
         settings = search.SearchSettings.from_env()
     except ValueError as exc:
         return error(str(exc))
     with db.open_cli() as conn:
+        url = options.find_portal_url(conn, args.portal)
+        filters = search.SearchFilters(portal_url=url, organization=args.organization, tag=args.tag,
+                                       format=args.format, license=args.license, since=args.since, until=args.until,
+                                       include_removed=args.include_removed)
         found = search.search(conn, args.query, mode=args.mode, filters=filters, limit=args.limit, settings=settings,
                               all_copies=args.all_copies)
         names = {p.url: p.name for p in portal_config.load_portals()} if found.items else {}
@@ -72,7 +72,7 @@ def _title_cell(result: dict) -> str:
 def register(subparsers) -> None:
     """Add datasets and search to the ``harvester`` subparsers."""
     p = subparsers.add_parser("datasets", help="datasets we hold, most recently modified first")
-    p.add_argument("-p", "--portal", help="the portal's name in portals.yaml")
+    p.add_argument("-p", "--portal", help="the portal's name (in portals.yaml, or as its runs recorded it)")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_datasets)
@@ -81,7 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("query")
     p.add_argument("--mode", choices=["hybrid", "vector", "text"], default="hybrid",
                    help="hybrid (default): full text and vectors fused by reciprocal rank; or one side alone")
-    p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml)")
+    p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml, or as its runs recorded it)")
     p.add_argument("--organization", help="only this organization (its title or name)")
     p.add_argument("--tag", help="only datasets with this tag")
     p.add_argument("--format", help="only datasets with a resource of this format (csv, json, ...)")

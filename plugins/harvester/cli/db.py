@@ -1,4 +1,7 @@
-"""`harvester db start | stop | url | status | check | migrate`: the embedded server and the schema."""
+"""`harvester db start | stop | url | status | check | migrate`: the embedded server and the schema.
+
+``start`` is the one command that makes a new embedded server (in HARVESTER_HOME, default
+`.harvester/`); the others act on the one the CLI uses (store/db.py cli_database_url)."""
 from __future__ import annotations
 
 import argparse
@@ -6,9 +9,12 @@ import argparse
 
 def cmd_db(args) -> int:
     from harvester.store import db
-    from harvester.store.embedded.server import embedded
+    from harvester.store.embedded.server import EmbeddedServer, cli_homes, embedded
 
-    server = embedded()
+    homes = cli_homes()
+    # start makes (or starts) the default home's server, the one explicit way to a new one; the other
+    # actions act on the server the CLI uses: the first holding data (HARVESTER_HOME, .harvester/, the demo's)
+    server = embedded() if args.action == "start" else (db.cli_embedded_server() or embedded())
     if args.action == "start":
         from harvester.store.vector_check import ensure_vector_works
 
@@ -19,14 +25,21 @@ def cmd_db(args) -> int:
             # a pgvector this CPU cannot run: say so now (main prints it), not at the first harvest
             ensure_vector_works(conn, server.logfile)
     elif args.action == "stop":
-        print("stopped" if server.stop() else "not running")
+        stopped = [home for home in homes if EmbeddedServer(home).is_running() and EmbeddedServer(home).stop()]
+        if len(homes) == 1:
+            print("stopped" if stopped else "not running")
+        else:
+            print("\n".join(f"stopped the embedded PostgreSQL in {home}" for home in stopped) or "not running")
     elif args.action == "url":
         url = db.cli_database_url() if args.resolve else server.url()
         from harvester.config.secrets import redact_url
 
         print(redact_url(url) if args.redact else url)
     elif args.action == "status":
-        print(f"embedded server in {server.home}: {'running at ' + server.url() if server.is_running() else 'not running'}")
+        shown = [EmbeddedServer(home) for home in homes if EmbeddedServer(home).exists()] or [server]
+        for each in shown:
+            print(f"embedded server in {each.home}: "
+                  f"{'running at ' + each.url() if each.is_running() else 'not running'}")
     elif args.action == "check":
         from harvester.store import migrations
 

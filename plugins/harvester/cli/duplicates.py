@@ -17,9 +17,10 @@ from harvester.cli.output import print_json, when
 
 # -- helpers ----------------------------------------------------------------------------------
 def _portal_url(conn, portal: str) -> str:
-    """The URL of ``portal``: a name in portals.yaml, or a URL known to portals.yaml or the database."""
+    """The URL of ``portal``: a name in portals.yaml or in the database's runs, or a URL known to
+    portals.yaml or the database."""
     if "://" not in portal:
-        return options.portal(portal).url
+        return options.find_portal(conn, portal).url
     from harvester.config import portals as portal_config
     from harvester.config.portals import PortalConfigError
 

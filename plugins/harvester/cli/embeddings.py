@@ -62,7 +62,8 @@ def cmd_embeddings(args) -> int:
             print(f"invalidated {n} vectors of model {args.model}")
             return 0
         model = get_provider().model
-        n = vectors.invalidate(conn, model, portal_url=options.portal_url(args.portal), source_id=args.dataset)
+        n = vectors.invalidate(conn, model, portal_url=options.find_portal_url(conn, args.portal),
+                               source_id=args.dataset)
         print(f"invalidated {n} vectors of {model}; their datasets are embedded again on the next run")
     return 0
 

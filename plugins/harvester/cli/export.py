@@ -35,11 +35,11 @@ def cmd_export(args) -> int:
     from harvester.pipeline import export_files
     from harvester.store import db
 
-    url = options.portal_url(args.portal)
     if args.output == "-":
         if args.format == "parquet":
             return output.error("Parquet is not written to standard output: give --output a directory")
         with db.open_cli() as conn:
+            url = options.find_portal_url(conn, args.portal)
             rows = export_files.to_stdout(conn, args.export_what, args.format, portal_url=url, since=args.since,
                                           include_removed=getattr(args, "include_removed", False),
                                           raw=getattr(args, "raw", False))
@@ -55,6 +55,7 @@ def cmd_export(args) -> int:
         return output.error(f"--output {directory} is a symbolic link to a directory that does not exist")
     try:
         with db.open_cli() as conn:
+            url = options.find_portal_url(conn, args.portal)  # unknown: the directory made above goes again
             manifest = export_files.export(
                 conn, directory, args.export_what, args.format, portal_name=args.portal, portal_url=url,
                 since=args.since, include_removed=getattr(args, "include_removed", False),
@@ -80,7 +81,8 @@ def _common(p, since: str) -> None:
     from harvester.pipeline.export_files import FORMATS
 
     p.add_argument("--format", choices=FORMATS, required=True)
-    p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml; default: every portal)")
+    p.add_argument("-p", "--portal",
+                   help="only this portal (its name in portals.yaml, or as its runs recorded it; default: every portal)")
     p.add_argument("--since", type=options.date_from, metavar="T",
                    help=f"only {since} at or after T: a date, or a date and time (UTC unless given)")
     p.add_argument("-o", "--output", metavar="DIR",

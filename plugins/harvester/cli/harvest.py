@@ -27,8 +27,8 @@ def cmd_runs(args) -> int:
     from harvester.domain.run import RECONCILE_KEYS, STAT_KEYS
     from harvester.store import db, runs
 
-    url = options.portal_url(args.portal)
     with db.open_cli() as conn:
+        url = options.find_portal_url(conn, args.portal)
         rows, _ = runs.page_runs(conn, url, limit=args.limit)
     rows.reverse()  # oldest first: the newest run in the last column
     if args.json:
@@ -73,7 +73,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_harvest)
 
     p = subparsers.add_parser("runs", help="recent harvest runs with their stats")
-    p.add_argument("-p", "--portal", help="the portal's name in portals.yaml")
+    p.add_argument("-p", "--portal", help="the portal's name (in portals.yaml, or as its runs recorded it)")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_runs)

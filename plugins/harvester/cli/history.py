@@ -2,8 +2,8 @@
 changes` is in export.py).
 
 ``register(subparsers)`` adds the commands to the ``harvester`` parser. ``-p``/``--portal`` takes a
-portal's name in portals.yaml. A dataset that is not found raises LookupError (the CLI prints it
-and exits 2).
+portal's name in portals.yaml, or as its runs recorded it (cli/options.py find_portal). A dataset
+that is not found raises LookupError (the CLI prints it and exits 2).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def _version(number: int | None) -> str:
     return "-" if number is None else str(number)
 
 
-def _portal_url(name: str) -> str:
-    return options.portal(name).url
+def _portal_url(conn, name: str) -> str:
+    return options.find_portal(conn, name).url
 
 
 def _open():
@@ -44,8 +44,8 @@ def cmd_changes(args) -> int:
 
     from harvester.store import history
 
-    url = _portal_url(args.portal)
     with _open() as conn:
+        url = _portal_url(conn, args.portal)
         rows = history.list_changes(conn, url, review_only=args.review, since=args.since, limit=args.limit)
     if args.json:
         print_json([{"n": n, **row} for n, row in enumerate(rows, 1)])
@@ -78,8 +78,8 @@ def cmd_versions(args) -> int:
     from harvester.domain import changes as ch
     from harvester.store import history
 
-    url = _portal_url(args.portal)
     with _open() as conn:
+        url = _portal_url(conn, args.portal)
         dataset = _dataset(conn, args.portal, url, args)
         versions = history.list_versions(conn, dataset["id"])
     if args.json:
@@ -107,8 +107,8 @@ def cmd_diff(args) -> int:
     from harvester.domain import diff
     from harvester.store import history
 
-    url = _portal_url(args.portal)
     with _open() as conn:
+        url = _portal_url(conn, args.portal)
         dataset = _dataset(conn, args.portal, url, args)
         current = history.current_version_number(conn, dataset["id"])
         from_n, to_n = diff.versions_to_compare(current, args.from_, args.to)
@@ -149,11 +149,11 @@ def cmd_purge(args) -> int:
 
     from harvester.config.settings import report_settings
 
-    url = _portal_url(args.portal)
     keep = report_settings().keep
     keep_days = keep.days
     outcomes_before = datetime.now(timezone.utc) - keep
     with _open() as conn:
+        url = _portal_url(conn, args.portal)
         counts = history.purge(conn, url, args.removed_before, dry_run=args.dry_run, outcomes_before=outcomes_before)
     if args.json:
         print_json({"portal": args.portal, "portal_url": url, "removed_before": args.removed_before,
@@ -208,8 +208,8 @@ def _review_queue(args) -> int:
 
     from harvester.store import history
 
-    url = _portal_url(args.portal) if args.portal else None
     with _open() as conn:
+        url = _portal_url(conn, args.portal) if args.portal else None
         rows, total = history.page_changes(conn, portal_urls=[url] if url else None, queue=True, limit=args.limit)
     if args.json:
         print_json({"items": rows, "total": total})
@@ -235,7 +235,8 @@ def _review_queue(args) -> int:
 
 # -- the parser -------------------------------------------------------------------------------
 def _dataset_args(p) -> None:
-    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    p.add_argument("-p", "--portal", required=True,
+                   help="the portal's name (in portals.yaml, or as its runs recorded it)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("-u", "--url", help="the dataset's landing page URL (<portal>/dataset/<name>)")
     which.add_argument("--id", help="the dataset's CKAN id")
@@ -244,7 +245,8 @@ def _dataset_args(p) -> None:
 def register(subparsers) -> None:
     """Add changes, versions, diff, review and purge to the ``harvester`` subparsers."""
     p = subparsers.add_parser("changes", help="detected dataset changes, newest first")
-    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    p.add_argument("-p", "--portal", required=True,
+                   help="the portal's name (in portals.yaml, or as its runs recorded it)")
     p.add_argument("--review", action="store_true", help="only changes that require review")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--since", type=options.date_from, help="only changes detected at or after DATE (UTC unless given)")
@@ -269,14 +271,16 @@ def register(subparsers) -> None:
     p.add_argument("--note", help="why (kept with the review)")
     p.add_argument("--by", help="who reviews (default: $USER)")
     p.add_argument("--queue", action="store_true", help="list the changes that require review and have none yet")
-    p.add_argument("-p", "--portal", help="with --queue: only this portal (its name in portals.yaml)")
+    p.add_argument("-p", "--portal",
+                   help="with --queue: only this portal (its name in portals.yaml, or as its runs recorded it)")
     p.add_argument("--limit", type=int, default=50, help="with --queue: at most this many (default 50)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_review)
 
     p = subparsers.add_parser("purge", help="delete removed datasets, their versions and changes for good, and record outcomes "
                                    "older than HARVESTER_OUTCOMES_KEEP_DAYS")
-    p.add_argument("-p", "--portal", required=True, help="the portal's name in portals.yaml")
+    p.add_argument("-p", "--portal", required=True,
+                   help="the portal's name (in portals.yaml, or as its runs recorded it)")
     p.add_argument("--removed-before", type=options.date_from, required=True, metavar="DATE")
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     p.add_argument("--json", action="store_true")

@@ -1,8 +1,10 @@
 """The `harvester` command: the database, portals, runs and datasets, without a scheduler.
 
 Database: HARVESTER_DATABASE_URL, else the Airflow connection harvester_db
-(AIRFLOW_CONN_HARVESTER_DB), else the embedded PostgreSQL under .harvester/ (an error instead
-with HARVESTER_EMBEDDED_DB=off).
+(AIRFLOW_CONN_HARVESTER_DB), else an embedded PostgreSQL that holds data: HARVESTER_HOME's,
+else .harvester/'s, else the demo's (.harvester/demo/db), started if stopped and named on stderr.
+No new empty one is made but by `harvester db start`; finding none is an error saying where it
+looked. Portals (-p NAME): by their name in portals.yaml, else as their runs recorded it.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harvester.cli.output import error
     from harvester.config.portals import PortalConfigError
     from harvester.embeddings import EmbeddingError
-    from harvester.sources.ckan import CkanError
+    from harvester.sources.base import SourceError
     from harvester.store.db import DatabaseConfigError, DatabaseLookupError, LockWaitTimeout
     from harvester.store.embedded.server import EmbeddedServerError
     from harvester.store.migrations import MigrationError
@@ -46,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.func(args) or 0
-    except (PortalConfigError, CkanError, EmbeddingError, EmbeddedServerError, VectorExtensionError,
+    except (PortalConfigError, SourceError, EmbeddingError, EmbeddedServerError, VectorExtensionError,
             RunInProgress, NotResumable, DatabaseConfigError, DatabaseLookupError, MigrationError,
             LockWaitTimeout, LookupError) as exc:
         return error(str(exc))

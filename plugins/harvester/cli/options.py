@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
 
 from harvester.config import portals as portal_config
 from harvester.domain.dates import parse_user_date
@@ -12,8 +14,47 @@ def portal(name: str | None):
     return None if name is None else portal_config.get_portal(name)
 
 
-def portal_url(name: str | None) -> str | None:
-    found = portal(name)
+@dataclass(frozen=True)
+class NamedPortal:
+    """A portal a command was given by name: portals.yaml's, or one the database's runs recorded."""
+
+    name: str
+    url: str
+
+
+def find_portal(conn, name: str | None) -> NamedPortal | None:
+    """The portal named ``name`` (None for none): portals.yaml's first, else the one whose latest run
+    recorded that name (store/known_portals.py: the demo's, one harvested from another portals file,
+    one since removed from it; the most recently run when several URLs had it). PortalConfigError
+    naming both places and what each knows when neither has it."""
+    if name is None:
+        return None
+    path = portal_config.portals_file()
+    try:
+        configured = portal_config.load_portals(path)
+    except portal_config.PortalConfigError:
+        if Path(path).exists():
+            raise  # a broken portals.yaml is an error, not a reason to look elsewhere
+        configured = []
+    for found in configured:
+        if found.name == name:
+            return NamedPortal(found.name, found.url)
+    from harvester.store.known_portals import known_portals
+
+    known = known_portals(conn)
+    named = [p for p in known if p.name == name]
+    if named:
+        return NamedPortal(named[0].name, named[0].url)
+    in_file = ", ".join(p.name for p in configured) or "none"
+    in_db = ", ".join(dict.fromkeys(p.name for p in known)) or "none"
+    raise portal_config.PortalConfigError(
+        f"no portal named {name!r} in {path} (known there: {in_file}) or in the database's runs (known there: "
+        f"{in_db}); set HARVESTER_PORTALS_FILE for another portals file")
+
+
+def find_portal_url(conn, name: str | None) -> str | None:
+    """The URL of the portal named ``name`` (find_portal), None for none."""
+    found = find_portal(conn, name)
     return found.url if found else None
 
 

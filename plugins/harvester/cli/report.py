@@ -75,7 +75,7 @@ def _run_of(conn, args) -> dict:
         return run
     if not (args.portal and args.last):
         raise ValueError("give a run id (see harvester runs), or --portal P --last for the portal's newest run")
-    portal = options.portal(args.portal)
+    portal = options.find_portal(conn, args.portal)
     found, _ = runs.page_runs(conn, portal.url, limit=1)
     if not found:
         raise LookupError(f"portal {portal.name} ({portal.url}) has no runs yet")

@@ -1,8 +1,9 @@
 """Connections to the harvester database: which one, and opened ready for use.
 
 DAG tasks use the Airflow connection ``harvester_db`` through PostgresHook. The CLI uses
-HARVESTER_DATABASE_URL, else that same connection (AIRFLOW_CONN_HARVESTER_DB), else the embedded
-server. The embedded PostgreSQL (store/server.py: a local server run with fsync off) is used only
+HARVESTER_DATABASE_URL, else that same connection (AIRFLOW_CONN_HARVESTER_DB), else an embedded
+server that already holds data (HARVESTER_HOME's, else `.harvester/`'s, else the demo's), never a
+new empty one. The embedded PostgreSQL (store/server.py: a local server run with fsync off) is used only
 when no ``harvester_db`` is defined at all (a task says so in a WARNING), never with
 HARVESTER_EMBEDDED_DB=off, and never by a task under an executor that runs tasks on other machines
 (Celery, Kubernetes, Edge: each worker would get its own). Any other problem with the connection fails, naming it and why:
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -142,14 +144,46 @@ def _url_from_airflow_env(conn_id: str) -> str | None:
 
 
 def cli_database_url() -> str:
-    """The CLI's database: HARVESTER_DATABASE_URL, the harvester_db connection, or the embedded
-    server (the laptop path, said at INFO; an error with HARVESTER_EMBEDDED_DB=off)."""
+    """The CLI's database: HARVESTER_DATABASE_URL, the harvester_db connection, or an embedded server
+    that holds data (cli_embedded_server: started if it is stopped, said in one line on stderr). The
+    CLI never initializes a new, empty embedded server on its own (`harvester db start` does): finding
+    none is a DatabaseConfigError saying where it looked and how to point it."""
     if os.environ.get(URL_ENV):
         return _postgres_url(os.environ[URL_ENV], URL_ENV)
     url = _url_from_airflow_env(CONN_ID)
     if url:
         return _postgres_url(url, f"{conn_env()} (the connection {CONN_ID})")
-    return _embedded_url(f"neither {URL_ENV} nor {conn_env()} is set", logging.INFO)
+    why = f"neither {URL_ENV} nor {conn_env()} is set"
+    if not embedded_allowed():
+        _embedded_url(why, logging.INFO)  # raises, naming HARVESTER_EMBEDDED_DB=off
+    server = cli_embedded_server()
+    if server is None:
+        from harvester.store.embedded.server import cli_homes
+
+        looked = " or ".join(str(home / "pgdata") for home in cli_homes())
+        raise DatabaseConfigError(
+            f"no database: {why}, and there is no embedded PostgreSQL in {looked}. Run `harvester db start` (a new, "
+            f"empty one) or `make demo`, or point the CLI at yours: {URL_ENV}=postgresql://user:password@host:5432/"
+            "harvester (or HARVESTER_HOME=the directory holding pgdata/)")
+    running = server.is_running()
+    url = server.start()
+    print(f"harvester: using the embedded PostgreSQL in {server.home}"
+          f"{'' if running else ' (started it; `harvester db stop` stops it)'}; set {URL_ENV} for another database",
+          file=sys.stderr, flush=True)
+    return url
+
+
+def cli_embedded_server():
+    """The embedded server the CLI uses when no database is configured: the first of
+    HARVESTER_HOME (alone when set), else `.harvester/`, then the demo's `.harvester/demo/db`, that
+    holds a data directory; None when none does."""
+    from harvester.store.embedded.server import EmbeddedServer, cli_homes
+
+    for home in cli_homes():
+        server = EmbeddedServer(home)
+        if server.exists():
+            return server
+    return None
 
 
 def connect_url(url: str):
@@ -191,15 +225,21 @@ def airflow_connection(conn_id: str = CONN_ID):
 
 
 def embedded_log(conn) -> Path | None:
-    """The embedded server's log when `conn` is connected to it (127.0.0.1, the port it was given)."""
-    from harvester.store.embedded.server import embedded
+    """The embedded server's log when `conn` is connected to one the CLI or a task may use (127.0.0.1,
+    the port it was given)."""
+    from harvester.store.embedded.server import EmbeddedServer, cli_homes
 
-    server = embedded()
-    try:
-        port = int(server.port_file.read_text().strip())
-    except (OSError, ValueError):
+    if conn.info.host not in ("127.0.0.1", "localhost"):
         return None
-    return server.logfile if conn.info.host in ("127.0.0.1", "localhost") and conn.info.port == port else None
+    for home in cli_homes():
+        server = EmbeddedServer(home)
+        try:
+            port = int(server.port_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if conn.info.port == port:
+            return server.logfile
+    return None
 
 
 def require_current_schema(conn) -> None:

@@ -48,15 +48,36 @@ class EmbeddedServerError(RuntimeError):
     """The embedded PostgreSQL server could not be started or reached."""
 
 
+def project_home() -> Path:
+    """Where local state lives by default: `.harvester/` in the project checkout, else
+    ~/.local/share/harvester (HARVESTER_HOME does not move it)."""
+    root = Path(__file__).resolve().parents[4]
+    if (root / "pyproject.toml").exists():
+        return root / ".harvester"
+    return Path.home() / ".local" / "share" / "harvester"
+
+
 def default_home() -> Path:
     """Where local state lives: $HARVESTER_HOME, else `.harvester/` in the project checkout."""
     home = env_value("HARVESTER_HOME")
     if home:
         return home.resolve()
-    root = Path(__file__).resolve().parents[4]
-    if (root / "pyproject.toml").exists():
-        return root / ".harvester"
-    return Path.home() / ".local" / "share" / "harvester"
+    return project_home()
+
+
+def demo_home() -> Path:
+    """Where `make demo` keeps its database (db/) and Airflow home: $HARVESTER_DEMO_HOME, else
+    `.harvester/demo` in the project checkout."""
+    home = env_value("HARVESTER_DEMO_HOME")
+    return home.resolve() if home else project_home() / "demo"
+
+
+def cli_homes() -> list[Path]:
+    """Where the CLI looks for an embedded server holding data: $HARVESTER_HOME alone when it is set,
+    else the default home, then the demo's database."""
+    if env_value("HARVESTER_HOME"):
+        return [default_home()]
+    return [default_home(), demo_home() / "db"]
 
 
 def _bin_dir() -> Path:
@@ -99,6 +120,10 @@ class EmbeddedServer:
         if not port:
             raise EmbeddedServerError(f"the embedded server in {self.home} has never been started: run `harvester db start`")
         return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/{database}"
+
+    def exists(self) -> bool:
+        """True when the data directory was initialized (by `harvester db start`, the demo, a task)."""
+        return (self.pgdata / "PG_VERSION").exists()
 
     def is_running(self) -> bool:
         if not self.port_file.exists():
