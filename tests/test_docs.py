@@ -193,26 +193,38 @@ def positional_choices(parser: argparse.ArgumentParser) -> list:
 
 
 def mentions() -> list[tuple[str, int, str]]:
-    """Every command line of `harvester` the docs show: (file, line, text), from code spans and the
-    lines of code blocks that start with it (after `$ ` or `.venv/bin/`)."""
+    """Every command line of `harvester` the docs show: (file, line, text), from code spans that start
+    with it (a span may run over a line break, so a paragraph is read whole and the line is where the
+    paragraph starts) and from the lines of code blocks that start with it (after `$ ` or
+    `.venv/bin/`)."""
     found = []
     for path in doc_files():
-        text = read(path)
         where = path.relative_to(ROOT).as_posix()
-        in_block = False
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                in_block = not in_block
+        in_block, paragraph, start = False, [], 0
+
+        def spans():
+            text = " ".join(line.strip() for line in paragraph)
+            for span in re.findall(r"`([^`]+)`", text):
+                m = re.match(r"^(?:\$ |\.venv/bin/|/entrypoint (?:bash -c \")?)?(harvester [a-z][^\"]*)", span)
+                if m:
+                    found.append((where, start, m.group(1)))
+
+        for number, line in enumerate(read(path).splitlines(), 1):
+            if line.lstrip().startswith("```") or (not line.strip() and not in_block):
+                spans()
+                paragraph = []
+                if line.lstrip().startswith("```"):
+                    in_block = not in_block
                 continue
             if in_block:
                 m = re.match(r"^\s*(?:\$ )?(?:\.venv/bin/)?(harvester [a-z].*)$", line)
                 if m:
                     found.append((where, number, m.group(1)))
                 continue
-            for span in re.findall(r"`([^`]+)`", line):
-                m = re.search(r"(?:^|\s|\"|/entrypoint )(harvester [a-z][^\"]*)", span)
-                if m and not span.startswith(("plugins/", "harvester.")):
-                    found.append((where, number, m.group(1)))
+            if not paragraph:
+                start = number
+            paragraph.append(line)
+        spans()
     return found
 
 
@@ -234,35 +246,47 @@ def problems_of(command: str) -> list[str]:
     return walk(build_parser(), "harvester", tokens, command)
 
 
-def walk(parser, prog: str, tokens: list[str], command: str) -> list[str]:
+def take_options(parser, prog: str, rest: list[str], command: str, given: set, stop_at_word: bool) -> list[str]:
+    """Consume the options at the head of ``rest`` (all of them, or up to the first word when
+    ``stop_at_word``), each with its value; the words met on the way are returned in ``given``'s
+    stead through ``rest``. Problems: options ``parser`` does not have."""
+    flags, problems, words = options(parser), [], []
+    while rest:
+        if not rest[0].startswith("-") or rest[0] == "-":
+            if stop_at_word:
+                break
+            words.append(rest.pop(0))
+            continue
+        token = rest.pop(0)
+        for flag in token.split("|"):
+            name = flag.split("=", 1)[0]
+            if name not in flags:
+                problems.append(f"`{command}`: `{prog}` has no option {name}; its options are {', '.join(flags)}")
+                continue
+            given.add(flags[name].dest)
+            if "=" not in flag and flags[name].nargs != 0 and rest and not rest[0].startswith("-"):
+                rest.pop(0)
+    rest[:0] = words
+    return problems
+
+
+def walk(parser, prog: str, tokens: list[str], command: str, given: set | None = None) -> list[str]:
+    given = set() if given is None else given
+    rest = list(tokens)
     subs = subcommands(parser)
     if subs:
-        if not tokens or tokens[0].startswith("-"):
-            if tokens:
-                return [f"`{command}`: `{prog}` takes a command first ({', '.join(subs)}), not {tokens[0]}"]
-            return []  # a family named alone (`harvester duplicates`)
-        problems = []
-        for word in tokens[0].split("|"):
+        # options the family takes may come before its command (`harvester embeddings --model M reindex`)
+        problems = take_options(parser, prog, rest, command, given, stop_at_word=True)
+        if not rest:
+            return problems  # a family named alone (`harvester duplicates`)
+        for word in rest[0].split("|"):
             if word not in subs:
                 problems.append(f"`{command}`: `{prog}` has no command `{word}`; its commands are {', '.join(subs)}")
             else:
-                problems += walk(subs[word], f"{prog} {word}", tokens[1:], command)
+                problems += walk(subs[word], f"{prog} {word}", rest[1:], command, set(given))
         return problems
-    flags, problems, given, positionals = options(parser), [], set(), []
-    rest = list(tokens)
-    while rest:
-        token = rest.pop(0)
-        if token.startswith("-") and token not in ("-",):
-            for flag in token.split("|"):
-                name = flag.split("=", 1)[0]
-                if name not in flags:
-                    problems.append(f"`{command}`: `{prog}` has no option {name}; its options are {', '.join(flags)}")
-                    continue
-                given.add(flags[name].dest)
-                if "=" not in flag and flags[name].nargs != 0 and rest and not rest[0].startswith("-"):
-                    rest.pop(0)
-        else:
-            positionals.append(token)
+    problems = take_options(parser, prog, rest, command, given, stop_at_word=False)
+    positionals = rest
     choices = positional_choices(parser)
     if positionals and choices and choices[0]:
         for word in positionals[0].split("|"):
@@ -287,6 +311,8 @@ def test_every_command_and_setting_the_docs_name_is_one_the_code_has():
     assert "`nap`" in " ".join(problems_of("harvester db start | stop | nap"))
     assert "has no command `nope`" in problems_of("harvester nope")[0]
     assert "has no option --nope" in problems_of("harvester runs --nope")[0]
+    assert problems_of("harvester export changes --format csv -o - \\| jq ...") == []
+    assert problems_of("harvester embeddings --model M reindex") == []
     assert len(mentions()) > 50
     problems = [f"{where}:{line}: {problem}" for where, line, command in mentions() for problem in problems_of(command)]
     assert not problems + unknown_settings(), "\n".join(problems + unknown_settings())
