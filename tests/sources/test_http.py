@@ -104,7 +104,7 @@ def test_parse_turns_answers_into_values_and_retryable_ones_into_retries(portal)
     exc = info.value
     assert isinstance(exc, SourceUnavailable) and exc.transient
     assert (exc.attempts, exc.last, exc.status) == (3, "HTTP 200, not JSON", 200)
-    assert str(exc) == f"{portal.base_url}: GET {status_url(portal)} failed after 3 attempts (last: HTTP 200, not JSON)"
+    assert str(exc) == f"GET {status_url(portal)} failed after 3 attempts (last: HTTP 200, not JSON)"
     # any other exception from parse is the caller's: not retried
     portal.fail_next(1, 200)
     http = fetcher(portal, [])
@@ -146,8 +146,8 @@ def test_connection_failures_are_retried_and_scrubbed(caplog):
     http = HttpFetcher(url, max_retries=1, sleep=lambda _: None)
     with pytest.raises(RetriesExhausted) as info:
         http.get(url)
-    assert str(info.value).startswith(f"http://***@127.0.0.1:{port}/data.json: GET http://***@127.0.0.1:{port}"
-                                      "/data.json failed after 2 attempts (last: connection error (ConnectionError: ")
+    assert str(info.value) == (f"GET http://***@127.0.0.1:{port}/data.json failed after 2 attempts "
+                               "(last: connection refused)")
     assert info.value.status is None and http.requests_made == 2
     assert "retry 1 of 1" in caplog.text
     assert "s3cret" not in caplog.text + str(info.value) + repr(http)

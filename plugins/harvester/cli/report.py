@@ -125,7 +125,12 @@ def cmd_validate(args) -> int:
         else:
             report = v.validate_path(args.target, args.type, max_rows=args.max_rows or v.MAX_ROWS)
     except (SourceError, ValueError, OSError) as exc:
-        return output.error(f"{args.target}: cannot validate it: {exc}")
+        # One line naming the target once: the error names the URL that failed (pipeline/validate.py)
+        said = str(exc)
+        if said.startswith(f"{args.target}: "):
+            said = said[len(args.target) + 2:]
+        return output.error(f"cannot validate the catalogue: {said}" if args.target in said
+                            else f"cannot validate {args.target}: {said}")
     if args.csv:
         written = write_csv(args.csv, ({**row, "portal_url": report.source} for row in report.rows))
     if args.csv != "-":

@@ -5,7 +5,8 @@
   429 (waiting what its Retry-After asks, at most ``max_backoff``), timeouts, connection errors, and
   any answer the caller's ``parse`` turns down with ``Retryable`` (a proxy's maintenance page where
   a portal's answer should be). When ``max_retries`` retries are spent: ``RetriesExhausted``, a
-  ``SourceUnavailable`` (transient).
+  ``SourceUnavailable`` (transient), its message one line: ``GET <url> failed after 2 attempts
+  (last: connection refused)`` (what went wrong worded by guard.py's ``failure_text``).
 - Every other answer (2xx, 304, 4xx) goes back to the caller, as it is or through ``parse``.
 - A ``politeness_delay`` between one request's end and the next one's start.
 - Counted: ``requests_made`` (every request sent, retries included) and ``bytes_received`` (every
@@ -34,7 +35,7 @@ import requests
 import requests.auth
 
 from harvester.config.secrets import redact_text, redact_url
-from harvester.http.guard import HARVEST, MAX_REDIRECTS, FetchPolicy, refuse_scheme, streamed
+from harvester.http.guard import HARVEST, MAX_REDIRECTS, FetchPolicy, failure_text, refuse_scheme, streamed
 from harvester.sources.base import SourceError, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -134,9 +135,9 @@ class Retryable(Exception):
 
 class RetriesExhausted(SourceUnavailable):
     """A GET failed transiently (5xx, 429, timeout, connection error, ``Retryable``) on every
-    attempt. ``attempts`` made, ``last``: what went wrong the last time (``HTTP 503``, ``timeout
-    after 60s (ReadTimeout)``...), ``status``: the last answer's HTTP status (None when none came);
-    a source may word its own message from them."""
+    attempt. ``attempts`` made, ``last``: what went wrong the last time (``HTTP 503``, ``timed out:
+    nothing received for 60 s``, ``connection refused``...), ``status``: the last answer's HTTP
+    status (None when none came); a source may word its own message from them."""
 
     def __init__(self, message: str, *, attempts: int, last: str, status: int | None):
         super().__init__(message)
@@ -207,9 +208,10 @@ class HttpFetcher:
         what ``parse(answer)`` returns when ``parse`` is given (it may raise ``Retryable`` to have
         the answer retried like a 5xx; any other exception goes to the caller, unretried).
         ``stream``: the body is left unread (the caller reads it and adds its bytes). ``what``
-        names the request in log lines and in the ``RetriesExhausted`` message (default
-        ``<label>: GET <url>``)."""
-        what = what or f"{self.label}: GET {scrub_url(url)}"
+        names the request in log lines and in the ``RetriesExhausted`` message (default ``GET
+        <url>``, after ``<label>: `` when the URL is not under the label's: each URL once)."""
+        shown = scrub_url(url)
+        what = what or (f"GET {shown}" if shown.startswith(self.label) else f"{self.label}: GET {shown}")
         headers = {**self.headers, **(headers or {})}
         attempt = 0
         while True:
@@ -225,10 +227,8 @@ class HttpFetcher:
                     except SourceError:  # (the guard's size cap or deadline: not retried here)
                         resp.close()
                         raise
-            except requests.Timeout as exc:
-                last = f"timeout after {self.timeout}s ({type(exc).__name__})"
-            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-                last = f"connection error ({type(exc).__name__}: {scrub_text(str(exc))[:200]})"
+            except (requests.Timeout, requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+                last = scrub_text(failure_text(exc))  # (guard.py: "connection refused", "timed out: ...")
             else:
                 status = resp.status_code
                 if status != 429 and status < 500:

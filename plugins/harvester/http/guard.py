@@ -19,16 +19,25 @@
   shuts the connection's socket down when it passes: a server that sends one byte a second, in
   its headers or its body, cannot hold a request past its deadline (``FetchTimeout``).
 
+- Network failures are worded for people (``failure_text``): "connection refused", "DNS: the host
+  name does not resolve (...)", "timed out: nothing received for 60 s", "TLS: the server's
+  certificate is not trusted (...)": one cause, no URL (whoever says it names the URL once), no
+  urllib3 "Max retries exceeded" and no class names. The session raises requests' own exceptions
+  (their classes say what may be retried) with that text.
+
 Credentials are not this module's business: ``HttpFetcher`` sends them only to the portal's own
 origin, on every hop of a redirect it follows itself.
 """
 from __future__ import annotations
 
 import heapq
+import http.client
 import ipaddress
 import itertools
 import os
+import re
 import socket
+import ssl
 import threading
 import time
 from contextlib import contextmanager
@@ -41,7 +50,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.exceptions import (ConnectTimeoutError, IncompleteRead, LocationParseError, NameResolutionError,
+                                NewConnectionError, ProtocolError, ReadTimeoutError)
 from urllib3.util import connection as urllib3_connection
 
 from harvester.config.secrets import redact_url
@@ -103,6 +113,111 @@ def refuse_scheme(url: str, purpose: Purpose = VALIDATION) -> None:
     scheme = urlsplit(url).scheme.lower()
     if scheme not in ("http", "https"):
         raise Refused(f"{redact_url(url)}: {purpose.who} fetches only http(s) URLs, not {scheme or 'a relative URL'}:")
+
+
+# -- what went wrong, in words -------------------------------------------------------------------
+_TIMEOUT_SECONDS = re.compile(r"(connect|read) timeout=([0-9.]+)")
+_URLLIB3_PREFIX = re.compile(r"^\w+\(host='[^']*', port=\d+\): ")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: requests' and urllib3's wrappers (an exception as an argument,
+    ``reason``), causes and contexts; outermost first."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 30:
+        current = todo.pop(0)
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        todo += [a for a in getattr(current, "args", ()) if isinstance(a, BaseException)]
+        reason = getattr(current, "reason", None)
+        todo += [x for x in (reason, current.__cause__, current.__context__) if isinstance(x, BaseException)]
+    return seen
+
+
+def _seconds(chain: list[BaseException], kind: str) -> str:
+    for e in chain:
+        found = _TIMEOUT_SECONDS.search(str(e))
+        if found and found.group(1) == kind:
+            return f"{float(found.group(2)):g} s"
+    return ""
+
+
+def _lower(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
+def failure_text(exc: BaseException) -> str:
+    """What went wrong with a request, in a few words and without its URL (the caller names it
+    once): ``connection refused``, ``DNS: the host name does not resolve (Name or service not
+    known)``, ``timed out: no connection within 10 s``, ``timed out: nothing received for 60 s``,
+    ``TLS: the server's certificate is not trusted (self-signed certificate)``, ``the server
+    closed the connection without answering``... Never urllib3's "Max retries exceeded", its pool
+    and connection reprs or an exception's class name."""
+    if getattr(exc, "worded", False):
+        return str(exc)
+    chain = _chain(exc)
+
+    def first(*types):
+        return next((e for e in chain if isinstance(e, types)), None)
+
+    if isinstance(exc, requests.TooManyRedirects):
+        return f"more than {MAX_REDIRECTS} redirects"
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+                        requests.exceptions.MissingSchema)) or first(LocationParseError):
+        return "not a valid URL"
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return "the answer's compression is broken (it does not decode)"
+    verify = first(ssl.SSLCertVerificationError)
+    if verify is not None:
+        why = getattr(verify, "verify_message", None) or getattr(verify, "reason", None) or "not verified"
+        return f"TLS: the server's certificate is not trusted ({_lower(str(why))})"
+    tls = first(ssl.SSLError)
+    if tls is not None or isinstance(exc, requests.exceptions.SSLError):
+        why = getattr(tls, "reason", None) or (tls.strerror if tls is not None else None) or "no detail"
+        return f"TLS: the handshake failed ({str(why).lower().replace('_', ' ')})"
+    unresolved = first(socket.gaierror)
+    if unresolved is not None or first(NameResolutionError):
+        why = unresolved.strerror if unresolved is not None and unresolved.strerror else "no such host"
+        return f"DNS: the host name does not resolve ({why})"
+    if first(ConnectionRefusedError):
+        return "connection refused"
+    if first(http.client.RemoteDisconnected):  # (a ConnectionResetError too)
+        return "the server closed the connection without answering"
+    if first(ConnectionResetError):
+        return "the connection was reset by the server"
+    # (urllib3's NewConnectionError is a ConnectTimeoutError too: any failure to connect)
+    if any(isinstance(e, ConnectTimeoutError) and not isinstance(e, NewConnectionError) for e in chain) \
+            or first(requests.ConnectTimeout):
+        within = _seconds(chain, "connect")
+        return f"timed out: no connection within {within}" if within else "timed out: no connection in time"
+    if first(ReadTimeoutError, requests.ReadTimeout, socket.timeout):
+        within = _seconds(chain, "read")
+        return f"timed out: nothing received for {within}" if within else "timed out: nothing received in time"
+    if first(IncompleteRead, http.client.IncompleteRead) or isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return "the answer broke off before its end"
+    broken = first(OSError)
+    if broken is not None and broken.strerror and not isinstance(broken, requests.RequestException):
+        prefix = "cannot connect: " if first(NewConnectionError) else ""
+        return prefix + _lower(broken.strerror)
+    if first(ProtocolError):
+        return "the connection broke"
+    innermost = chain[-1]
+    said = " ".join(str(innermost).split()) or type(innermost).__name__
+    said = _URLLIB3_PREFIX.sub("", said)
+    return said if len(said) <= 200 else said[:200] + "..."
+
+
+def _worded(exc: requests.RequestException) -> requests.RequestException:
+    """``exc`` again, of its own class (what may be retried stays as it was), with ``failure_text``
+    for its message."""
+    try:
+        again = type(exc)(failure_text(exc), request=exc.request, response=exc.response)
+    except TypeError:  # (a class with arguments of its own)
+        return exc
+    again.worded = True  # type: ignore[attr-defined]
+    return again
 
 
 # -- addresses ---------------------------------------------------------------------------------------
@@ -404,7 +519,7 @@ class _GuardedAdapter(HTTPAdapter):
                 raise FetchTimeout(f"GET {redact_url(request.url)}: no complete answer before "
                                    f"{_time_text(self._policy)} ran out ({type(exc).__name__})",
                                    transient=self._policy.purpose is not VALIDATION) from None
-            raise
+            raise _worded(exc) from exc
         finally:
             _DEADLINE.reset(token)
 

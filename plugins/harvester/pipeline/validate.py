@@ -39,8 +39,10 @@ from requests.adapters import BaseAdapter
 from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, Portal
 from harvester.domain import outcomes as oc
 from harvester.domain.dataset import DatasetRecord, normalize
-from harvester.http.guard import FetchPolicy, FetchTimeout, Refused, TooLarge, size_text
+from harvester.config.secrets import redact_url
+from harvester.http.guard import FetchPolicy, FetchTimeout, Refused, TooLarge, failure_text, size_text
 from harvester.sources import Listing, SourceError, json_loads, source_for
+from harvester.sources.base import SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +350,7 @@ def validate_file(fp: IO[bytes], kind: str | None, source_name: str, *, content_
     try:
         return report_of(source_name, kind, pages, guessed=guessed, listing=listing, max_rows=max_rows)
     except requests.RequestException as exc:
-        raise SourceError(f"{source_name}: {type(exc).__name__}: {exc}") from exc
+        raise fetch_failed(source_name, exc) from exc
     finally:
         session.close()
 
@@ -367,6 +369,19 @@ def validate_bytes(data: bytes, kind: str | None, source_name: str, *, content_t
     """Validate an uploaded document held in memory (``validate_file`` for a spooled one)."""
     return validate_file(io.BytesIO(data), kind, source_name, content_type=content_type, fetcher=fetcher,
                          max_rows=max_rows)
+
+
+def fetch_failed(url: str, exc: requests.RequestException) -> SourceError:
+    """A request's failure as a validation says it, one line naming the URL once: ``<url>:
+    connection refused`` (harvester.http.guard.failure_text: no urllib3 "Max retries exceeded", no
+    class names). The URL is the one that failed (a redirect's hop, a next page), else ``url``. A
+    connection that failed or timed out is SourceUnavailable (transient: the API answers 502, the
+    portal failed); anything else (too many redirects) a SourceError."""
+    failed = getattr(getattr(exc, "request", None), "url", None) or url
+    text = f"{redact_url(failed)}: {failure_text(exc)}"
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
+        return SourceUnavailable(text)
+    return SourceError(text)
 
 
 def check_url(url: str) -> None:
@@ -405,7 +420,7 @@ def _probe(url: str, session: requests.Session, policy: FetchPolicy) -> tuple[st
                            headers={"Accept": "application/json, application/rdf+xml, text/turtle, "
                                               "application/ld+json;q=0.9, */*;q=0.1"})
     except requests.RequestException as exc:
-        raise SourceError(f"{url}: {type(exc).__name__}: {exc}") from None
+        raise fetch_failed(url, exc) from None
     try:
         ok, answered = 200 <= resp.status_code < 300, f"HTTP {resp.status_code} {resp.reason or ''}".rstrip()
         content_type = resp.headers.get("Content-Type", "")
@@ -447,6 +462,6 @@ def validate_url(url: str, kind: str | None = None, *, pages: int = 3, page_size
         listed, listing = _listed(source, pages=pages if kind == CKAN else None, page_size=page_size)
         return report_of(url, kind, listed, guessed=guessed, listing=listing, max_rows=max_rows)
     except requests.RequestException as exc:  # (too many redirects, a redirect to another scheme, ...)
-        raise SourceError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        raise fetch_failed(url, exc) from exc
     finally:
         session.close()

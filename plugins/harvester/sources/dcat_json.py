@@ -91,6 +91,7 @@ from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceE
 from harvester.sources.json_stream import StandIns, build, skip
 from harvester.sources.schema_wording import format_text, pattern_text
 from harvester.http import scrub_url, streamed_bytes
+from harvester.http.guard import failure_text
 
 log = logging.getLogger(__name__)
 
@@ -935,7 +936,7 @@ class DcatJsonSource(CountsTraffic):
                 yield page
         except (Urllib3Error, OSError) as exc:
             raise SourceUnavailable(f"{scrub_url(self.url)}: the catalogue's body broke off after "
-                                    f"{self.listed} entries ({type(exc).__name__})") from exc
+                                    f"{self.listed} entries ({failure_text(exc)})") from exc
         finally:
             self.fetcher.add_bytes(streamed_bytes(raw))
 

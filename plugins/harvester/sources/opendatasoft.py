@@ -67,6 +67,7 @@ from harvester.config.portals import OPENDATASOFT
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, package_record, parse_timestamp,
                                       screened_as_published, slug)
 from harvester.http import RetriesExhausted, Retryable, scrub_url, streamed_bytes
+from harvester.http.guard import failure_text
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, coded, to_ms)
 from harvester.sources.json_stream import StandIns, answer_json, build
@@ -389,7 +390,7 @@ class OpenDataSoftSource(CountsTraffic):
                     yield fresh
                 return
             except (ExportCut, Urllib3Error, OSError) as exc:
-                why = str(exc) if isinstance(exc, ExportCut) else f"the connection broke ({type(exc).__name__})"
+                why = str(exc) if isinstance(exc, ExportCut) else f"the connection broke ({failure_text(exc)})"
                 last = f"{scrub_url(url)}: the export ended after {got} datasets, before its end: {why}"
                 if attempt >= attempts:
                     raise RetriesExhausted(f"{scrub_url(self.root)}: {last}; asked {attempts} times, the listing is "
