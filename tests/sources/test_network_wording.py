@@ -168,3 +168,19 @@ def test_harvester_harvest_says_the_cause_in_one_line(database_url, tmp_path, mo
     assert main(["harvest", "down"]) == 2
     said = capsys.readouterr().err.strip()
     assert said == f"harvester: error: GET {url} failed after 2 attempts (last: connection refused)", said
+
+
+@pytest.mark.parametrize("provider", ["ollama", "gemini"])
+def test_an_embedding_provider_that_is_down_says_the_cause_in_words(provider):
+    """A harvest's embed step: the provider's server refuses the connection."""
+    from harvester.embeddings.base import EmbeddingError
+    from harvester.embeddings.gemini import GeminiProvider
+    from harvester.embeddings.ollama import OllamaProvider
+
+    url = refused_url("")
+    made = (OllamaProvider(url=url, dimension=768) if provider == "ollama"
+            else GeminiProvider(api_key="not-a-key", base_url=url, timeout=2))
+    with pytest.raises(EmbeddingError) as info:
+        made.embed_documents(["a text"])
+    name = "Ollama" if provider == "ollama" else "Gemini"
+    assert str(info.value) == f"could not reach {name} at {url}: connection refused"

@@ -202,8 +202,9 @@ class GeminiProvider:
             return EmbeddingError(f"Gemini did not answer within {self.timeout:g}s at {self.endpoint} "
                                   f"({type(exc).__name__})")
         if transport and isinstance(exc, transport):
-            return EmbeddingError(f"could not reach Gemini at {self.endpoint}: {type(exc).__name__}: "
-                                  f"{self._scrub(str(exc))}")
+            from harvester.http.guard import failure_text  # (one wording of network failures)
+
+            return EmbeddingError(f"could not reach Gemini at {self.endpoint}: {self._scrub(failure_text(exc))}")
         return EmbeddingError(f"Gemini embedding request failed: {type(exc).__name__}: {self._scrub(str(exc))}")
 
     def _map_api_error(self, exc) -> EmbeddingError:

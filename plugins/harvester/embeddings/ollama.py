@@ -38,6 +38,7 @@ from harvester.config.secrets import redact_text, redact_url
 from harvester.config.settings import SettingError, default, env_value
 from harvester.domain.dataset import MAX_TEXT_CHARS
 from harvester.embeddings.base import EmbeddingError, RateLimited, TerminalEmbeddingError, UnusableAnswer
+from harvester.http.guard import failure_text
 
 DEFAULT_URL = default("OLLAMA_URL")  # http://127.0.0.1:11434
 DEFAULT_MODEL = default("OLLAMA_EMBEDDING_MODEL")  # nomic-embed-text
@@ -100,8 +101,8 @@ class OllamaProvider:
         except requests.Timeout:
             error = EmbeddingError(f"Ollama at {redact_url(self.url)} did not answer within {self.timeout:g}s")
         except requests.RequestException as exc:
-            error = EmbeddingError(f"could not reach Ollama at {redact_url(self.url)}: {type(exc).__name__}: "
-                                   f"{redact_text(str(exc))[:300]}")
+            error = EmbeddingError(f"could not reach Ollama at {redact_url(self.url)}: "
+                                   f"{redact_text(failure_text(exc))[:300]}")  # (guard.py's words)
         if error is None:
             error = self._check(response, len(texts))
         if error is not None:
