@@ -517,7 +517,7 @@ class _GuardedAdapter(HTTPAdapter):
         except requests.RequestException as exc:
             if time.monotonic() >= ends:  # the watchdog cut a server still sending its headers
                 raise FetchTimeout(f"GET {redact_url(request.url)}: no complete answer before "
-                                   f"{_time_text(self._policy)} ran out ({type(exc).__name__})",
+                                   f"{_time_text(self._policy)} ran out",
                                    transient=self._policy.purpose is not VALIDATION) from None
             raise _worded(exc) from exc
         finally:
