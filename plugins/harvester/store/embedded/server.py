@@ -162,7 +162,10 @@ class EmbeddedServer:
         with self._lock():
             if not (self.pgdata / "postmaster.pid").exists():
                 return False
-            self._run(_service_account(), "pg_ctl", "-D", str(self.pgdata), "-w", "-m", "fast", "stop")
+            user = _service_account()
+            if user is not None:  # a directory above may have lost its x bits since the start (pytest's 0700)
+                _make_traversable(self.home, self.binaries)
+            self._run(user, "pg_ctl", "-D", str(self.pgdata), "-w", "-m", "fast", "stop")
             return True
 
     def _ensure_database(self) -> None:
