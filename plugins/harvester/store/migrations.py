@@ -206,8 +206,10 @@ def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
                 raise MigrationError(_failed(path, applied_now, exc)) from exc
             except Exception as exc:
                 raise MigrationError(_failed(path, applied_now, exc)) from exc
-    log.info("schema migrations: %s", f"applied {', '.join(applied_now)}" if applied_now
-             else f"up to date ({len(files)} applied)")
+    if applied_now:
+        log.info("schema migrations: applied %s", ", ".join(applied_now))
+    else:  # what every task finds once the schema is current: nothing new, so not in its log at INFO
+        log.debug("schema migrations: up to date (%d applied)", len(files))
     return applied_now
 
 
