@@ -101,6 +101,8 @@ def build(portal: Portal):
         on_failure_callback=tasks.on_dag_failure(portal),
     )
     def harvest():
+        # Each task's log ends with its own table of what it did (pipeline/tasks.py), so Airflow's
+        # one-line dump of the returned dict (XCom: counts) is left out of it.
         # A sensor in reschedule mode: while another run holds the portal it frees its worker slot
         # between checks; its own limit (busy_wait) fails it naming that run, before this backstop.
         @task.sensor(poke_interval=SETTINGS.busy_poll, timeout=SETTINGS.busy_wait + 2 * SETTINGS.busy_poll,
@@ -108,25 +110,25 @@ def build(portal: Portal):
         def begin():
             return tasks.begin(portal, SETTINGS)
 
-        @task
+        @task(show_return_value_in_logs=False)
         def fetch_modified(run: dict):
             return tasks.fetch_modified(portal, run)
 
-        @task
+        @task(show_return_value_in_logs=False)
         def reconcile(run: dict):
             return tasks.reconcile(portal, run)
 
-        @task
+        @task(show_return_value_in_logs=False)
         def hash_compare(run: dict):
             return tasks.hash_compare(portal, run)  # the shards embed_changed maps over
 
         # Mapped over shards of the pending texts: one task for a normal run, several for a big
         # first sync, so a Celery or Kubernetes executor spreads them over workers.
-        @task(pool=SETTINGS.embedding_pool)
+        @task(pool=SETTINGS.embedding_pool, show_return_value_in_logs=False)
         def embed_changed(work: dict):
             return tasks.embed_changed(portal, work)
 
-        @task(outlets=[Asset(tasks.asset_uri(portal))])
+        @task(outlets=[Asset(tasks.asset_uri(portal))], show_return_value_in_logs=False)
         def upsert(run: dict):
             return tasks.upsert(portal, run)  # emits an Asset event (counts), announces degraded runs
 

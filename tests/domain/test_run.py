@@ -3,7 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from harvester.domain.run import STAT_KEYS, Progress, complete_stats, count_drift, format_duration, plan_run
+from harvester.domain.run import STAT_KEYS, complete_stats, count_drift, format_duration, plan_run
 
 WM = datetime(2026, 1, 2, 3, 0, tzinfo=timezone.utc)
 
@@ -26,23 +26,6 @@ def test_full_sync_param_and_backfill_force_full():
 def test_complete_stats_has_every_key():
     stats = complete_stats({"created": 3})
     assert set(STAT_KEYS) <= set(stats) and stats["created"] == 3 and stats["embedded"] == 0
-
-
-def test_progress_line_reports_rate_and_eta():
-    now = [0.0]
-    lines = []
-
-    class Log:
-        def info(self, fmt, *args):
-            lines.append(fmt % args)
-
-    progress = Progress("embed", 100, Log(), every_seconds=5, clock=lambda: now[0])
-    now[0] = 2.0
-    progress.advance(20)
-    assert lines == []
-    now[0] = 10.0
-    progress.advance(30)
-    assert lines == ["embed: 50/100 (50%), 5.0/s, ETA 10s"]
 
 
 NOW = WM + timedelta(hours=3)

@@ -1,7 +1,6 @@
 """A harvest run: its mode, whether it reconciles, its stats, and how they read in a log. Pure: no IO."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Mapping
@@ -122,32 +121,6 @@ def complete_stats(stats: Mapping[str, int] | None) -> dict[str, int]:
 
 def summary(stats: Mapping[str, int], keys: tuple[str, ...] = STAT_KEYS) -> str:
     return ", ".join(f"{key}={stats.get(key, 0)}" for key in keys)
-
-
-class Progress:
-    """Progress of a long step for the task log: done/total, rate and ETA, at most every few seconds."""
-
-    def __init__(self, what: str, total: int | None, log, every_seconds: float = 10.0, clock=time.monotonic):
-        self.what, self.total, self.log, self.every, self.clock = what, total, log, every_seconds, clock
-        self.done = 0
-        self.started = self._last = clock()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = self.clock()
-        if now - self._last >= self.every:
-            self._last = now
-            self.log.info("%s", self.line(now))
-
-    def line(self, now: float | None = None) -> str:
-        elapsed = max((now if now is not None else self.clock()) - self.started, 1e-9)
-        rate = self.done / elapsed
-        if self.total:
-            remaining = max(self.total - self.done, 0)
-            eta = f"{remaining / rate:.0f}s" if rate > 0 else "?"
-            pct = 100.0 * self.done / self.total
-            return f"{self.what}: {self.done}/{self.total} ({pct:.0f}%), {rate:.1f}/s, ETA {eta}"
-        return f"{self.what}: {self.done} so far, {rate:.1f}/s"
 
 
 # -- one writer per portal ---------------------------------------------------------------------

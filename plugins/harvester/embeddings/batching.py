@@ -38,7 +38,8 @@ from harvester.domain import dataset as ds
 from harvester.domain.breaker import HALF_OPEN, BreakerConfig
 from harvester.embeddings.base import (EmbeddingError, EmbeddingProvider, RateLimited, TerminalEmbeddingError,
                                        UnusableAnswer)
-from harvester.domain.run import Progress, summary
+from harvester.domain.run import summary
+from harvester.domain.tasklog import Progress
 from harvester.store import claims, runs, vectors
 from harvester.store.breaker import SharedBreaker
 
@@ -477,7 +478,7 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
             except vectors.DimensionMismatch as exc:
                 raise TerminalEmbeddingError(f"nothing was embedded: {exc}") from None
     backlog = None if settings.backlog_per_run is None else math.ceil(settings.backlog_per_run / shards)
-    progress = Progress(f"embed_changed {label}shard {shard + 1}/{shards} ({provider.model})", total, log)
+    progress = Progress(f"embedding {label}shard {shard + 1}/{shards} ({provider.model})", total, log, unit="texts")
     batches = _alone_if_retried(vectors.iter_pending(reader, run_id, portal_url, provider.model, provider.max_batch,
                                                      shard=shard, shards=shards, backlog_limit=backlog))
     if not stopped and dimension is not None:  # (None: none were pending a moment ago; the next run sees them)
@@ -489,7 +490,8 @@ def embed_pending(conn, reader, portal_url: str, run_id: int, provider: Embeddin
         for batch in batches:  # not read: the breaker stopped the calls (or no vector size): the next run's
             left_pending += len(batch)
     counts["left_pending"] = left_pending
-    log.info("embed_changed shard %d/%d done: %s", shard + 1, shards,
+    # (the embed_changed task ends with a table of them)
+    log.debug("embed_changed shard %d/%d done: %s", shard + 1, shards,
              summary(counts, ("embedding_requests", "embedded", "embeddings_awaited", "embeddings_refused",
                               "embeddings_held_back", "left_pending")))
     return counts

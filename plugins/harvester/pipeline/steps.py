@@ -20,7 +20,8 @@ from harvester.pipeline.readahead import read_ahead
 from harvester.embeddings.batching import EmbedSettings, embed_pending, plan_shards
 from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
-from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, Progress, count_drift, plan_run, summary)
+from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, count_drift, plan_run, summary)
+from harvester.domain.tasklog import Progress
 from harvester.store import claims, datasets, duplicates, history, listing, outcomes, review, runs, staging, vectors
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,10 @@ def begin(conn, portal: Portal, *, dag_run_id: str | None = None, full_sync: boo
                      mode=plan.mode, since=plan.since, reconcile_reason=plan.reconcile, takeover=takeover,
                      stale_after=portal.stale_after)
     claims.prune(conn)  # claims a killed worker left behind (a small table; they bind nobody already)
-    log.info("run %s of %s: %s sync, %s%s", run.run_id, portal.name, run.mode, plan.reason,
-             f"; reconciles: {run.reconcile_reason}" if run.reconcile_reason else "")
-    return {"run_id": run.run_id, "mode": run.mode}
+    # (the begin task's summary says it again, in its table)
+    log.debug("run %s of %s: %s sync, %s%s", run.run_id, portal.name, run.mode, plan.reason,
+              f"; reconciles: {run.reconcile_reason}" if run.reconcile_reason else "")
+    return {"run_id": run.run_id, "mode": run.mode, "reason": plan.reason, "reconciles": run.reconcile_reason}
 
 
 # Failed records a step names in the task log; the rest are counted (every one is a row of the
@@ -83,13 +85,15 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
     are; the thread has ended on return."""
     attempt = runs.claim_staging(conn, run_id)
     staging.clear(conn, run_id)
-    progress = Progress(f"fetch_modified {portal.name}", None, log)
+    progress = Progress(f"listing records of {portal.name}", None, log)
+    kind = count_kind(portal, source)
     seq = failed = 0
     logged = [0]
     with read_ahead(source.iter_records(since, portal.page_size, listing, validators), depth=1,
                     name=f"harvester-listing-{run_id}") as pages:
         for page in pages:
-            progress.total = getattr(source, "total", None) or progress.total
+            total = getattr(source, "total", None)
+            progress.set_total(total, exact=kind.is_exact(total))
             staged, bad = _stage(conn, run_id, seq, page, logged, attempt)
             seq, failed = seq + staged, failed + bad
             progress.advance(staged)
@@ -149,7 +153,7 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
     outcomes.record_errors(conn, run_id, portal.url)
     if counts["failed"] and not counts["fetched"] and (listing.complete or mode == FULL):
         raise NothingUsable(_nothing_usable(conn, portal, run_id, counts["failed"]))
-    log.info("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
+    log.debug("fetch_modified done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("fetched", "failed")), source.requests_made, source.bytes_received)
     return {"run_id": run_id, **counts}
 
@@ -243,7 +247,7 @@ def reconcile(conn, portal: Portal, run_id: int, source: Source, *, ids_per_requ
             log.info("reconcile: %s", reason)
         counts = _reconcile(conn, portal, run_id, source, ids_per_request)
     runs.add_stats(conn, run_id, counts)
-    log.info("reconcile done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
+    log.debug("reconcile done in %.1fs: %s, %d requests, %d bytes received", time.monotonic() - started,
              summary(counts, ("reconcile_listed", "reconcile_missing", "reconcile_stale", "reconcile_fetched")),
              source.requests_made, source.bytes_received)
     return {"run_id": run_id, "reconciled": 1, **counts}
@@ -258,9 +262,10 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     seq = listing.next_seq(conn, run_id)
     unusable = whole_records = 0
     logged = [0]
-    progress = Progress(f"reconcile {portal.name}: listing identifiers", None, log)
+    progress = Progress(f"reconcile {portal.name}: listing identifiers", None, log, unit="ids")
+    kind = count_kind(portal, source)
     for page in source.list_ids(portal.page_size):
-        progress.total = source.total or progress.total
+        progress.set_total(source.total, exact=kind.is_exact(source.total))
         unusable += page.unusable
         with runs.staging_page(conn, run_id, attempt):
             listing.write(conn, run_id, page.ids)
@@ -280,7 +285,7 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
     if to_fetch:
         log.info("reconcile: %d listed ids we do not hold and %d held with another metadata_modified; fetching them",
                  found["missing"], found["stale"])
-    progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log)
+    progress = Progress(f"reconcile {portal.name}: fetching records", to_fetch, log, unit="records")
     for ids in listing.iter_to_fetch(conn, run_id):
         for page in source.fetch_by_ids(ids, per_request=ids_per_request):
             staged, _ = _stage(conn, run_id, seq, page, logged, attempt)
@@ -347,7 +352,7 @@ def hash_compare(conn, reader, portal: Portal, run_id: int, model: str | None = 
         out["bulk_index"] = bulk
         out["embed_shards"] = [{"run_id": run_id, "shard": i, "shards": shards, "bulk_index": bulk}
                                for i in range(shards)]
-    log.info("hash_compare done: %s", summary(out, ("created", "updated", "reidentified", "unchanged",
+    log.debug("hash_compare done: %s", summary(out, ("created", "updated", "reidentified", "unchanged",
                                                      "failed", "review", "pending_texts", "record_errors",
                                                      "record_warnings")))
     return out
@@ -555,7 +560,8 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
         log.warning("%d changed datasets have no vector yet (embedding deferred); the next run embeds them",
                     final["skipped"])
     keys = STAT_KEYS + SAVINGS_KEYS + ("review", "versions")
-    log.info("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
+    # (one long line, for the CLI's --verbose; the upsert task ends with a table of them)
+    log.debug("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
              ", reconciled" if run.reconcile_reason else "",
              summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
     changed = sum(int(final.get(k) or 0) for k in ("created", "updated", "removed", "reidentified"))

@@ -121,16 +121,58 @@ def _task_name() -> str:
 
 
 _open_connections: list = []  # of the task running in this process (tasks run one at a time)
+_memory: dict = {}  # the process's size after its last step (MB): the task's summary table shows it
 
 
 def _release_memory() -> None:
-    """What the step freed goes back to the system before the next step of this process (memory.py),
-    and the task log says how large the process got."""
+    """What the step freed goes back to the system before the next step of this process (memory.py);
+    the task's summary table says how large the process got."""
     from harvester.pipeline import memory
 
     before, after = memory.release()
-    log.info("memory: %.0f MB resident, %.0f MB before handing back what the step freed; peak %.0f MB",
-             after, before, memory.peak_rss_mb())
+    _memory.update(resident=after, before=before, peak=max(memory.peak_rss_mb(), before, after))
+    log.debug("memory: %.0f MB resident, %.0f MB before handing back what the step freed; peak %.0f MB",
+              after, before, _memory["peak"])
+
+
+# -- what each task's log says first and last (issue 38, finding 7) --------------------------------
+# A task's log opens with one line saying what the task will do, and ends with a short table of what
+# it did (domain/tasklog.py: aligned, each row short enough for Airflow's log viewer), whose last
+# row links to the run's page on the Harvester page. Progress lines of long steps come in between.
+def _intent(text: str) -> float:
+    """Log the task's first line (what it will do); returns when the task began (time.monotonic())."""
+    import time
+
+    log.info("%s", text)
+    return time.monotonic()
+
+
+def _summary(title: str, started: float, run_id: int | None, rows) -> None:
+    """Log the task's last lines: ``title`` with how long it took, ``rows`` (label, value) aligned,
+    the process's memory, and the run's page (pipeline/notify.py: under Airflow's [api] base_url)."""
+    import time
+
+    from harvester.domain import tasklog
+    from harvester.pipeline import notify
+
+    rows = [row for row in rows if row is not None]
+    if _memory:
+        rows.append(("memory", f"{_memory['resident']:.0f} MB resident, peak {_memory['peak']:.0f} MB"))
+    if run_id is not None:
+        rows.append(("run page", notify.report_url(run_id)))
+    for line in tasklog.table(f"{title}, in {tasklog.duration(time.monotonic() - started)}:", rows):
+        log.info("%s", line)
+
+
+def _traffic(source) -> tuple:
+    from harvester.domain import tasklog
+
+    return (("portal requests", source.requests_made), ("received", tasklog.size(source.bytes_received)))
+
+
+def _optional(label: str, value):
+    """A row only when it has something to say (a count other than 0)."""
+    return (label, value) if value else None
 
 
 def _is_backfill(dag_run) -> bool:
@@ -149,6 +191,7 @@ def begin(portal: Portal, settings: TaskSettings | None = None):
     from airflow.sdk import PokeReturnValue
 
     from harvester.pipeline import steps as pipeline
+    from harvester.config.secrets import redact_url
     from harvester.domain.run import format_duration
     from harvester.store import runs
 
@@ -158,11 +201,21 @@ def begin(portal: Portal, settings: TaskSettings | None = None):
     params = ctx["params"]
     takeover = bool(params.get("takeover"))
     backfill = _is_backfill(dag_run)
+    asked = [what for what, on in (("a full sync", params.get("full_sync")),
+                                   ("a reconciliation", params.get("reconcile")),
+                                   ("taking over a run in progress", takeover)) if on]
+    started = _intent(f"begin: opens a harvest run of {portal.name} ({portal.type} portal {redact_url(portal.url)}): "
+                      + (f"{' and '.join(asked)}, as requested" if asked else
+                         "full or incremental, as its watermark says")
+                      + ("; a backfill DAG run" if backfill else "") + "; waits while another run holds the portal")
     try:
         with _connection(migrate=True) as conn:  # once per poke, under migrate's advisory lock
             if backfill:
                 covered = _covered(conn, portal, dag_run.run_id, takeover, settings)
                 if covered is not None:
+                    _summary(f"begin: covered by run {covered['run_id']}", started, covered["run_id"],
+                             [("covered by", f"run {covered['run_id']} (DAG run {covered['covered_by']})"),
+                              ("other tasks", "skipped")])
                     return PokeReturnValue(True, xcom_value=covered)
             run = pipeline.begin(conn, portal, dag_run_id=dag_run.run_id, full_sync=bool(params.get("full_sync")),
                                  backfill=backfill, reconcile=bool(params.get("reconcile")), takeover=takeover)
@@ -177,6 +230,9 @@ def begin(portal: Portal, settings: TaskSettings | None = None):
                  "HARVESTER_BUSY_WAIT_SECS).", exc, format_duration(settings.busy_poll), format_duration(waited),
                  format_duration(settings.busy_wait))
         return PokeReturnValue(False)
+    reason, reconciles = run.pop("reason", None), run.pop("reconciles", None)  # (XCom: the run id and mode)
+    _summary(f"begin: run {run['run_id']} of {portal.name} opened", started, run["run_id"],
+             [("mode", run["mode"]), ("why", reason), ("reconciles", reconciles or "no")])
     return PokeReturnValue(True, xcom_value=run)
 
 
@@ -235,11 +291,21 @@ def _resume(conn, portal: Portal, run: dict) -> None:
 @_task
 def fetch_modified(portal: Portal, run: dict) -> dict:
     from harvester.pipeline import steps as pipeline
+    from harvester.store import runs
 
+    run_id = run["run_id"]
+    whole = run.get("mode") == "full" or not pipeline.CAPABILITIES[portal.type].incremental
+    which = "every dataset" if whole else "the datasets modified since the last run"
+    started = _intent(f"fetch_modified: lists {which} of {portal.name} into run {run_id}'s staging, page by page")
     _skip_if_covered(run)
+    source = pipeline.source_for(portal)
     with _connection() as conn:
         _resume(conn, portal, run)
-        return pipeline.fetch_modified(conn, portal, run["run_id"], pipeline.source_for(portal))
+        out = pipeline.fetch_modified(conn, portal, run_id, source)
+        mode = runs.get(conn, run_id).mode
+    _summary(f"fetch_modified: run {run_id} of {portal.name} staged {out['fetched']:,} records", started, run_id,
+             [("fetched", out["fetched"]), ("failed", out["failed"]), ("run mode", mode), *_traffic(source)])
+    return out
 
 
 @_task
@@ -247,11 +313,30 @@ def reconcile(portal: Portal, run: dict) -> dict:
     """Checks the portal's count (one request) and, when due, asked or the counts disagree,
     reconciles: every identifier listed and compared, what we lack or hold stale fetched."""
     from harvester.pipeline import steps as pipeline
+    from harvester.store import runs
 
+    run_id = run["run_id"]
+    started = _intent(f"reconcile: checks that run {run_id} ends with an exact copy of {portal.name}: compares the "
+                      "portal's count with ours, lists every id if needed")
     _skip_if_covered(run)
+    source = pipeline.source_for(portal)
     with _connection() as conn:
         _resume(conn, portal, run)
-        return pipeline.reconcile(conn, portal, run["run_id"], pipeline.source_for(portal))
+        out = pipeline.reconcile(conn, portal, run_id, source)
+        done = runs.get(conn, run_id)
+    count = done.stats.get("portal_count")
+    rows = [None if count is None else
+            ("portal count", f"at least {count:,}" if done.stats.get("portal_count_capped") else count),
+            ("reconciled", "yes" if out.get("reconciled") else
+             "no: a full sync lists the whole portal" if done.mode == "full" else "no")]
+    if out.get("reconciled"):
+        rows += [("ids listed", out.get("reconcile_listed", 0)), ("missing", out.get("reconcile_missing", 0)),
+                 ("stale", out.get("reconcile_stale", 0)), ("fetched", out.get("reconcile_fetched", 0)),
+                 _optional("without an id", out.get("reconcile_unusable", 0))]
+    if source.requests_made:
+        rows += _traffic(source)
+    _summary(f"reconcile: run {run_id} of {portal.name}", started, run_id, rows)
+    return out
 
 
 def _provider():
@@ -266,10 +351,21 @@ def hash_compare(portal: Portal, run: dict) -> list[dict]:
     """Classifies the run's records; returns the shards (run id, shard, counts) embed_changed maps over."""
     from harvester.pipeline import steps as pipeline
 
+    run_id = run["run_id"]
+    started = _intent(f"hash_compare: classifies run {run_id}'s staged records of {portal.name} (created, updated, "
+                      "unchanged, failed), works out their changes, plans the embedding")
     _skip_if_covered(run)
     with _connection() as conn, _connection() as reader:
         _resume(conn, portal, run)
-        out = pipeline.hash_compare(conn, reader, portal, run["run_id"], model=_provider().model)
+        out = pipeline.hash_compare(conn, reader, portal, run_id, model=_provider().model)
+    _summary(f"hash_compare: run {run_id} of {portal.name}", started, run_id, [
+        ("created", out.get("created", 0)), ("updated", out.get("updated", 0)),
+        _optional("reidentified", out.get("reidentified", 0)), ("unchanged", out.get("unchanged", 0)),
+        ("failed", out.get("failed", 0)), ("to review", out.get("review", 0)),
+        ("texts to embed", out.get("pending_texts", 0)), ("embed tasks", len(out.get("embed_shards", ()))),
+        ("bulk load", "yes: the index is built by upsert") if out.get("bulk_index") else None,
+        _optional("record errors", out.get("record_errors", 0)),
+        _optional("record warnings", out.get("record_warnings", 0))])
     counts = {k: v for k, v in out.items() if k != "embed_shards"}
     return [{**counts, **work} for work in out["embed_shards"]]
 
@@ -279,16 +375,27 @@ def embed_changed(portal: Portal, work: dict) -> dict:
     """One shard of the run's pending texts (the DAG maps this task over hash_compare's shards)."""
     from harvester.pipeline import steps as pipeline
 
+    run_id, shard, shards = work["run_id"], work["shard"], work["shards"]
+    planned = work.get("pending_texts")
+    started = _intent(f"embed_changed: embeds shard {shard + 1} of {shards} of the texts of {portal.name} without a "
+                      f"vector (run {run_id}" + (f": {planned:,} to embed in all)" if planned is not None else ")"))
     _skip_if_covered(work)
     provider = _provider()
     with _connection() as conn, _connection() as reader:
         _resume(conn, portal, work)
-        return pipeline.embed_changed(conn, reader, portal, work["run_id"], provider,
-                                      shard=work["shard"], shards=work["shards"],
-                                      bulk_index=bool(work.get("bulk_index")),
-                                      # what hash_compare counted (a provider changed in between
-                                      # leaves its texts pending for the next run, as a breaker would)
-                                      planned=work.get("pending_texts"))
+        out = pipeline.embed_changed(conn, reader, portal, run_id, provider, shard=shard, shards=shards,
+                                     bulk_index=bool(work.get("bulk_index")),
+                                     # what hash_compare counted (a provider changed in between
+                                     # leaves its texts pending for the next run, as a breaker would)
+                                     planned=planned)
+    _summary(f"embed_changed: shard {shard + 1}/{shards} of run {run_id} of {portal.name}", started, run_id, [
+        ("model", f"{provider.model} ({provider.name})"), ("embedded", out.get("embedded", 0)),
+        ("requests", out.get("embedding_requests", 0)),
+        _optional("from other runs", out.get("embeddings_awaited", 0)),
+        _optional("refused", out.get("embeddings_refused", 0)),
+        _optional("held back", out.get("embeddings_held_back", 0)),
+        ("left pending", out.get("left_pending", 0))])
+    return out
 
 
 def asset_uri(portal: Portal) -> str:
@@ -324,6 +431,9 @@ def upsert(portal: Portal, run: dict) -> dict:
     portal's notify targets when the run is degraded or needs review."""
     from harvester.pipeline import steps as pipeline
 
+    run_id = run["run_id"]
+    started = _intent(f"upsert: commits run {run_id} of {portal.name} in one transaction (datasets, versions, changes, "
+                      "removals) and moves the watermark")
     _skip_if_covered(run)
     ctx = _context()
     provider = _provider()
@@ -344,7 +454,21 @@ def upsert(portal: Portal, run: dict) -> dict:
 
         notify.announce(portal, notify.commit_outcomes(stats), ctx, run_id=stats["run_id"], stats=stats,
                         reasons=reasons)
+    _summary(f"upsert: run {run_id} of {portal.name} committed", started, run_id, _upsert_rows(stats))
     return stats
+
+
+def _upsert_rows(stats: dict) -> list:
+    """The upsert's table: what users see changed, what the run left undone, what it cost."""
+    get = lambda key: int(stats.get(key) or 0)  # noqa: E731
+    return [("fetched", get("fetched")), ("created", get("created")), ("updated", get("updated")),
+            ("unchanged", get("unchanged")), ("removed", get("removed")), ("failed", get("failed")),
+            _optional("reidentified", get("reidentified")), ("to review", get("review")),
+            ("versions", get("versions")), ("embedded", get("embedded")),
+            _optional("vectors reused", get("embeddings_reused")),
+            _optional("no vector yet", get("skipped")),
+            _optional("removals withheld", get("removals_withheld")),
+            _optional("reconciled: fetched", get("reconcile_fetched"))]
 
 
 def _abort(portal: Portal, context, status: str) -> None:

@@ -266,6 +266,7 @@ class CkanClient:
         stepbacks = 0
         first = True
         yielded = 0
+        requests_before = self.requests_made  # (the client's count runs across listings)
         self.cut = None
         last_ids: tuple | None = None  # the ids of the previous answer, in order
 
@@ -360,7 +361,8 @@ class CkanClient:
                                     f"start={start} (pages of {len(page)} records)",
                                     portal=self.portal, action="package_search")
                 pos = new_pos
-        log.info("%s: listing done, %d records in %d requests so far", self.portal, yielded, self.requests_made)
+        made = self.requests_made - requests_before
+        log.info("%s: listing done: %d records in %d request%s", self.portal, yielded, made, "" if made == 1 else "s")
 
     def fetch_by_ids(self, ids: list[str], per_request: int = 100) -> Iterator[list[dict]]:
         """Yield the records of ``ids`` in full, a page per request: ``package_search`` with
