@@ -197,17 +197,15 @@ def _run_export(kind: str, path: str, target: Path, identity: str, timeout: floa
     env.setdefault("HF_HUB_OFFLINE", "1")  # the model is on disk: never a hub (see embeddings/local.py)
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     started = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "harvester.embeddings.onnx_export", kind, path, str(work)],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    returncode, tail = _export_child(kind, path, work, identity, env, timeout)
+    if returncode is None:
         shutil.rmtree(work, ignore_errors=True)
         raise ExportFailed(f"exporting {identity} for ONNX Runtime took more than {timeout:.0f} s "
                            "(HARVESTER_LOCAL_EXPORT_TIMEOUT_SECS)") from None
-    if done.returncode != 0:
+    if returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
-        tail = " | ".join(line for line in done.stderr.strip().splitlines()[-3:])
-        raise ExportFailed(f"exporting {identity} for ONNX Runtime failed (exit status {done.returncode}): "
+        tail = " | ".join(tail[-3:])
+        raise ExportFailed(f"exporting {identity} for ONNX Runtime failed (exit status {returncode}): "
                            f"{tail[-600:]}")
     manifest, why = check(work)
     if manifest is None:
@@ -219,6 +217,52 @@ def _run_export(kind: str, path: str, target: Path, identity: str, timeout: floa
              "on the probe texts) into %s", identity, time.perf_counter() - started, manifest["precision"],
              manifest["probe_min_cosine"], target)
     return manifest
+
+
+def _export_child(kind: str, path: str, work: Path, identity: str, env: dict,
+                  timeout: float) -> tuple[int | None, list[str]]:
+    """Run the export (onnx_export.py) in a child process, logging each of its steps as it starts,
+    with the time spent and an ETA (its progress lines on stderr); kill it after ``timeout``
+    seconds. Returns its exit status (None: killed at the time limit) and the last lines of its
+    stderr that are not progress lines (the error of a failed export)."""
+    import collections
+
+    from harvester.domain import tasklog
+
+    proc = subprocess.Popen([sys.executable, "-m", "harvester.embeddings.onnx_export", kind, path, str(work)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    tail: collections.deque = collections.deque(maxlen=20)
+    what = f"exporting {identity} for ONNX Runtime"
+    log.info("%s: the model's first use on this machine, in a child process that loads PyTorch (10 to 30 s; "
+             "at most %.0f s, HARVESTER_LOCAL_EXPORT_TIMEOUT_SECS)", what, timeout)
+
+    def read_stderr():
+        for line in proc.stderr:
+            if line.startswith(_PROGRESS_PREFIX):
+                try:
+                    step = json.loads(line[len(_PROGRESS_PREFIX):])
+                    log.info("%s", tasklog.step_line(what, int(step["step"]), int(step["of"]), str(step["what"]),
+                                                     float(step["elapsed"]), float(step["share"])))
+                    continue
+                except (ValueError, KeyError, TypeError):
+                    pass
+            if line.strip():
+                tail.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read_stderr, name="harvester-export-progress", daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        returncode = None
+    reader.join(timeout=10)  # its pipe closed with the process
+    return returncode, list(tail)
+
+
+_PROGRESS_PREFIX = "harvester-export-progress "  # onnx_export.PROGRESS_PREFIX (that module imports PyTorch's helpers)
 
 
 def prepare(kind: str, path: str, identity: str) -> tuple[Path, dict]:
