@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.config.secrets import redact_url
-from harvester.ui import auth, validate_api
+from harvester.ui import actions_api, auth, validate_api
 
 log = logging.getLogger(__name__)
 
@@ -932,3 +932,6 @@ def api_forget(request: Request, body: DatasetRef, user=Writer, conn=Depends(dat
 
 # -- checking a catalogue before harvesting it (harvester.ui.validate_api) ------------------------------
 app.include_router(validate_api.router)
+
+# -- many reviews at once, exports, running a portal's DAG now (harvester.ui.actions_api) -------------------
+app.include_router(actions_api.router)
