@@ -213,6 +213,9 @@ def test_a_portals_dag_is_triggered_through_airflow(world, client, tokens):
                          json={"action": "run"})
     assert paused.status_code == 409 and "paused" in paused.json()["detail"], paused.text
     assert dag_runs(dag_id) == before
+    state = client.get("/harvester/api/portals/test/trigger", headers=as_(tokens, "editor")).json()
+    assert state["can_trigger"] is True and state["paused"] is True and "paused" in state["problem"]
+    assert client.get("/harvester/api/portals/test/trigger", headers=as_(tokens, "viewer")).json()["can_trigger"] is False
 
     unpause = client.patch(f"/api/v2/dags/{dag_id}", headers=as_(tokens, "admin"), json={"is_paused": False})
     assert unpause.status_code == 200, unpause.text
@@ -237,6 +240,10 @@ def test_a_portals_dag_is_triggered_through_airflow(world, client, tokens):
         assert got_conf == conf and str(getattr(run_type, "value", run_type)) == "manual"
         assert user == "editor" and state == "queued"
     assert set(runs) == set(before) | set(made)
+    state = client.get("/harvester/api/portals/test/trigger", headers=as_(tokens, "editor")).json()
+    assert state["problem"] is None and state["in_airflow"] is True and state["dag_url"] == f"/dags/{dag_id}"
+    unparsed = client.get("/harvester/api/portals/unparsed/trigger", headers=as_(tokens, "editor")).json()
+    assert unparsed["in_airflow"] is False and "not parsed yet" in unparsed["problem"]
 
     unparsed = client.post("/harvester/api/portals/unparsed/trigger", headers=as_(tokens, "editor"),
                            json={"action": "run"})

@@ -232,6 +232,39 @@ def _dag_model(dag_id: str):
     return None if row is None else {"paused": bool(row[0]), "stale": bool(row[1]), "import_errors": bool(row[2])}
 
 
+@router.get("/api/portals/{name}/trigger", tags=["portals"],
+            summary="Whether the user may run the portal's DAG now, and whether Airflow would run it")
+def api_trigger_state(request: Request, name: str, user=Reader):
+    """`can_trigger`: whether Airflow lets the user create runs of the DAG; `in_airflow`: whether
+    Airflow knows the DAG (parsed, not stale, no import errors); `paused`; `dag_url`: the DAG in
+    Airflow's UI; `problem`: why a run cannot start now (null when it can)."""
+    ui = _ui()
+    portal = ui._portal_named(name)
+    dag = _dag_model(portal.dag_id)
+    problem = _refusal(portal.dag_id, dag)
+    return {"portal": portal.name, "dag_id": portal.dag_id, "can_trigger": auth.can_trigger(user, portal.dag_id),
+            "in_airflow": dag is not None and not dag["stale"] and not dag["import_errors"],
+            "paused": None if dag is None else dag["paused"], "problem": problem[1] if problem else None,
+            "dag_url": f"{ui._airflow_root(request)}/dags/{portal.dag_id}"}
+
+
+def _refusal(dag_id: str, dag: dict | None) -> tuple[int, str] | None:
+    """(status, message) when Airflow would not run the DAG now: unknown, stale, import errors, paused."""
+    if dag is None or dag["stale"]:
+        return (status.HTTP_404_NOT_FOUND,
+                f"Airflow does not know the DAG {dag_id} "
+                f"({'stale: its file no longer defines it' if dag else 'not parsed yet'}): check that the portal is "
+                "in the portals.yaml the DAG processor reads, then wait for the DAG processor")
+    if dag["import_errors"]:
+        return (status.HTTP_409_CONFLICT,
+                f"{dag_id} has import errors in Airflow: fix them (Airflow's Dag import errors) first")
+    if dag["paused"]:
+        return (status.HTTP_409_CONFLICT,
+                f"{dag_id} is paused in Airflow: a run would wait until it is unpaused; unpause it in Airflow "
+                "first (its toggle on the Dags page)")
+    return None
+
+
 @router.post("/api/portals/{name}/trigger", tags=["portals"], status_code=status.HTTP_201_CREATED,
              summary="Run the portal's DAG now (run, full sync or reconcile), through Airflow",
              responses={401: {"description": "not authenticated"},
@@ -254,19 +287,9 @@ def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer):
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             f"{user.get_name()} may not trigger {dag_id}: Airflow's auth manager does not allow "
                             "creating runs of that DAG")
-    dag = _dag_model(dag_id)
-    if dag is None or dag["stale"]:
-        raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            f"Airflow does not know the DAG {dag_id} ({'stale: its file no longer defines it' if dag else 'not parsed yet'}): "
-                            "check that portals.yaml is in the DAG processor's reach and the portal is enabled, then "
-                            "wait for the DAG processor")
-    if dag["import_errors"]:
-        raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"{dag_id} has import errors in Airflow: fix them (Airflow's Dag import errors) first")
-    if dag["paused"]:
-        raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"{dag_id} is paused in Airflow: a run would wait until it is unpaused; unpause it in "
-                            "Airflow first (its toggle on the Dags page)")
+    refused = _refusal(dag_id, _dag_model(dag_id))
+    if refused:
+        raise HTTPException(*refused)
     conf = {"full_sync": False, "reconcile": False, **ACTIONS[body.action],
             "force_removals": body.force_removals, "takeover": body.takeover}
     triggered = DagRunTriggeredByType.UI if request.headers.get("referer") else DagRunTriggeredByType.REST_API

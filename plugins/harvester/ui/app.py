@@ -1,7 +1,8 @@
 """The Harvester app inside the Airflow UI: HTML pages and a JSON API, mounted at /harvester.
 
 The plugin (harvester.ui.plugin) mounts ``app`` in Airflow's api-server. Pages (``/``,
-``/portals/{name}``, ``/runs/{run_id}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``)
+``/portals/{name}``, ``/runs/{run_id}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``,
+``/validate``)
 all serve the same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
 OpenAPI description is at ``/docs``. Who may do what: harvester.ui.auth.
 
@@ -409,6 +410,11 @@ async def page_dataset(request: Request, portal: str, source_id: str):
 
 @app.get("/search", include_in_schema=False)
 async def page_search(request: Request):
+    return await _serve_page(request)
+
+
+@app.get("/validate", include_in_schema=False)
+async def page_validate(request: Request):
     return await _serve_page(request)
 
 
