@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.ui import auth
+from harvester.ui.common import airflow_root, dag_run_url, invalid, user_date
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,17 @@ Reader = Depends(auth.reader)
 Writer = Depends(auth.writer)
 
 
-def _ui():
-    """harvester.ui.app (which includes this router): its helpers, imported when a request needs them."""
-    from harvester.ui import app
+def _portal(name: str, parameter: str | None = None):
+    """The portal of portals.yaml named ``name`` (its DAG is ``harvest_<name>``): a 404 naming it
+    otherwise, or with ``parameter``, a 422 naming the parameter."""
+    from harvester.config.portals import load_portals
 
-    return app
+    for portal in load_portals():
+        if portal.name == name:
+            return portal
+    if parameter:
+        raise invalid(parameter, f"no portal named {name!r} in portals.yaml")
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} in portals.yaml")
 
 
 def database():
@@ -76,11 +83,11 @@ def api_review_many(body: BulkReviewBody, user=Writer, conn=Depends(database)):
     statement. Needs edit (PUT) access to the DAG of the portal of every change named. Answers
     `marked` (how many were marked now), `marked_ids`, and `already_reviewed` (the ids that had a
     review already, which they keep)."""
+    from harvester.config.portals import load_portals
     from harvester.store import review
 
-    ui = _ui()
     ids = sorted(set(body.ids))
-    by_url = {p.url: p for p in ui._portals()}
+    by_url = {p.url: p for p in load_portals()}
     with conn.transaction():
         portals = review.change_portals(conn, ids)
         missing = [i for i in ids if i not in portals]
@@ -105,7 +112,7 @@ def api_review_many(body: BulkReviewBody, user=Writer, conn=Depends(database)):
         try:
             marked = review.review_many(conn, ids, outcome=body.action, by=user.get_name(), note=body.note)
         except ValueError as exc:
-            raise ui._invalid("note", str(exc), "body") from None
+            raise invalid("note", str(exc), "body") from None
     done = set(marked)
     return {"action": body.action, "marked": len(marked), "marked_ids": marked,
             "already_reviewed": [i for i in ids if i not in done]}
@@ -156,14 +163,13 @@ def api_export_changes(format: Literal["csv", "jsonl"] = FORMAT,
     from harvester.domain import changes as ch
     from harvester.store import export
 
-    ui = _ui()
     types = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED, ch.METADATA_UPDATED, ch.REMOVED,
              ch.RESTORED)
     change_type = change_type or None
     if change_type is not None and change_type not in types:
-        raise ui._invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
-    url = ui._portal_named(portal, "portal").url if portal else None
-    when = ui._date(since, "since")
+        raise invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
+    url = _portal(portal, "portal").url if portal else None
+    when = user_date(since, "since")
 
     def source(conn):
         return export.CHANGE_COLUMNS, export.change_batches(conn, portal_url=url, since=when, change_type=change_type,
@@ -190,11 +196,10 @@ def api_export_datasets(format: Literal["csv", "jsonl"] = FORMAT,
     `format` filter (`format` names the file's). Streamed from one consistent snapshot."""
     from harvester.store import export, search
 
-    ui = _ui()
-    url = ui._portal_named(portal, "portal").url if portal else None
+    url = _portal(portal, "portal").url if portal else None
     filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
                                    format=format_ or None, license=license or None,
-                                   since=ui._date(since, "since"), until=ui._date(until, "until", end=True),
+                                   since=user_date(since, "since"), until=user_date(until, "until", end=True),
                                    include_removed=include_removed)
 
     def source(conn):
@@ -238,14 +243,13 @@ def api_trigger_state(request: Request, name: str, user=Reader):
     """`can_trigger`: whether Airflow lets the user create runs of the DAG; `in_airflow`: whether
     Airflow knows the DAG (parsed, not stale, no import errors); `paused`; `dag_url`: the DAG in
     Airflow's UI; `problem`: why a run cannot start now (null when it can)."""
-    ui = _ui()
-    portal = ui._portal_named(name)
+    portal = _portal(name)
     dag = _dag_model(portal.dag_id)
     problem = _refusal(portal.dag_id, dag)
     return {"portal": portal.name, "dag_id": portal.dag_id, "can_trigger": auth.can_trigger(user, portal.dag_id),
             "in_airflow": dag is not None and not dag["stale"] and not dag["import_errors"],
             "paused": None if dag is None else dag["paused"], "problem": problem[1] if problem else None,
-            "dag_url": f"{ui._airflow_root(request)}/dags/{portal.dag_id}"}
+            "dag_url": f"{airflow_root(request)}/dags/{portal.dag_id}"}
 
 
 def _refusal(dag_id: str, dag: dict | None) -> tuple[int, str] | None:
@@ -280,8 +284,7 @@ def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer):
     from airflow.exceptions import DagNotFound, DagRunAlreadyExists
     from airflow.utils.types import DagRunTriggeredByType
 
-    ui = _ui()
-    portal = ui._portal_named(name)
+    portal = _portal(name)
     dag_id = portal.dag_id
     if not auth.can_trigger(user, dag_id):
         raise HTTPException(status.HTTP_403_FORBIDDEN,
@@ -305,4 +308,4 @@ def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer):
     state = getattr(run.state, "value", run.state)
     log.info("%s triggered %s (%s): DAG run %s", user.get_name(), dag_id, body.action, run.run_id)
     return {"portal": portal.name, "dag_id": dag_id, "dag_run_id": run.run_id, "action": body.action, "conf": conf,
-            "state": str(state), "dag_run_url": ui._dag_run_url(ui._airflow_root(request), dag_id, run.run_id)}
+            "state": str(state), "dag_run_url": dag_run_url(airflow_root(request), dag_id, run.run_id)}
