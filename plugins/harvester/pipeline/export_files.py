@@ -20,12 +20,13 @@ import csv
 import fcntl
 import hashlib
 import json
+import io
 import os
 import stat
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from harvester.config.secrets import redact_url
 from harvester.store import export as store
@@ -158,27 +159,31 @@ def _text_file(fd: int | None, newline: str):
         yield out
 
 
+def _csv_cell(value, kind):
+    value = _text_value(value, kind)
+    if value is None:
+        return ""
+    if kind == "bool":
+        return "true" if value else "false"
+    if kind == "list<string>":
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def write_csv(fd: int | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
     kinds = [c.type for c in columns]
     rows = 0
-
-    def cell(value, kind):
-        value = _text_value(value, kind)
-        if value is None:
-            return ""
-        if kind == "bool":
-            return "true" if value else "false"
-        if kind == "list<string>":
-            return json.dumps(value, ensure_ascii=False)
-        return value
-
     with _text_file(fd, "") as out:
         writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
         writer.writerow([c.name for c in columns])
         for batch in batches:
-            writer.writerows([cell(v, k) for v, k in zip(row, kinds)] for row in batch)
+            writer.writerows([_csv_cell(v, k) for v, k in zip(row, kinds)] for row in batch)
             rows += len(batch)
     return rows
+
+
+def _jsonl_line(names, kinds, row) -> str:
+    return json.dumps({n: _text_value(v, k) for n, v, k in zip(names, row, kinds)}, ensure_ascii=False) + "\n"
 
 
 def write_jsonl(fd: int | None, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> int:
@@ -186,10 +191,30 @@ def write_jsonl(fd: int | None, columns: Sequence[store.Column], batches: Iterab
     rows = 0
     with _text_file(fd, "\n") as out:
         for batch in batches:
-            out.writelines(json.dumps({n: _text_value(v, k) for n, v, k in zip(names, row, kinds)},
-                                      ensure_ascii=False) + "\n" for row in batch)
+            out.writelines(_jsonl_line(names, kinds, row) for row in batch)
             rows += len(batch)
     return rows
+
+
+def text_chunks(fmt: str, columns: Sequence[store.Column], batches: Iterable[list[tuple]]) -> Iterator[bytes]:
+    """CSV or JSON Lines as UTF-8 bytes, one chunk per batch (the same bytes as ``write_csv`` /
+    ``write_jsonl``): what the Harvester page streams to a browser, never holding more than a batch."""
+    if fmt not in ("csv", "jsonl"):
+        raise ValueError(f"cannot stream {fmt!r}: choose csv or jsonl")
+    names, kinds = [c.name for c in columns], [c.type for c in columns]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
+    if fmt == "csv":
+        writer.writerow(names)
+        yield buffer.getvalue().encode("utf-8")
+    for batch in batches:
+        buffer.seek(0)
+        buffer.truncate()
+        if fmt == "csv":
+            writer.writerows([_csv_cell(v, k) for v, k in zip(row, kinds)] for row in batch)
+        else:
+            buffer.writelines(_jsonl_line(names, kinds, row) for row in batch)
+        yield buffer.getvalue().encode("utf-8")
 
 
 WRITERS = {"parquet": write_parquet, "csv": write_csv, "jsonl": write_jsonl}

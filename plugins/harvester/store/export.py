@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import datetime
+from decimal import Decimal
 from functools import lru_cache
 from typing import Iterator, NamedTuple
 
@@ -104,6 +105,7 @@ LEFT JOIN (SELECT group_id, count(*) AS members FROM duplicate_members GROUP BY 
 WHERE (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
   AND (%(include_removed)s OR d.removed_at IS NULL)
   AND (%(since)s::timestamptz IS NULL OR d.updated_at >= %(since)s OR d.removed_at >= %(since)s)
+  {narrowed}
 ORDER BY d.id
 """
 
@@ -116,6 +118,9 @@ JOIN datasets d ON d.id = c.dataset_id
 LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
 WHERE (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
   AND (%(since)s::timestamptz IS NULL OR c.detected_at >= %(since)s)
+  AND (%(change_type)s::text IS NULL OR c.change_type = %(change_type)s)
+  AND (NOT %(queue)s OR (c.requires_review AND c.review_outcome IS NULL))
+  AND (%(min_significance)s::numeric IS NULL OR c.significance_score >= %(min_significance)s::numeric)
 ORDER BY c.detected_at, c.id
 """
 
@@ -175,22 +180,35 @@ def _batches(conn, name: str, sql: str, params: dict, batch_rows: int) -> Iterat
 
 
 def dataset_batches(conn, *, portal_url: str | None = None, since: datetime | None = None,
-                    include_removed: bool = False, raw: bool = False,
+                    include_removed: bool = False, raw: bool = False, filters=None,
                     batch_rows: int = BATCH_ROWS) -> Iterator[list[tuple]]:
     """The datasets, by id, as tuples in ``dataset_columns(raw)``'s order: live ones only unless
-    ``include_removed``; with ``since``, those updated (or removed) at or after it."""
-    sql = _DATASETS_SQL.format(raw=", d.raw::text" if raw else "")
+    ``include_removed``; with ``since``, those updated (or removed) at or after it; with
+    ``filters`` (a store.search.SearchFilters: organization, tag, format, licence, modified from /
+    until, as search filters), those the search's filters keep (the Harvester page's export of
+    its search filters)."""
+    narrowed, params = "", {}
+    if filters is not None:
+        from harvester.store.search import filter_sql
+
+        where, params = filter_sql(filters, "s")
+        narrowed = f"AND d.id IN (SELECT s.dataset_id FROM dataset_search s WHERE {where})"
+    sql = _DATASETS_SQL.format(raw=", d.raw::text" if raw else "", narrowed=narrowed)
     yield from _with_shown_url(_batches(conn, "harvester_export_datasets", sql, {
-        "portal": portal_url, "since": since, "include_removed": include_removed}, batch_rows), 2)
+        **params, "portal": portal_url, "since": since, "include_removed": include_removed}, batch_rows), 2)
 
 
 def change_batches(conn, *, portal_url: str | None = None, since: datetime | None = None,
+                   change_type: str | None = None, queue: bool = False, min_significance: float | None = None,
                    batch_rows: int = BATCH_ROWS) -> Iterator[list[tuple]]:
     """The changes oldest first, as tuples in ``CHANGE_COLUMNS``' order; with ``since``, those
-    detected at or after it."""
+    detected at or after it; ``change_type``, ``queue`` (only those waiting for review) and
+    ``min_significance`` narrow them as the Harvester page's changes list does
+    (store.history.page_changes)."""
     from harvester.store.history import describe
 
     # the summary from the change's type and fields, as `harvester changes` words it
-    for batch in _batches(conn, "harvester_export_changes", _CHANGES_SQL, {"portal": portal_url, "since": since},
-                          batch_rows):
+    params = {"portal": portal_url, "since": since, "change_type": change_type, "queue": bool(queue),
+              "min_significance": None if min_significance is None else Decimal(str(min_significance))}
+    for batch in _batches(conn, "harvester_export_changes", _CHANGES_SQL, params, batch_rows):
         yield [row[:3] + (_shown(row[3]),) + row[4:9] + (describe(row[7], row[9] or {}),) + row[10:] for row in batch]

@@ -79,3 +79,38 @@ def count_needing_review(conn, run_id: int) -> int:
     """How many changes of run ``run_id`` require review."""
     return int(conn.execute("SELECT count(*) FROM dataset_changes WHERE run_id = %s AND requires_review",
                             (run_id,)).fetchone()[0])
+
+
+MANY_MAX = 500  # changes one bulk review may name: a page of the changes list at its largest
+
+
+def change_portals(conn, change_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+    """Per change id that exists: (its dataset's portal URL, the portal's name as its runs recorded it)."""
+    rows = conn.execute(
+        "SELECT c.id, d.portal_url, p.portal_name FROM dataset_changes c JOIN datasets d ON d.id = c.dataset_id"
+        " LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url WHERE c.id = ANY(%s)",
+        (list(change_ids),)).fetchall()
+    return {cid: (url, name) for cid, url, name in rows}
+
+
+def review_many(conn, change_ids: list[int], *, outcome: str, by: str, note: str | None = None) -> list[int]:
+    """Record one review (``outcome``, who, now, the note) of every change of ``change_ids`` that
+    has none yet, in one statement; the ids it marked. Changes reviewed already (before, or by
+    someone else at the same moment) keep their review and are not among the ids. ValueError for
+    a bad outcome, name, note or too many ids."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r} must be one of {', '.join(OUTCOMES)}")
+    by = (by or "").strip()
+    if not by:
+        raise ValueError("a review needs the name of who made it")
+    note = (note or "").strip() or None
+    if note is not None and len(note) > NOTE_MAX:
+        raise ValueError(f"the note has {len(note)} characters; at most {NOTE_MAX} are kept")
+    ids = sorted(set(change_ids))
+    if len(ids) > MANY_MAX:
+        raise ValueError(f"{len(ids)} changes named; at most {MANY_MAX} are reviewed at once")
+    rows = conn.execute(
+        "UPDATE dataset_changes SET review_outcome = %(outcome)s, reviewed_by = %(by)s, review_note = %(note)s,"
+        " reviewed_at = now() WHERE id = ANY(%(ids)s) AND review_outcome IS NULL RETURNING id",
+        {"ids": ids, "outcome": outcome, "by": by, "note": note}).fetchall()
+    return sorted(r[0] for r in rows)

@@ -1,7 +1,8 @@
 """The Harvester app inside the Airflow UI: HTML pages and a JSON API, mounted at /harvester.
 
 The plugin (harvester.ui.plugin) mounts ``app`` in Airflow's api-server. Pages (``/``,
-``/portals/{name}``, ``/runs/{run_id}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``)
+``/portals/{name}``, ``/runs/{run_id}``, ``/changes``, ``/datasets/{portal}/{source_id}``, ``/search``,
+``/validate``)
 all serve the same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
 OpenAPI description is at ``/docs``. Who may do what: harvester.ui.auth.
 
@@ -27,12 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.config.secrets import redact_url
-from harvester.ui import auth, validate_api
+from harvester.ui import actions_api, auth, validate_api
+from harvester.ui.common import PREFIX, airflow_root as _airflow_root, dag_run_url as _dag_run_url
+from harvester.ui.common import invalid as _invalid, user_date as _date
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-PREFIX = "/harvester"  # where the plugin mounts the app (under Airflow's [api] base_url path)
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 TASK_ORDER = ("begin", "fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert")
@@ -99,12 +101,6 @@ def _install_error_handlers() -> None:
 _install_error_handlers()
 
 
-def _invalid(parameter: str, message: str, where: str = "query") -> HTTPException:
-    """422 shaped like FastAPI's own validation errors, naming the parameter."""
-    return HTTPException(422,
-                         [{"loc": [where, parameter], "msg": f"{parameter}: {message}", "type": "value_error"}])
-
-
 # -- dependencies -----------------------------------------------------------------------------------
 def database():
     """A connection to the harvester database for this request (as a DAG task opens one)."""
@@ -143,18 +139,7 @@ def _page(items: list, total: int, limit: int, offset: int) -> dict:
 
 
 # -- links into the Airflow UI --------------------------------------------------------------------------
-def _airflow_root(request: Request) -> str:
-    """The Airflow UI's path prefix ([api] base_url's path), from where this app is mounted."""
-    root = request.scope.get("root_path", "")
-    return root[: -len(PREFIX)] if root.endswith(PREFIX) else ""
-
-
-def _dag_run_url(root: str, dag_id: str | None, dag_run_id: str | None) -> str | None:
-    if not dag_id or not dag_run_id:
-        return None
-    return f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
-
-
+# (common.airflow_root, common.dag_run_url: _airflow_root, _dag_run_url)
 def _read_airflow(what: str, query) -> list | None:
     """Rows of a query on Airflow's metadata database; None (and a warning) when it is out of
     reach: the pages show the rest anyway."""
@@ -339,19 +324,6 @@ def _change_items(changes: list[dict], user, request: Request) -> list[dict]:
     } for c, name, dag_id in named]
 
 
-def _date(text: str | None, parameter: str, end: bool = False) -> datetime | None:
-    """A date parameter (domain.dates.parse_user_date; ``end``: a date is up to its last instant);
-    None when absent or blank, else a 422 naming the parameter."""
-    from harvester.domain.dates import parse_user_date
-
-    if text is None or not text.strip():
-        return None
-    try:
-        return parse_user_date(text, end=end)
-    except ValueError as exc:
-        raise _invalid(parameter, str(exc)) from None
-
-
 # -- pages --------------------------------------------------------------------------------------------
 async def _page_user(request: Request):
     """The user of a page: anonymous visitors go to Airflow's login (and come back), others
@@ -409,6 +381,11 @@ async def page_dataset(request: Request, portal: str, source_id: str):
 
 @app.get("/search", include_in_schema=False)
 async def page_search(request: Request):
+    return await _serve_page(request)
+
+
+@app.get("/validate", include_in_schema=False)
+async def page_validate(request: Request):
     return await _serve_page(request)
 
 
@@ -932,3 +909,6 @@ def api_forget(request: Request, body: DatasetRef, user=Writer, conn=Depends(dat
 
 # -- checking a catalogue before harvesting it (harvester.ui.validate_api) ------------------------------
 app.include_router(validate_api.router)
+
+# -- many reviews at once, exports, running a portal's DAG now (harvester.ui.actions_api) -------------------
+app.include_router(actions_api.router)

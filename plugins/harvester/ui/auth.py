@@ -18,8 +18,11 @@ manager the api-server initialized (``get_user_from_token``: signature, expiry, 
   403. ``POST /api/validate`` (which makes the server fetch URLs of the caller's choosing) is a
   write route unless HARVESTER_VALIDATE_READERS opens it to readers (``validator``).
 - Then each operation needs edit access to the DAG of every portal it changes: reviewing a
-  change, its portal's; deciding about duplicates, the portal of each dataset whose decisions it
+  change (or many at once), its portal's; deciding about duplicates, the portal of each dataset whose decisions it
   writes or drops (harvester.ui.app); else 403 naming the DAGs, and nothing is changed.
+- Starting a run of a portal's DAG from its page (run now, full sync now, reconcile now) needs
+  what Airflow's own trigger route needs: ``is_authorized_dag`` POST on that DAG's runs
+  (``can_trigger``); else 403 naming the DAG.
 
 With Airflow's simple auth manager, ``is_authorized_dag`` answers by role alone: every role may
 read, and the roles User, Op and Admin may write (Viewer may not). Other auth managers answer with
@@ -94,6 +97,15 @@ def can_review(user, dag_id: str | None) -> bool:
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
     return bool(auth_manager().is_authorized_dag(method="PUT", details=DagDetails(id=dag_id), user=user))
+
+
+def can_trigger(user, dag_id: str) -> bool:
+    """Whether the user may create a run of the DAG ``dag_id``: what Airflow's own trigger route
+    (POST /api/v2/dags/{dag_id}/dagRuns) asks its auth manager, a DAG run POST on that DAG."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    return bool(auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
+                                                 details=DagDetails(id=dag_id), user=user))
 
 
 async def reader(request: Request):

@@ -418,6 +418,7 @@
         portal.url ? extLink(portal.url) : null),
       h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v)))),
       duplicatesNote(portal.duplicates),
+      portalActions(portal.name),
       runCharts(chartRuns.items || []),
       h("section", { class: "card" },
         h("h2", {}, "Runs"),
@@ -706,9 +707,11 @@
         h("label", {}, "Since", controls.since),
         h("label", {}, "Min. significance", controls.min_significance),
         h("button", { type: "button", class: "btn btn-link", on: { click: () => go({ portal: "", change_type: "", since: "", min_significance: "", offset: 0 }) } }, "Clear")),
+      exportLinks("changes", { queue: state.queue === "true", portal: state.portal, change_type: state.change_type, since: state.since,
+        min_significance: state.min_significance }, "Download every change these filters keep: "),
       statusMessage(),
       items.length
-        ? changesTable(items, { portal: true, dataset: true, onReviewed })
+        ? withBulkReview(changesTable(items, { portal: true, dataset: true, onReviewed }), items, onReviewed)
         : h("p", { class: "empty", "data-test": "changes-empty" }, state.queue === "true" ? "Nothing waiting for review." : "No changes match."),
       pager(changes.total || 0, PAGE, state.offset, (o) => go({ offset: o })));
   }
@@ -871,20 +874,24 @@
     const select = portalSelect(portals, portal, { name: "portal", "data-test": "search-portal", "aria-label": "Portal" });
     const copies = h("input", { type: "checkbox", name: "all_copies", checked: allCopies, "data-test": "search-all-copies" });
     const results = h("div", { class: "results-box" });
-    const go = () => navigate({ q: box.value.trim(), portal: select.value, all_copies: copies.checked ? "true" : null });
+    const filters = searchFilterControls(q);
+    const filtered = Object.fromEntries([...SEARCH_FILTERS.map(([key]) => [key, q.get(key) || null]), ["include_removed", q.get("include_removed") === "true" ? "true" : null]]);
+    const go = () => navigate({ q: box.value.trim(), portal: select.value, ...filters.values(), all_copies: copies.checked ? "true" : null });
     copies.addEventListener("change", () => { if (box.value.trim()) go(); });
     show(app, 
       h("div", { class: "page-head" }, h("h1", {}, "Search")),
       h("form", { class: "search-form", role: "search", on: { submit: (e) => { e.preventDefault(); go(); } } },
         box, select, h("label", { class: "toggle", title: "Show each portal's copy of a dataset as its own result" }, copies, " all copies"),
-        h("button", { type: "submit", class: "btn btn-primary", "data-test": "search-button" }, "Search")),
+        h("button", { type: "submit", class: "btn btn-primary", "data-test": "search-button" }, "Search"),
+        filters.node),
+      exportLinks("datasets", { portal, ...filtered, format: null, resource_format: filtered.format }, "Download the datasets these filters keep (the search words aside): "),
       results);
     if (!text) {
       box.focus();
       return;
     }
     show(results, h("p", { class: "muted" }, "Searching…"));
-    const data = await api("/search", { q: text, portal, limit: 20, all_copies: allCopies ? "true" : null });
+    const data = await api("/search", { q: text, portal, ...filtered, limit: 20, all_copies: allCopies ? "true" : null });
     if (!alive()) return;
     const items = data.items || [];
     show(results, 
@@ -900,6 +907,222 @@
           (r.also_on || []).length ? h("div", { class: "small also-on", "data-test": "also-on" }, "also on: ",
             r.also_on.map((c, i) => [i ? ", " : "", h("a", { href: datasetHref(c.portal, c.source_id), title: c.title || c.source_id }, c.portal)])) : null))))
         : h("p", { class: "empty" }, "No results."));
+  }
+
+  // -- Acting from the page: run a portal's DAG now, review many, export, validate -------------------
+
+  /* "Run now", "Full sync now", "Reconcile now" on a portal's page: a DAG run of its DAG through
+     Airflow (POST /api/portals/{name}/trigger), linked to Airflow's grid once made. Shown to users
+     Airflow lets trigger the DAG; a paused or unknown DAG says why nothing can start. */
+  function portalActions(name) {
+    const box = h("div");
+    const card = h("section", { class: "card portal-actions", "data-test": "portal-actions" }, box,
+      h("div", { class: "downloads" }, exportLinks("datasets", { portal: name }, "Its datasets: "), " ",
+        exportLinks("changes", { portal: name }, "Its changes: ")));
+    const status = h("div", { "data-test": "trigger-status" });
+    const ACTIONS = [["run", "Run now", "An incremental run, as scheduled"],
+      ["full_sync", "Full sync now", "List every dataset of the portal"],
+      ["reconcile", "Reconcile now", "List every identifier: fetch what is missing or stale, remove what the portal no longer lists"]];
+    (async () => {
+      let state;
+      try {
+        state = await api(`/portals/${enc(name)}/trigger`);
+      } catch (err) {
+        show(box, h("h2", {}, "Run now"), errorBox(err));
+        return;
+      }
+      if (!state.can_trigger) {
+        show(box, h("h2", {}, "Run now"), h("p", { class: "muted small", "data-test": "trigger-not-allowed" },
+          `Airflow does not let you trigger ${state.dag_id}.`));
+        return;
+      }
+      const force = h("input", { type: "checkbox", name: "force_removals", "data-test": "trigger-force-removals" });
+      const buttons = ACTIONS.map(([action, label, title]) => h("button", { type: "button", class: `btn${action === "run" ? " btn-primary" : ""}`,
+        "data-test": `trigger-${action}`, title, disabled: !!state.problem, on: { click: async (event) => {
+          const button = event.currentTarget;
+          for (const b of buttons) b.disabled = true;
+          show(status, h("p", { class: "muted small" }, "Asking Airflow…"));
+          try {
+            const run = await api(`/portals/${enc(name)}/trigger`, null, { body: { action, force_removals: force.checked && action !== "run" } });
+            const link = safeUrl(run.dag_run_url);
+            show(status, h("div", { class: "status", role: "status", "data-test": "trigger-done" },
+              `${label.replace(" now", "")}: DAG run `, link ? h("a", { href: link, target: "_top", "data-test": "triggered-run-link" }, run.dag_run_id) : run.dag_run_id,
+              ` of ${run.dag_id} is ${run.state} (params ${Object.entries(run.conf).filter(([, v]) => v).map(([k]) => k).join(", ") || "defaults"}).`));
+          } catch (err) {
+            show(status, errorBox(err));
+          } finally {
+            for (const b of buttons) b.disabled = !!state.problem;
+            button.blur();
+          }
+        } } }, label));
+      const dagLink = safeUrl(state.dag_url);
+      show(box, h("h2", {}, "Run now"),
+        h("div", { class: "filters" }, buttons,
+          h("label", { class: "toggle", title: "On a full sync or a reconciliation: remove what the portal no longer lists even past the removal guard" }, force, " force removals"),
+          dagLink ? h("a", { href: dagLink, target: "_top", class: "small" }, `${state.dag_id} in Airflow`) : null),
+        state.problem ? h("p", { class: "small warn-text", "data-test": "trigger-problem" }, state.problem) : null,
+        status);
+    })();
+    return card;
+  }
+
+  /* Links downloading what a list shows, with its filters: CSV and JSON Lines. */
+  function exportLinks(what, params, label) {
+    const link = (format) => {
+      const url = new URL(`${BASE}/api/export/${what}`, location.origin);
+      url.searchParams.set("format", format);
+      for (const [key, value] of Object.entries(params)) {
+        if (value !== null && value !== undefined && value !== "" && value !== false) url.searchParams.set(key, String(value));
+      }
+      return h("a", { href: url.pathname + url.search, class: "btn", download: "", "data-test": `export-${what}-${format}` }, format === "csv" ? "CSV" : "JSON Lines");
+    };
+    return h("span", { class: "export-links", "data-test": `export-${what}` }, h("span", { class: "small muted" }, label || "Download: "), link("csv"), " ", link("jsonl"));
+  }
+
+  /* Checkboxes on the rows of a changes table the user may review, "select all shown", and one
+     review of the selection (POST /api/changes/review). */
+  function withBulkReview(tableWrap, items, onDone) {
+    const reviewable = new Map(items.filter((c) => c.can_review && !c.reviewed_at).map((c) => [String(c.id), c]));
+    if (!reviewable.size) return tableWrap;
+    const boxes = [];
+    const count = h("span", { class: "small muted", "data-test": "bulk-count" });
+    const all = h("input", { type: "checkbox", "aria-label": "Select every change shown", "data-test": "bulk-select-all" });
+    const headRow = tableWrap.querySelector("thead tr");
+    headRow.prepend(h("th", { scope: "col", class: "select-col" }, all));
+    for (const row of tableWrap.querySelectorAll("tbody tr[data-change-id]")) {
+      const change = reviewable.get(row.getAttribute("data-change-id"));
+      const box = change ? h("input", { type: "checkbox", value: change.id, "aria-label": `Select change ${change.id}`, "data-test": "bulk-select" }) : null;
+      if (box) boxes.push(box);
+      row.prepend(h("td", { class: "select-col" }, box));
+    }
+    const note = h("input", { type: "text", class: "note-input", placeholder: "Note (optional)", maxlength: 2000, "aria-label": "Note for the selected changes", "data-test": "bulk-note" });
+    const problem = h("div");
+    const picked = () => boxes.filter((b) => b.checked).map((b) => Number(b.value));
+    const act = (action) => h("button", { type: "button", class: `btn${action === "reviewed" ? " btn-primary" : ""}`, "data-test": `bulk-${action}`, disabled: true,
+      on: { click: async () => {
+        const ids = picked();
+        if (!ids.length) return;
+        for (const b of actions) b.disabled = true;
+        show(problem);
+        try {
+          const done = await api("/changes/review", null, { body: { ids, action, note: note.value } });
+          const already = (done.already_reviewed || []).length;
+          onDone(`${fmtNum(done.marked)} change${done.marked === 1 ? "" : "s"} ${action === "reviewed" ? "marked reviewed" : "dismissed"}${already ? ` (${fmtNum(already)} had a review already)` : ""}.`);
+        } catch (err) {
+          sync();
+          show(problem, errorBox(err));
+        }
+      } } }, action === "reviewed" ? "Mark selected reviewed" : "Dismiss selected");
+    const actions = [act("reviewed"), act("dismissed")];
+    function sync() {
+      const n = picked().length;
+      count.textContent = n ? `${n} selected` : "None selected";
+      all.checked = n === boxes.length;
+      all.indeterminate = n > 0 && n < boxes.length;
+      for (const b of actions) b.disabled = !n;
+    }
+    all.addEventListener("change", () => { for (const b of boxes) b.checked = all.checked; sync(); });
+    for (const b of boxes) b.addEventListener("change", sync);
+    sync();
+    return h("div", {}, h("div", { class: "filters bulk-bar", "data-test": "bulk-bar" }, count, note, actions), problem, tableWrap);
+  }
+
+  /* The search page's filters (organization, tag, format, licence, modified from / until, removed
+     datasets too) as inputs read from and written to the address bar. */
+  const SEARCH_FILTERS = [["organization", "Organization", "text"], ["tag", "Tag", "text"], ["format", "Format", "text"],
+    ["license", "Licence", "text"], ["since", "Modified from", "date"], ["until", "Modified until", "date"]];
+  function searchFilterControls(q) {
+    const inputs = {};
+    for (const [key, label, type] of SEARCH_FILTERS) {
+      inputs[key] = h("input", { type, name: key, value: q.get(key) || "", "aria-label": label, placeholder: type === "text" ? label : null, "data-test": `search-${key}` });
+    }
+    inputs.include_removed = h("input", { type: "checkbox", name: "include_removed", checked: q.get("include_removed") === "true", "data-test": "search-include-removed" });
+    const values = () => ({ ...Object.fromEntries(SEARCH_FILTERS.map(([key]) => [key, inputs[key].value.trim()])),
+      include_removed: inputs.include_removed.checked ? "true" : null });
+    const node = h("div", { class: "filters search-filters", "data-test": "search-filters" },
+      SEARCH_FILTERS.map(([key, label]) => h("label", {}, label, inputs[key])),
+      h("label", { class: "toggle" }, inputs.include_removed, " removed too"));
+    return { node, values, inputs };
+  }
+
+  // -- Validate a catalogue -------------------------------------------------------------------------
+
+  const KINDS = [["", "Guess"], ["ckan", "CKAN"], ["dcat-json", "DCAT JSON / JSON-LD"], ["dcat-rdf", "DCAT RDF"]];
+
+  /* A URL or an uploaded file checked as a harvest would (POST /api/validate), nothing stored. */
+  async function pageValidate(alive) {
+    const url = h("input", { type: "url", name: "url", placeholder: "https://catalogue.example/data.json", "aria-label": "Catalogue URL", "data-test": "validate-url" });
+    const file = h("input", { type: "file", name: "file", "aria-label": "Catalogue file", "data-test": "validate-file" });
+    const kind = h("select", { name: "type", "data-test": "validate-type", "aria-label": "Kind of catalogue" }, KINDS.map(([v, l]) => h("option", { value: v }, l)));
+    const pages = h("input", { type: "number", name: "pages", min: 1, max: 100, value: 3, "aria-label": "CKAN pages", "data-test": "validate-pages" });
+    const submit = h("button", { type: "submit", class: "btn btn-primary", "data-test": "validate-button" }, "Validate");
+    const result = h("div", { "data-test": "validate-result" });
+    async function run(event) {
+      event.preventDefault();
+      const upload = file.files && file.files[0];
+      if (!upload && !url.value.trim()) {
+        show(result, errorBox(new ApiError(422, "give a catalogue's URL or choose a file")));
+        return;
+      }
+      submit.disabled = true;
+      show(result, h("p", { class: "muted" }, upload ? `Validating ${upload.name}…` : `Fetching and validating ${url.value.trim()}…`));
+      try {
+        let report;
+        if (upload) {
+          const form = new FormData();
+          form.append("file", upload, upload.name);
+          if (kind.value) form.append("type", kind.value);
+          const response = await fetch(`${BASE}/api/validate`, { method: "POST", body: form, credentials: "same-origin", headers: { Accept: "application/json" } });
+          const text = await response.text();
+          let data = null;
+          try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+          if (!response.ok) throw new ApiError(response.status, detailOf(data, clip(text || response.statusText || "", 300)));
+          report = data;
+        } else {
+          report = await api("/validate", null, { body: { url: url.value.trim(), type: kind.value || undefined, pages: parseInt(pages.value, 10) || 3 } });
+        }
+        if (alive()) show(result, validationReport(report));
+      } catch (err) {
+        if (alive()) show(result, errorBox(err));
+      } finally {
+        submit.disabled = false;
+      }
+    }
+    show(app,
+      h("div", { class: "page-head" }, h("h1", {}, "Validate a catalogue")),
+      h("p", { class: "muted small" }, "Check a catalogue as a harvest would read it, before adding it to portals.yaml: nothing is stored."),
+      h("form", { class: "card validate-form", "data-test": "validate-form", on: { submit: run } },
+        h("div", { class: "filters" }, h("label", {}, "URL", url), h("span", { class: "muted" }, "or"), h("label", {}, "File", file)),
+        h("div", { class: "filters" }, h("label", {}, "Kind", kind), h("label", { title: "Pages of package_search to read (CKAN)" }, "Pages", pages), submit)),
+      result);
+  }
+
+  function validationReport(r) {
+    const groups = r.groups || [];
+    const rows = r.rows || [];
+    return h("section", { class: "card", "data-test": "validate-report" },
+      h("h2", {}, "Report: ", h("span", { class: "mono" }, r.source || "?")),
+      h("p", { "data-test": "validate-summary" },
+        `${r.kind || "?"}${r.guessed ? " (guessed)" : ""} · ${fmtNum(r.records)} record${r.records === 1 ? "" : "s"} read · `,
+        h("span", { class: r.failed ? "bad-text" : null }, `${fmtNum(r.failed)} cannot be taken`), " · ",
+        h("span", { class: r.warned ? "warn-text" : null }, `${fmtNum(r.warned)} taken with warnings`),
+        r.complete === false ? h("span", { class: "muted" }, " · only the first pages were read") : null),
+      groups.length
+        ? table({ class: "grid outcomes", "data-test": "validate-groups" }, ["Severity", "Reason", { text: "Count", cls: "num" }, "Examples", "Message (first)"],
+          groups.map((g) => h("tr", { "data-test": "validate-group", "data-code": g.code },
+            h("td", {}, pill(g.severity, SEVERITY_KIND[g.severity])),
+            h("td", {}, h("span", { class: "mono" }, g.code), h("div", { class: "small muted" }, g.stage || "")),
+            h("td", { class: "num" }, fmtNum(g.count)),
+            h("td", { class: "examples" }, (g.examples || []).map((x) => h("div", { class: "mono small ellipsis", title: x }, x))),
+            h("td", { class: "message" }, g.message || ""))))
+        : h("p", { class: "empty", "data-test": "validate-clean" }, "Every record can be taken as it is."),
+      rows.length ? h("details", {}, h("summary", {}, `Rows (${fmtNum(rows.length)} of ${fmtNum(r.rows_total)})`),
+        table({ class: "grid outcomes" }, ["Record", "Reason", "Field", "Value", "Message"], rows.map((row) => h("tr", {},
+          h("td", { class: "mono small" }, row.source_id || (row.position !== null && row.position !== undefined ? `#${row.position}` : "—")),
+          h("td", {}, pill(row.severity, SEVERITY_KIND[row.severity]), h("div", { class: "mono small" }, row.code)),
+          h("td", { class: "mono small" }, row.field || "—"),
+          h("td", { class: "val-cell" }, row.value === null || row.value === undefined ? "—" : h("span", { class: "mono small" }, String(row.value))),
+          h("td", { class: "message" }, row.message || ""))))) : null);
   }
 
   // -- router ---------------------------------------------------------------------------------
@@ -924,6 +1147,7 @@
       return { nav: "changes", page: pageDataset, args: [parts[1], sourceId] };
     }
     if (parts[0] === "search" && parts.length === 1) return { nav: "search", page: pageSearch, args: [] };
+    if (parts[0] === "validate" && parts.length === 1) return { nav: "validate", page: pageValidate, args: [] };
     return { nav: null, page: null, args: [] };
   }
 
