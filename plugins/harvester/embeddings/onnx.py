@@ -234,8 +234,8 @@ def _export_child(kind: str, path: str, work: Path, identity: str, env: dict,
                             text=True, errors="replace")
     tail: collections.deque = collections.deque(maxlen=20)
     what = f"exporting {identity} for ONNX Runtime"
-    log.info("%s: the model's first use on this machine, in a child process that loads PyTorch (10 to 30 s; "
-             "at most %.0f s, HARVESTER_LOCAL_EXPORT_TIMEOUT_SECS)", what, timeout)
+    log.info("%s: its first use on this machine; a child process loads PyTorch (10 to 30 s, at most %.0f s)",
+             what, timeout)
 
     def read_stderr():
         for line in proc.stderr:

@@ -85,7 +85,7 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
     are; the thread has ended on return."""
     attempt = runs.claim_staging(conn, run_id)
     staging.clear(conn, run_id)
-    progress = Progress(f"listing records of {portal.name}", None, log)
+    progress = Progress(f"listing records of {portal.name}", None, log, unit="records")
     kind = count_kind(portal, source)
     seq = failed = 0
     logged = [0]
