@@ -653,11 +653,24 @@ class Crawl:
             self.offsite.append(route.request.url)
             route.abort()
 
+    # a page is shown: its script marks #app data-rendered when done (or, without that mark, it
+    # is no longer busy nor loading)
+    RENDERED = """() => { const app = document.getElementById("app");
+        return !!app && (app.hasAttribute("data-rendered") || (!app.hasAttribute("aria-busy")
+               && app.textContent.trim() !== "" && !app.textContent.includes("Loading"))); }"""
+
     def open(self, path: str) -> None:
-        """A Harvester page, shown (its script marks #app data-rendered when done)."""
+        """A Harvester page, shown."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         response = self.page.goto(path)
-        assert response is not None and response.status == 200, (path, response and response.status)
-        self.page.wait_for_selector("#app[data-rendered]", state="attached")
+        if response is None or response.status != 200:
+            self.problems.append(f"{path}: answered {response and response.status}")
+        try:
+            self.page.wait_for_function(self.RENDERED, timeout=20_000)
+        except PlaywrightTimeout:
+            self.problems.append(f"{path}: not shown within 20 s")
+            return
         errors = self.page.locator('[data-test="error"]')
         if errors.count():
             self.problems.append(f"{path}: shows {errors.first.inner_text()!r}")
