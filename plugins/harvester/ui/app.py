@@ -503,7 +503,10 @@ def api_portals(request: Request, limit: int = Limit, offset: int = Offset, user
 def api_portal(request: Request, name: str, user=Reader, conn=Depends(database)):
     """`duplicates`: how many of its live datasets are copies of other portals' (`copies_of`, by
     the portal of each group's canonical member) and how many of its datasets other portals copy
-    (`copied_by`)."""
+    (`copied_by`). A name not in portals.yaml is looked up in the harvester database (the name its
+    latest run recorded: a portal harvested from the CLI, or removed from portals.yaml), answered
+    with `configured` false and no DAG; every `{name}`, `{portal}` and `portal=` of this API is
+    found the same way. 404: in neither."""
     from harvester.store import duplicates
 
     portal = _portal_named(name, conn=conn)
