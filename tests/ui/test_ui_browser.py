@@ -689,7 +689,8 @@ def test_every_page_and_link_works_offline(site, mirror, browser, shots):
     copied = quote_plus(site.records[MIRRORED][0]["title"])
     seeds = ["/harvester/", f"/harvester/portals/{PORTAL}", f"/harvester/portals/{MIRROR}",
              "/harvester/changes", "/harvester/changes?queue=false", f"/harvester/changes?queue=false&portal={MIRROR}",
-             f"/harvester/search?q={copied}", f"/harvester/search?all_copies=true&q={copied}", "/harvester/docs"]
+             f"/harvester/search?q={copied}", f"/harvester/search?all_copies=true&q={copied}", "/harvester/docs",
+             f"/harvester/dags/harvest_{PORTAL}"]  # the DAG's Harvester tab: its portal's page
     todo, seen, pages, other = list(seeds), set(seeds), [], []
     origin = site.url
     try:
