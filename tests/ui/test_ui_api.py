@@ -482,6 +482,87 @@ def test_search(client, tokens, world):
         assert client.get("/harvester/api/search", headers=as_(tokens, "admin"), params=params).status_code == 422
 
 
+def test_search_snippets_mark_the_matches_and_nothing_of_the_records_markup(client, tokens, world):
+    """(issue 38, finding 4) A description's own markdown (bold, links) is dropped from the snippet:
+    its only ``**`` are around words the query matched."""
+    import re
+
+    cases = [(world["records"][3], "OpenStreetMap extracts licensed", "**ALL DATA EXCEPT"),  # its own **bold**
+             (world["records"][16], "ReliefWeb Crises app", "[ReliefWeb's Crises app](http")]  # a markdown link
+    for record, q, markup in cases:
+        assert markup in record["notes"]
+        (item,) = [i for i in get(client, tokens, "/harvester/api/search", q=q, mode="text", limit=10)["items"]
+                   if i["source_id"] == record["id"]]
+        snippet = item["snippet"]
+        parts = snippet.split("**")
+        assert len(parts) % 2 == 1 and len(parts) > 1, snippet  # balanced, and something matched
+        stems = {w.lower()[:4] for w in q.split()}
+        for marked in parts[1::2]:  # only query words (as stemmed: "licensed" finds "LICENSE")
+            words = [w for w in re.findall(r"[a-z]+", marked.lower()) if len(w) > 1]
+            assert words and all(w[:4] in stems for w in words), (marked, snippet)
+        assert not any(c in snippet for c in "[]<>#`") and "](" not in snippet, snippet
+        assert "http" not in snippet, snippet
+
+
+def test_a_portal_only_the_database_knows_has_its_pages_and_answers(client, tokens, world, monkeypatch):
+    """(issue 38, finding 4) A portal not in portals.yaml (harvested from the CLI, or removed from
+    it) is found by the name its runs recorded: its page, runs, changes, datasets and search
+    answer, marked as not configured; a name nowhere is still 404, saying where it looked."""
+    listed = get(client, tokens, "/harvester/api/portals/test")
+    runs = get(client, tokens, "/harvester/api/portals/test/runs")
+    other = world["tmp"] / "only-other-portals.yaml"
+    other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
+    assert [p["name"] for p in get(client, tokens, "/harvester/api/portals")["items"]] == ["other"]
+
+    portal = get(client, tokens, "/harvester/api/portals/test", "viewer")
+    assert (portal["name"], portal["url"], portal["configured"], portal["dag_id"], portal["in_airflow"]) == (
+        "test", world["portal_url"], False, None, False)
+    assert listed["configured"] is True
+    same = ("live_datasets", "last_successful_sync", "review_queue", "duplicates", "badge")
+    assert {k: portal[k] for k in same} == {k: listed[k] for k in same}
+    unlisted_runs = get(client, tokens, "/harvester/api/portals/test/runs", "viewer")
+    assert [r["run_id"] for r in unlisted_runs["items"]] == [r["run_id"] for r in runs["items"]]
+    assert all(r["dag_run_url"] is None and r["logs_url"] is None for r in unlisted_runs["items"])
+    changes = get(client, tokens, "/harvester/api/changes", portal="test", queue="false")
+    assert changes["total"] > 0 and {c["portal"] for c in changes["items"]} == {"test"}
+    record = world["records"][10]
+    dataset = get(client, tokens, f"/harvester/api/datasets/test/{record['id']}")
+    assert (dataset["portal"], dataset["source_id"]) == ("test", record["id"])
+    assert get(client, tokens, f"/harvester/api/datasets/test/{record['id']}/diff")["to"] >= 1
+    found = get(client, tokens, "/harvester/api/search", q=record["title"], portal="test", limit=1)["items"]
+    assert [(i["portal"], i["source_id"]) for i in found] == [("test", record["id"])]
+    assert get(client, tokens, "/harvester/api/duplicates", portal="test")["total"] == 0
+
+    for path in ("/harvester/api/portals/nope", "/harvester/api/portals/nope/runs",
+                 f"/harvester/api/datasets/nope/{record['id']}"):
+        response = client.get(path, headers=as_(tokens, "admin"))
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["detail"] == "no portal named 'nope' in portals.yaml or the harvester database"
+    response = client.get("/harvester/api/changes", headers=as_(tokens, "admin"), params={"portal": "nope"})
+    assert response.status_code == 422 and "no portal named 'nope'" in response.text
+
+
+def test_the_api_docs_page_loads_nothing_from_another_host(client, tokens):
+    """(issue 38, finding 4) /harvester/docs works offline: its page and the scripts and styles it
+    loads are served here (FastAPI's Swagger UI loads from a CDN: a blank page offline)."""
+    import re
+
+    assert client.get("/harvester/docs", follow_redirects=False).status_code == 307  # to Airflow's login
+    client.cookies.set("_token", tokens["viewer"])
+    try:
+        page = client.get("/harvester/docs")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assets = re.findall(r'<(?:script|link)[^>]*(?:src|href)="([^"]+)"', page.text)
+        assert assets and all(a.startswith("/harvester/static/") for a in assets), assets
+        assert "//" not in " ".join(assets) and "cdn" not in page.text.lower()
+        for asset in assets:
+            response = client.get(asset)
+            assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text, asset
+    finally:
+        client.cookies.clear()
+
+
 # -- a run's report --------------------------------------------------------------------------------------
 def run_ids(client, tokens) -> list[int]:
     """The module's runs, oldest first: the two DAG runs, the CLI's full sync."""

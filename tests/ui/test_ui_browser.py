@@ -224,6 +224,7 @@ def site(airflow_db, pg_server, template_db, samples, tmp_path_factory):
         server = ApiServer(workdir, database_url, portals_file)
         server.start()
         the_site = Site(server, database_url, records, planted)
+        the_site.portal_url = portal.base_url
         pending = the_site.pending()
         assert len(pending) == 4 and XSS_TITLE in [title for _, _, title in pending], pending
         yield the_site
@@ -303,8 +304,8 @@ def shots():
     return Shots()
 
 
-def login(browser, site: Site, user: str, shots):
-    context = browser.new_context(base_url=site.url, viewport={"width": 1400, "height": 1000})
+def login(browser, site: Site, user: str, shots, width: int = 1400):
+    context = browser.new_context(base_url=site.url, viewport={"width": width, "height": 1000})
     context.set_default_timeout(15_000)
     page = context.new_page()
     page.goto("/")
@@ -547,3 +548,213 @@ def search_shows_a_dataset_once(site, browser, shots) -> None:
     expect(frame.locator('[data-test="split-button"]')).to_have_count(0)  # a viewer may not split
     shots(page, "viewer-dataset-group")
     context.close()
+
+
+# -- the runs table (issue 38, finding 4) ----------------------------------------------------------------
+def test_the_runs_table_fits_at_1440_px_and_counts_texts_embedded(site, browser, shots):
+    """In the Airflow UI 1440 px wide, the portal's runs table shows every column, Links the last,
+    without scrolling; "Embedded / reused" is each run's texts embedded and vectors reused (not its
+    requests to the provider), and its header says what it counts."""
+    context, page = login(browser, site, "admin", shots, width=1440)
+    try:
+        frame = open_harvester(page, shots, "admin-1440")
+        frame.locator('[data-test="portals-table"]').get_by_role("link", name=PORTAL, exact=True).click()
+        expect(frame.locator('[data-test="run-row"]')).to_have_count(2)
+        shots(page, "admin-1440-portal-runs")
+        wrap = frame.locator('[data-test="runs-table"]').locator("xpath=..")
+        sizes = wrap.evaluate("""w => ({scroll: w.scrollWidth, client: w.clientWidth,
+            right: w.getBoundingClientRect().right,
+            links: Math.max(...[...w.querySelectorAll('td.links, thead th:last-child')]
+                                .map(c => c.getBoundingClientRect().right)),
+            columns: [...w.querySelectorAll('thead th')].map(c => [c.textContent, Math.round(c.offsetWidth)])})""")
+        assert sizes["scroll"] <= sizes["client"] and sizes["links"] <= sizes["right"], sizes
+        header = frame.locator('[data-test="runs-table"] thead th', has_text="Embedded / reused")
+        assert "texts" in (header.get_attribute("title") or ""), header.get_attribute("title")
+        runs = site.query("SELECT run_id, (stats->>'embedded')::int, (stats->>'embeddings_reused')::int"
+                          " FROM sync_runs WHERE portal_name = %s", PORTAL)
+        assert any(embedded for _, embedded, _ in runs), runs
+        for run_id, embedded, reused in runs:
+            expect(frame.locator(f'[data-test="run-row"][data-run-id="{run_id}"] [data-test="run-embedded"]')
+                   ).to_have_text(f"{embedded:,} / {reused:,}")
+    except BaseException:
+        shots.failure()
+        raise
+    finally:
+        context.close()
+
+
+# -- every page and every link, offline (issue 38, finding 4) ------------------------------------------
+MIRROR = "mirror"
+MIRRORED = slice(13, 16)  # the records a portal only the database knows republishes
+
+
+@pytest.fixture(scope="module")
+def mirror(site):
+    """A portal only the database knows: a DCAT catalogue republishing a few of the portal's
+    datasets, harvested by `harvester harvest` from a portals file of its own, so not in the
+    api-server's portals.yaml. Its datasets are copies of the portal's ("copied by", "also on")
+    and its changes are among All changes."""
+    import yaml
+
+    from harvester.cli.main import main
+    from harvester.testing import aggregator
+    from harvester.testing.dcat_portal import DcatServer
+
+    mp = pytest.MonkeyPatch()
+    try:
+        with DcatServer() as dcat:
+            dcat.set_document("/catalog.ttl", aggregator.catalogue(site.records[MIRRORED], site.portal_url,
+                                                                  base="https://mirror.example"), "text/turtle")
+            own = site.server.log_path.parent / "mirror-portals.yaml"
+            own.write_text(yaml.safe_dump({"portals": [{
+                "name": MIRROR, "url": dcat.url("/catalog.ttl"), "type": "dcat-rdf", "schedule": None,
+                "politeness_delay": 0, "max_retries": 0}]}))
+            mp.setenv("HARVESTER_PORTALS_FILE", str(own))
+            mp.setenv("HARVESTER_DATABASE_URL", site.database_url)
+            assert main(["harvest", MIRROR, "--full"]) == 0
+    finally:
+        mp.undo()
+    assert site.query("SELECT count(*) FROM datasets d JOIN sync_runs r ON r.portal_url = d.portal_url"
+                      " WHERE r.portal_name = %s", MIRROR)[0][0] == MIRRORED.stop - MIRRORED.start
+    return MIRROR
+
+
+class Crawl:
+    """A browser context that fails nothing itself but records what went wrong: console errors,
+    uncaught exceptions, answers of 400 or more, and every request to a host other than
+    127.0.0.1 (aborted: the pages must work offline)."""
+
+    def __init__(self, browser, site: Site, width: int = 1440):
+        import requests
+
+        token = requests.post(f"{site.url}/auth/token", json={"username": "admin", "password": USERS["admin"]},
+                              timeout=30)
+        assert token.status_code == 201, token.text
+        self.site = site
+        self.context = browser.new_context(base_url=site.url, viewport={"width": width, "height": 900})
+        self.context.set_default_timeout(20_000)
+        self.context.add_cookies([{"name": "_token", "value": token.json()["access_token"], "url": site.url}])
+        self.offsite: list[str] = []
+        self.problems: list[str] = []
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(
+            f"{self.page.url}: console error: {m.text}"))
+        self.page.on("pageerror", lambda e: self.problems.append(f"{self.page.url}: uncaught: {e}"))
+        self.page.on("response", lambda r: r.status >= 400 and self.problems.append(
+            f"{self.page.url}: {r.request.method} {r.url} answered {r.status}"))
+
+    def _route(self, route):
+        from urllib.parse import urlsplit
+
+        if urlsplit(route.request.url).hostname in ("127.0.0.1", None):
+            route.continue_()
+        else:
+            self.offsite.append(route.request.url)
+            route.abort()
+
+    # a page is shown: its script marks #app data-rendered when done (or, without that mark, it
+    # is no longer busy nor loading)
+    RENDERED = """() => { const app = document.getElementById("app");
+        return !!app && (app.hasAttribute("data-rendered") || (!app.hasAttribute("aria-busy")
+               && app.textContent.trim() !== "" && !app.textContent.includes("Loading"))); }"""
+
+    def open(self, path: str) -> None:
+        """A Harvester page, shown."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        response = self.page.goto(path)
+        if response is None or response.status != 200:
+            self.problems.append(f"{path}: answered {response and response.status}")
+        try:
+            self.page.wait_for_function(self.RENDERED, timeout=20_000)
+        except PlaywrightTimeout:
+            self.problems.append(f"{path}: not shown within 20 s")
+            return
+        errors = self.page.locator('[data-test="error"]')
+        if errors.count():
+            self.problems.append(f"{path}: shows {errors.first.inner_text()!r}")
+
+    def links(self) -> list[str]:
+        return self.page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+
+
+def test_every_page_and_link_works_offline(site, mirror, browser, shots):
+    """Every Harvester page, and every same-origin link on it, followed: pages of a portal of
+    portals.yaml and of one only the database knows, runs, datasets, changes, search, duplicates,
+    the API docs. No 4xx/5xx, no console error, no request off 127.0.0.1."""
+    from urllib.parse import quote_plus, urldefrag, urlsplit
+
+    crawl = Crawl(browser, site)
+    copied = quote_plus(site.records[MIRRORED][0]["title"])
+    seeds = ["/harvester/", f"/harvester/portals/{PORTAL}", f"/harvester/portals/{MIRROR}",
+             "/harvester/changes", "/harvester/changes?queue=false", f"/harvester/changes?queue=false&portal={MIRROR}",
+             f"/harvester/search?q={copied}", f"/harvester/search?all_copies=true&q={copied}", "/harvester/docs",
+             f"/harvester/dags/harvest_{PORTAL}"]  # the DAG's Harvester tab: its portal's page
+    todo, seen, pages, other = list(seeds), set(seeds), [], []
+    origin = site.url
+    try:
+        while todo:
+            path = todo.pop(0)
+            crawl.open(path)
+            pages.append(path)
+            assert len(pages) <= 400, "the crawl found more pages than it should: a link loop?"
+            for href in crawl.links():
+                url, _ = urldefrag(href)
+                if not url.startswith(origin + "/"):
+                    continue  # a portal's or a dataset's own page: not ours to follow
+                target = url[len(origin):]
+                if target in seen:
+                    continue
+                seen.add(target)
+                parts = urlsplit(target)
+                if parts.path.startswith("/harvester/") and not parts.path.startswith(("/harvester/api/",
+                                                                                      "/harvester/openapi.json")):
+                    todo.append(target)
+                else:
+                    other.append(target)  # Airflow's pages, a CSV download, the API description
+        for target in other:
+            response = crawl.context.request.get(origin + target)
+            if response.status >= 400:
+                crawl.problems.append(f"{target}: answered {response.status}")
+    except BaseException:
+        shots.failure()
+        raise
+    finally:
+        print(f"crawled {len(pages)} pages:", *pages, f"and {len(other)} other links:", *other, sep="\n  ")
+
+    assert crawl.problems == [] and crawl.offsite == []
+    visited = set(pages)
+    assert {f"/harvester/portals/{MIRROR}", "/harvester/docs"} <= visited
+    assert any(p.startswith("/harvester/runs/") for p in visited)
+    assert any(p.startswith(f"/harvester/datasets/{MIRROR}/") for p in visited)
+    assert any(p.startswith(f"/harvester/datasets/{AGGREGATOR}/") for p in visited)
+    assert any(p.startswith("/dags/") for p in other)  # Airflow's pages of the DAG runs
+    assert any(p.startswith("/harvester/api/runs/") and ".csv" in p for p in other)  # a report's download
+
+    # the portal only the database knows: its page says so, with its run; the API docs render
+    crawl.open(f"/harvester/portals/{MIRROR}")
+    expect(crawl.page.locator('[data-test="not-configured"]')).to_contain_text("Not in portals.yaml")
+    expect(crawl.page.locator('[data-test="run-row"]')).to_have_count(1)
+    shots(crawl.page, "crawl-database-only-portal")
+    crawl.open(f"/harvester/portals/{PORTAL}")
+    expect(crawl.page.locator('[data-test="copied-by"]').get_by_role("link", name=MIRROR)).to_have_count(1)
+    crawl.open("/harvester/docs")
+    expect(crawl.page.locator('[data-test="api-operation"][data-path="/api/search"]')).to_have_count(1)
+    shots(crawl.page, "crawl-api-docs")
+
+    # a search's snippet: the matching words marked, the description's own markdown
+    # ("**ALL DATA EXCEPT ... CC-BY 4.0**") neither shown nor marked
+    record = site.records[3]
+    assert "**ALL DATA EXCEPT" in record["notes"]
+    crawl.open("/harvester/search?q=" + quote_plus("OpenStreetMap extracts licensed"))
+    result = crawl.page.locator('[data-test="search-result"]').filter(
+        has=crawl.page.get_by_role("link", name=record["title"], exact=True))
+    snippet = result.locator('[data-test="snippet"]')
+    expect(snippet).to_have_count(1)
+    marks = [m.lower() for m in snippet.locator("mark").all_inner_texts()]
+    assert marks and all(w[:4] in ("open", "extr", "lice") for m in marks for w in m.split()), marks
+    assert "*" not in snippet.inner_text(), snippet.inner_text()
+    shots(crawl.page, "crawl-search-snippet")
+    assert crawl.problems == [] and crawl.offsite == []
+    crawl.context.close()

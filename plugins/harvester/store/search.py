@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 
 from harvester.config.settings import fields_from_env
+from harvester.domain import snippet
 
 MODES = ("hybrid", "vector", "text")
 
@@ -435,14 +436,18 @@ def _items(conn, ids: list[int], tsquery: str | None) -> dict[int, dict]:
         SELECT d.id, d.portal_url, d.title, d.url, d.organization, d.source_id, d.metadata_modified, d.removed_at,
                CASE WHEN %(tsq)s::text IS NULL THEN left(coalesce(nullif(d.description, ''), d.title), 240)
                     ELSE ts_headline(d.search_config,
-                                     harvester_fold(left(coalesce(nullif(d.description, ''), d.title), 20000)),
+                                     translate(harvester_fold(left(coalesce(nullif(d.description, ''), d.title),
+                                                                   20000)), %(marks)s, ''),
                                      %(tsq)s::tsquery,
-                                     'StartSel=**, StopSel=**, MaxWords=35, MinWords=15, MaxFragments=2,'
-                                     ' FragmentDelimiter=" … "') END
+                                     %(options)s) END
         FROM datasets d WHERE d.id = ANY(%(ids)s)
-        """, {"ids": ids, "tsq": tsquery}).fetchall()
+        """, {"ids": ids, "tsq": tsquery, "marks": snippet.START + snippet.STOP,
+              # matches between marks no text keeps (removed above): the description's own ** and
+              # markup are dropped around them (domain/snippet.py)
+              "options": f'StartSel={snippet.START}, StopSel={snippet.STOP}, MaxWords=35, MinWords=15, '
+                         'MaxFragments=2, FragmentDelimiter=" … "'}).fetchall()
     return {r[0]: {"portal_url": r[1], "title": r[2], "url": r[3], "organization": r[4], "source_id": r[5],
-                   "metadata_modified": r[6], "removed_at": r[7], "snippet": " ".join((r[8] or "").split())}
+                   "metadata_modified": r[6], "removed_at": r[7], "snippet": snippet.plain_snippet(r[8])}
             for r in rows}
 
 

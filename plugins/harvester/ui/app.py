@@ -14,13 +14,13 @@ the store modules.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -119,13 +119,44 @@ def _portals() -> list:
     return load_portals()
 
 
-def _portal_named(name: str, parameter: str | None = None):
-    for portal in _portals():
+@dataclass(frozen=True)
+class UnlistedPortal:
+    """A portal the harvester database knows (its runs recorded it) but portals.yaml does not:
+    harvested from the CLI, or removed from portals.yaml. It has pages and API answers like a
+    listed one, without a DAG (``dag_id`` None) or a schedule."""
+    name: str
+    url: str
+    dag_id: None = None
+    enabled: None = None
+    schedule: None = None
+
+
+def _portal_named(name: str, parameter: str | None = None, conn=None):
+    """The portal of portals.yaml named ``name``; with ``conn``, else the one the harvester
+    database knows by that name (store.known_portals: the name its latest run recorded). None
+    anywhere: 404, or 422 naming ``parameter``."""
+    portals = _portals()
+    for portal in portals:
         if portal.name == name:
             return portal
+    if conn is not None:
+        from harvester.store.known_portals import portals_named
+
+        known = portals_named(conn, name)
+        if known:  # the most recently run first; a portal renamed in portals.yaml keeps its old name's links
+            return next((p for p in portals if p.url == known[0].url), None) or UnlistedPortal(name, known[0].url)
+    where = "in portals.yaml" + (" or the harvester database" if conn is not None else "")
     if parameter:
-        raise _invalid(parameter, f"no portal named {name!r} in portals.yaml")
-    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} in portals.yaml")
+        raise _invalid(parameter, f"no portal named {name!r} {where}")
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} {where}")
+
+
+def _portal_names(conn) -> dict[str, str]:
+    """Portal URL -> the name its pages have: its name in portals.yaml, else the name the database
+    knows it by (store.known_portals)."""
+    from harvester.store.known_portals import known_portals
+
+    return {p.url: p.name for p in known_portals(conn)} | {p.url: p.name for p in _portals()}
 
 
 Reader = Depends(auth.reader)
@@ -267,7 +298,7 @@ def _portal_items(conn, portals: list, request: Request) -> list[dict]:
     root = _airflow_root(request)
     overview = runs.overview(conn, [p.url for p in portals])
     queue = review.queue_counts(conn, [p.url for p in portals])
-    dags = _airflow_dags([p.dag_id for p in portals])
+    dags = _airflow_dags([p.dag_id for p in portals if p.dag_id])
     breaker = _breaker(conn) if portals else None
     now = datetime.now(timezone.utc)
     items = []
@@ -296,6 +327,7 @@ def _portal_items(conn, portals: list, request: Request) -> list[dict]:
             "last_sync_mode": seen.get("last_sync_mode"), "sync_status": seen.get("sync_status"),
             "next_run": dag.get("next_run"), "paused": dag.get("paused"), "in_airflow": bool(dag),
             "review_queue": queue.get(portal.url, 0),
+            "configured": not isinstance(portal, UnlistedPortal),
             "breaker": breaker, "last_run": last_run, "badge": _badge(last),
         })
     return items
@@ -411,11 +443,15 @@ async def page_dag(request: Request, dag_id: str):
 
 @app.get("/docs", include_in_schema=False)
 async def docs(request: Request):
+    """The API's reference: static/apidocs.js renders /openapi.json, with nothing from another host
+    (FastAPI's Swagger UI loads from a CDN: a blank page offline)."""
     user = await _page_user(request)
     if isinstance(user, (RedirectResponse, HTMLResponse)):
         return user
-    return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json",
-                               title="Harvester API")
+    page = STATIC_DIR / "apidocs.html"
+    if page.is_file():
+        return FileResponse(page, media_type="text/html")
+    return HTMLResponse(_message_page("Harvester API", "The API page is not built: static/apidocs.html is missing."))
 
 
 @app.get("/openapi.json", include_in_schema=False)
@@ -444,13 +480,16 @@ def api_portals(request: Request, limit: int = Limit, offset: int = Offset, user
 def api_portal(request: Request, name: str, user=Reader, conn=Depends(database)):
     """`duplicates`: how many of its live datasets are copies of other portals' (`copies_of`, by
     the portal of each group's canonical member) and how many of its datasets other portals copy
-    (`copied_by`)."""
+    (`copied_by`). A name not in portals.yaml is looked up in the harvester database (the name its
+    latest run recorded: a portal harvested from the CLI, or removed from portals.yaml), answered
+    with `configured` false and no DAG; every `{name}`, `{portal}` and `portal=` of this API is
+    found the same way. 404: in neither."""
     from harvester.store import duplicates
 
-    portal = _portal_named(name)
+    portal = _portal_named(name, conn=conn)
     item = _portal_items(conn, [portal], request)[0]
     copies = duplicates.portal_copies(conn, portal.url)
-    by_url = {p.url: p.name for p in _portals()}
+    by_url = _portal_names(conn)
     for key in ("copies_of", "copied_by"):
         copies[key] = [{**c, "portal": by_url.get(c["portal_url"], c["portal_name"]),
                         "portal_url": redact_url(c["portal_url"])} for c in copies[key]]
@@ -465,9 +504,9 @@ def api_runs(request: Request, name: str, limit: int = Limit, offset: int = Offs
     `GET /api/runs/{run_id}/outcomes`)."""
     from harvester.store import outcomes, runs
 
-    portal = _portal_named(name)
+    portal = _portal_named(name, conn=conn)
     rows, total = runs.page_runs(conn, portal.url, limit=limit, offset=offset)
-    tasks = _log_tasks(portal.dag_id, [r["dag_run_id"] for r in rows if r["dag_run_id"]])
+    tasks = _log_tasks(portal.dag_id, [r["dag_run_id"] for r in rows if r["dag_run_id"]]) if portal.dag_id else {}
     root = _airflow_root(request)
     reported = outcomes.counts(conn, [r["run_id"] for r in rows])
     none = {"errors": 0, "warnings": 0}
@@ -529,7 +568,8 @@ def api_outcomes(request: Request, run_id: int,
     items, total = outcomes.page(conn, run_id, severity=severity, code=code, limit=limit, offset=offset)
     return {
         "run": _run_item(run, dag_id, _airflow_root(request), task) | {
-            "portal": portal.name if portal else run["portal_name"], "portal_url": redact_url(run["portal_url"]),
+            "portal": portal.name if portal else _portal_names(conn).get(run["portal_url"], run["portal_name"]),
+            "portal_url": redact_url(run["portal_url"]),
             "dag_id": dag_id, "portal_configured": portal is not None},
         "counts": outcomes.counts(conn, [run_id]).get(run_id, {"errors": 0, "warnings": 0}),
         "groups": outcomes.groups(conn, run_id, severity=severity),
@@ -588,7 +628,7 @@ def api_changes(request: Request,
              ch.RESTORED)
     if change_type is not None and change_type not in types:
         raise _invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
-    urls = [_portal_named(portal, "portal").url] if portal else None
+    urls = [_portal_named(portal, "portal", conn).url] if portal else None
     rows, total = history.page_changes(conn, portal_urls=urls, queue=queue, change_type=change_type,
                                        since=_date(since, "since"), min_significance=min_significance, limit=limit,
                                        offset=offset)
@@ -665,7 +705,7 @@ def api_diff(portal: str, source_id: str,
 def _dataset(conn, portal_name: str, source_id: str) -> dict:
     from harvester.store import history
 
-    portal = _portal_named(portal_name)
+    portal = _portal_named(portal_name, conn=conn)
     dataset = history.dataset_detail(conn, portal.url, source_id)
     if dataset is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dataset with id {source_id!r} in portal {portal_name}")
@@ -694,7 +734,8 @@ def api_dataset(request: Request, portal: str, source_id: str, user=Reader, conn
                                         "significance")} for v in versions],
         "changes": _change_items(changes, user, request),
         "group": _group_item(duplicates.group_of(conn, dataset["id"]), request),
-        "can_edit_group": auth.can_review(user, _portal_named(portal).dag_id),
+        # a portal not in portals.yaml: the DAG its runs would have had (as _may_decide asks)
+        "can_edit_group": auth.can_review(user, _portal_named(portal, conn=conn).dag_id or f"harvest_{portal}"),
     }
 
 
@@ -728,9 +769,9 @@ def api_search(request: Request,
 
     if not q.strip():
         raise _invalid("q", "the query is empty")
-    by_url = {p.url: p.name for p in _portals()}
+    by_url = _portal_names(conn)
     root = _airflow_root(request)
-    url = _portal_named(portal, "portal").url if portal else None
+    url = _portal_named(portal, "portal", conn).url if portal else None
     filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
                                    format=format or None, license=license or None,
                                    since=_date(since, "since"), until=_date(until, "until", end=True),
@@ -775,7 +816,7 @@ def _dataset_ref(conn, portal_name: str, source_id: str) -> tuple[int, object]:
     """(dataset id, portal) of a dataset named by its portal and source id; 404 naming it."""
     from harvester.store import duplicates
 
-    portal = _portal_named(portal_name)
+    portal = _portal_named(portal_name, conn=conn)
     try:
         return duplicates.find_dataset_id(conn, portal.url, source_id), portal
     except duplicates.DuplicateError:
@@ -839,7 +880,7 @@ def api_duplicates(request: Request, portal: str | None = Query(None, descriptio
     """Each group: `group_id` and its members (canonical first), as `GET /api/datasets/...` shows them."""
     from harvester.store import duplicates
 
-    url = _portal_named(portal, "portal").url if portal else None
+    url = _portal_named(portal, "portal", conn).url if portal else None
     groups, total = duplicates.list_groups(conn, url, limit=limit, offset=offset)
     return _page([_group_item(g, request) for g in groups], total, limit, offset)
 

@@ -235,7 +235,7 @@
   function table(attrs, headers, rows) {
     return h("div", { class: "table-wrap" },
       h("table", attrs,
-        h("thead", {}, h("tr", {}, headers.map((x) => h("th", { scope: "col", class: x.cls || null }, x.text === undefined ? x : x.text)))),
+        h("thead", {}, h("tr", {}, headers.map((x) => h("th", { scope: "col", class: x.cls || null, title: x.title || null }, x.text === undefined ? x : x.text)))),
         h("tbody", {}, rows)));
   }
 
@@ -362,6 +362,10 @@
       h("section", { class: "card" }, h("h2", {}, "Duration and embeddings per run"), durations));
   }
 
+  const EMBEDDED_HELP = "Texts embedded: texts this run sent to the embedding provider (not the requests, " +
+    "which batch many texts) / vectors reused: new or changed datasets whose text already had a vector " +
+    "(stored before this run, e.g. by another portal's), so not embedded again";
+
   function runRow(r) {
     const s = r.stats || {};
     const links = [];
@@ -378,8 +382,9 @@
       h("td", { class: "num", title: `${fmtBytes(s.portal_bytes)} in ${fmtNum(s.portal_requests)} portal requests` }, fmtNum(s.fetched)),
       ["created", "updated", "unchanged", "removed", "failed", "skipped"].map((k) =>
         h("td", { class: `num${k === "failed" && s[k] ? " bad-text" : ""}${k === "skipped" && s[k] ? " warn-text" : ""}` }, fmtNum(s[k]))),
-      h("td", { class: "num", title: `embedded: ${fmtNum(s.embedded)}, requests / reused vectors` }, `${fmtNum(s.embedding_requests)} / ${fmtNum(s.embeddings_reused)}`),
-      h("td", { class: "nowrap" }, reportLink(r)),
+      h("td", { class: "num", "data-test": "run-embedded", title: `${fmtNum(s.embedded)} texts embedded in ${fmtNum(s.embedding_requests)} requests to the provider; ${fmtNum(s.embeddings_reused)} vectors reused` },
+        `${fmtNum(s.embedded)} / ${fmtNum(s.embeddings_reused)}`),
+      h("td", { class: "report-cell" }, reportLink(r)),
       h("td", { class: "links" }, links.length ? links : h("span", { class: "muted" }, "—")));
   }
 
@@ -416,6 +421,9 @@
         h("h1", {}, portal.name,
           portal.badge ? [" ", h("span", { class: `badge badge-${portal.badge === "failed" ? "failed" : "degraded"}`, "data-test": "badge" }, portal.badge)] : null),
         portal.url ? extLink(portal.url) : null),
+      portal.configured === false ? h("p", { class: "note-box", "data-test": "not-configured" },
+        "Not in portals.yaml: harvested from the CLI, or removed from portals.yaml. Its runs, changes and datasets ",
+        "are kept in the harvester database; Airflow does not harvest it.") : null,
       h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v)))),
       duplicatesNote(portal.duplicates),
       portalActions(portal.name),
@@ -426,7 +434,7 @@
           ["Started", "Run", { text: "Duration", cls: "num" }, { text: "Fetched", cls: "num" },
             { text: "Created", cls: "num" }, { text: "Updated", cls: "num" }, { text: "Unchanged", cls: "num" },
             { text: "Removed", cls: "num" }, { text: "Failed", cls: "num" }, { text: "Skipped", cls: "num" },
-            { text: "Embedded / reused", cls: "num" }, "Report", "Links"],
+            { text: "Embedded / reused", cls: "num", title: EMBEDDED_HELP }, "Report", "Links"],
           (tableRuns.items || []).length ? tableRuns.items.map(runRow)
             : h("tr", {}, h("td", { colspan: 13, class: "muted" }, "No runs yet."))),
         pager(tableRuns.total || 0, PAGE, offset, (o) => navigate({ offset: o }))));
@@ -464,15 +472,15 @@
     const items = data.items || [];
     const go = (patch) => navigate({ ...state, ...patch });
     const portalName = run.portal || run.portal_url || "?";
-    // a node lives in one place: a new link each time it is shown
-    const portalLink = () => (run.portal_configured ? h("a", { href: portalHref(portalName) }, portalName) : portalName);
+    // a node lives in one place: a new link each time it is shown (a portal not in portals.yaml has its page too)
+    const portalLink = () => h("a", { href: portalHref(portalName) }, portalName);
     const s = run.stats || {};
 
     const links = [];
     if (safeUrl(run.dag_run_url)) links.push(h("a", { href: safeUrl(run.dag_run_url), target: "_top", "data-test": "dag-run-link" }, "DAG run"));
     if (safeUrl(run.logs_url)) links.push(h("a", { href: safeUrl(run.logs_url), target: "_top", "data-test": "logs-link" }, "logs"));
     const facts = [
-      ["Portal", [portalLink(), run.portal_configured ? null : h("span", { class: "small muted" }, " (no longer in portals.yaml)")]],
+      ["Portal", [portalLink(), run.portal_configured ? null : h("span", { class: "small muted", "data-test": "not-configured" }, " (not in portals.yaml)")]],
       ["Mode", h("span", { class: "mode" }, run.mode || "?")],
       ["Status", statusPill(run.status)],
       ["Started", time(run.started_at)],
@@ -504,7 +512,7 @@
     const recordCell = (row) => {
       const id = row.source_id;
       // a stored record (a warning) has a page; a failed one was not stored
-      const label = id ? (row.severity === "warning" && run.portal_configured
+      const label = id ? (row.severity === "warning"
         ? h("a", { href: datasetHref(portalName, id), class: "mono" }, id) : h("span", { class: "mono" }, id))
         : h("span", { class: "muted" }, "(no id)");
       return h("td", { class: "record-cell" }, h("div", { class: "small muted" }, row.position === null || row.position === undefined ? "" : `#${row.position}`), label);
@@ -863,6 +871,11 @@
 
   // -- Search ---------------------------------------------------------------------------------
 
+  /* A snippet's matching words (the API puts them, and only them, between "**") as <mark>, the rest as text. */
+  function snippetNodes(snippet) {
+    return String(snippet).split("**").map((part, i) => (i % 2 ? h("mark", {}, part) : part));
+  }
+
   async function pageSearch(alive) {
     const q = query();
     const text = q.get("q") || "";
@@ -902,7 +915,7 @@
           h("a", { href: datasetHref(r.portal, r.source_id), class: "strong" }, r.title || r.source_id || "(untitled)"),
           h("div", { class: "small muted" }, r.portal, r.organization ? ` · ${r.organization}` : "", " · score ",
             typeof r.score === "number" ? r.score.toFixed(4) : "—", r.matched ? ` · ${r.matched.join(" + ")}` : ""),
-          r.snippet ? h("div", { class: "small" }, r.snippet.replace(/\*\*/g, "")) : null,
+          r.snippet ? h("div", { class: "small snippet", "data-test": "snippet" }, snippetNodes(r.snippet)) : null,
           r.url ? h("div", { class: "small" }, extLink(r.url)) : null,
           (r.also_on || []).length ? h("div", { class: "small also-on", "data-test": "also-on" }, "also on: ",
             r.also_on.map((c, i) => [i ? ", " : "", h("a", { href: datasetHref(c.portal, c.source_id), title: c.title || c.source_id }, c.portal)])) : null))))
@@ -1162,6 +1175,7 @@
     }
     if (!page) {
       show(app, h("h1", {}, "Not found"), errorBox(new ApiError(404, `No page at ${location.pathname}`)));
+      app.setAttribute("data-rendered", String(seq));
       return;
     }
     app.setAttribute("aria-busy", "true");
@@ -1172,7 +1186,10 @@
       console.error(err);
       show(app, errorBox(err instanceof ApiError ? err : new ApiError(null, err && err.message ? err.message : String(err))));
     } finally {
-      if (alive()) app.removeAttribute("aria-busy");
+      if (alive()) {
+        app.removeAttribute("aria-busy");
+        app.setAttribute("data-rendered", String(seq)); // the page is shown (tests wait for it)
+      }
     }
   }
 
