@@ -162,7 +162,10 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
                             counts["unchanged_snapshot"] += 1
     conn.execute("ANALYZE staging_changes")  # the upsert joins it: plan on its real size
     out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
-    log.info("compute_changes run %s: %s", run_id, ", ".join(f"{k}={v}" for k, v in out.items()))
+    # Only the kinds that occurred: a short line the log viewer does not cut (the full dict at DEBUG).
+    log.info("changes of run %s: %s", run_id,
+             ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in out.items() if v) or "none")
+    log.debug("compute_changes run %s: %s", run_id, out)
     return out
 
 
