@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -276,6 +277,17 @@ def test_standard_output_takes_csv_and_json_lines_for_a_pipe(harvested, db, caps
     assert f"exported {total} changes to standard output" in captured.err
     assert main(["export", "datasets", "--format", "parquet", "-o", "-"]) == 2
     assert "Parquet is not written to standard output" in capsys.readouterr().err
+
+
+def test_without_format_a_pipe_gets_csv_and_a_directory_parquet(harvested, db, capsys, tmp_path):
+    """`harvester export datasets -o - | head`, as a newcomer types it: no --format needed."""
+    assert main(["export", "datasets", "-o", "-"]) == 0
+    captured = capsys.readouterr()
+    (live,) = db.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()
+    rows = list(csv.reader(io.StringIO(captured.out)))
+    assert rows[0][:2] == ["dataset_id", "portal_name"] and len(rows) == live + 1
+    assert main(["export", "datasets", "-o", str(tmp_path / "d")]) == 0
+    assert [p.name for p in sorted((tmp_path / "d").iterdir())] == ["datasets.parquet", "manifest.json"]
 
 
 @pytest.mark.parametrize("what", ["changes", "datasets"])

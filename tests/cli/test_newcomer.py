@@ -131,8 +131,8 @@ def test_a_newcomer_runs_the_demo_and_the_cli_shows_its_data(clone, stranger):
     assert search.stdout.count("\n") > 10 and "Search: 'water' (hybrid" in search.stdout, search.stdout
     report = run("report", "1")
     assert report.stdout.startswith(f"run 1 of demo (http://127.0.0.1:{port}): full, committed"), report.stdout[:500]
-    export, times["export datasets --format csv -o - | head"] = timed(
-        f"{PYTHON} -m harvester.cli.main export datasets --format csv -o - | head", shell=True, env=env, cwd=clone,
+    export, times["export datasets -o - | head"] = timed(
+        f"{PYTHON} -m harvester.cli.main export datasets -o - | head", shell=True, env=env, cwd=clone,
         timeout=300)
     rows = export.stdout.splitlines()
     assert export.returncode == 0 and len(rows) == 10, export.stdout + export.stderr

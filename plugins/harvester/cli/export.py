@@ -35,6 +35,8 @@ def cmd_export(args) -> int:
     from harvester.pipeline import export_files
     from harvester.store import db
 
+    if args.format is None:  # typed columns for a directory; a pipe (| head, | grep) reads text
+        args.format = "csv" if args.output == "-" else "parquet"
     if args.output == "-":
         if args.format == "parquet":
             return output.error("Parquet is not written to standard output: give --output a directory")
@@ -80,7 +82,8 @@ def cmd_export(args) -> int:
 def _common(p, since: str) -> None:
     from harvester.pipeline.export_files import FORMATS
 
-    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--format", choices=FORMATS,
+                   help="default: parquet into a directory, csv on standard output (-o -)")
     p.add_argument("-p", "--portal",
                    help="only this portal (its name in portals.yaml, or as its runs recorded it; default: every portal)")
     p.add_argument("--since", type=options.date_from, metavar="T",
