@@ -6,6 +6,7 @@ local model into the clone's fresh cache. The clone runs with this venv's python
 PYTHONPATH=<clone>/plugins (what `make demo` runs there, without installing a second venv); the
 test checks that the clone's code is the code that runs. Times are printed, never asserted.
 """
+import json
 import os
 import re
 import signal
@@ -129,6 +130,8 @@ def test_a_newcomer_runs_the_demo_and_the_cli_shows_its_data(clone, stranger):
     assert header and int(header.group(1)) == 20 and changes.stdout.count("] NEW") == 20, changes.stdout[:500]
     search = run("search", "water")
     assert search.stdout.count("\n") > 10 and "Search: 'water' (hybrid" in search.stdout, search.stdout
+    hits = json.loads(run("search", "water", "--json").stdout)  # named as its runs name it, not by its URL
+    assert hits and {hit["portal"] for hit in hits} == {"demo"}, hits[:2]
     report = run("report", "1")
     assert report.stdout.startswith(f"run 1 of demo (http://127.0.0.1:{port}): full, committed"), report.stdout[:500]
     export, times["export datasets -o - | head"] = timed(

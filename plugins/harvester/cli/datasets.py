@@ -37,7 +37,12 @@ def cmd_search(args) -> int:
                                        include_removed=args.include_removed)
         found = search.search(conn, args.query, mode=args.mode, filters=filters, limit=args.limit, settings=settings,
                               all_copies=args.all_copies)
-        names = {p.url: p.name for p in portal_config.load_portals()} if found.items else {}
+        names = {}
+        if found.items:  # portals.yaml's names first, then the ones the database's runs recorded
+            from harvester.store.known_portals import known_portals
+
+            names = {p.url: p.name for p in reversed(known_portals(conn))}
+            names.update({p.url: p.name for p in portal_config.load_portals()})
 
     def also_on(copies: list[dict]) -> list[dict]:
         return [{**c, "portal": names.get(c["portal_url"], c["portal_name"])} for c in copies]
