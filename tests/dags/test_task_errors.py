@@ -70,7 +70,7 @@ def test_a_catalogue_that_is_not_one_fails_fetch_modified_on_its_first_try(harve
 
 
 def test_a_request_the_portal_refuses_fails_fetch_modified_on_its_first_try(harvest, portal_server, db, samples,
-                                                                           gemini):
+                                                                           gemini, capfd, caplog):
     portal_server.set_records(samples(BIRMINGHAM))
     harvest.configure(portal_server.base_url, max_retries=0)
     portal_server.fail_next(1, 403, action="package_search", body={
@@ -78,11 +78,14 @@ def test_a_request_the_portal_refuses_fails_fetch_modified_on_its_first_try(harv
     dag_run = harvest.run()  # a retry would have gone through: the refusal is served once
 
     failed_once(dag_run, "fetch_modified")
+    logged = said(capfd, caplog)
+    (run_id,) = db.execute("SELECT max(run_id) FROM sync_runs").fetchone()
     status, message = last_run(db)
     assert status == "failed"
     assert message == (f"AirflowFailException: {portal_server.base_url} package_search: HTTP 403 Authorization "
                        f"Error: Access denied (portal test, CkanError: {NOT_RETRIED}")
     assert [action for action, _ in portal_server.requests] == ["package_search"]
+    assert f"fetch_modified: run {run_id} of test failed in this try (not retried); the run's page: " in logged
 
 
 def test_missing_credentials_fail_fetch_modified_on_its_first_try_and_are_announced(
@@ -161,3 +164,7 @@ def test_a_portal_answering_503_is_retried_and_the_run_succeeds(harvest, portal_
     logged = said(capfd, caplog)
     assert "PortalUnavailable" in logged and "portal unavailable after 1 attempts (last: HTTP 503)" in logged
     assert "AirflowFailException" not in logged
+    # the failed try's log ends, like a finished one's, with the run's page
+    (run_id,) = db.execute("SELECT max(run_id) FROM sync_runs").fetchone()
+    assert (f"fetch_modified: run {run_id} of test failed in this try (Airflow retries it if it has tries left); "
+            f"the run's page: ") in logged and f"/harvester/runs/{run_id}" in logged

@@ -42,12 +42,34 @@ def _task(body):
 
             from harvester.domain.errors import is_transient
 
+            _failed_line(body.__name__, portal, _run_id_in(args, kwargs), exc)
             if isinstance(exc, AirflowException) or is_transient(exc):
                 raise
             _fail(f"{_scrubbed(str(exc), portal)} (portal {portal.name}, {type(exc).__name__}: not retried, "
                   "trying again would fail the same way)")
 
     return run
+
+
+def _run_id_in(args, kwargs) -> int | None:
+    """The run id a task was handed (its XCom dict ``run`` / ``work``), None before begin made one."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, dict) and isinstance(value.get("run_id"), int):
+            return value["run_id"]
+    return None
+
+
+def _failed_line(task: str, portal: Portal, run_id: int | None, exc: Exception) -> None:
+    """A failed task's log ends, like a finished one's, with the run's page (its report so far):
+    one line before Airflow's traceback. Airflow's own exceptions (skip, reschedule) are no failure."""
+    from harvester.domain.errors import is_transient
+    from harvester.pipeline import notify
+
+    if run_id is None or type(exc).__name__ in ("AirflowSkipException", "AirflowRescheduleException"):
+        return
+    retried = "Airflow retries it if it has tries left" if is_transient(exc) else "not retried"
+    log.error("%s: run %s of %s failed in this try (%s); the run's page: %s", task, run_id, portal.name,
+              retried, notify.report_url(run_id))
 
 
 def _fail(message: str):
