@@ -3,7 +3,7 @@ taken by another server, then on a free port), then the CLI with nothing set sho
 
 Slow: the demo runs two harvests through `airflow dags test` (about two minutes) and exports the
 local model into the clone's fresh cache. The clone runs with this venv's python and
-PYTHONPATH=<clone>/plugins (what `make demo` runs there, without installing a second venv); the
+PYTHONPATH=<clone>/plugins (`make demo` there, without installing a second venv); the
 test checks that the clone's code is the code that runs. Times are printed, never asserted.
 """
 import json
@@ -84,14 +84,18 @@ def test_a_newcomer_runs_the_demo_and_the_cli_shows_its_data(clone, stranger):
     which = subprocess.run([PYTHON, "-c", "import harvester; print(harvester.__file__)"], env=env, cwd=clone,
                            capture_output=True, text=True, check=True).stdout.strip()
     assert which == str(clone / "plugins" / "harvester" / "__init__.py")  # the clone's code runs
-    demo = [PYTHON, "-m", "harvester.testing.demo"]
+    # `make demo` itself, with this venv as the clone's (.venv linked, its install stamp taken as done:
+    # `make -o` never reinstalls, which would point the venv's editable install at the clone)
+    (clone / ".venv").symlink_to(Path(PYTHON).parents[1])
+    demo = ["make", "--no-print-directory", "-o", ".venv/.installed", "demo"]
 
     # -- 1. the demo's port taken by another server: one line, at once, nothing harvested ----------
     taken = int(stranger.base_url.rsplit(":", 1)[1])
     done, took = timed(demo, env=newcomer_env(clone, HARVESTER_DEMO_PORT=str(taken)), cwd=clone, timeout=120)
     print(f"\nmake demo, its port {taken} taken: exit {done.returncode} after {took:.1f}s: {done.stderr.strip()}")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    (line,) = done.stderr.splitlines()
+    line, *rest = done.stderr.splitlines()
+    assert [re.sub(r"\[Makefile:\d+: ", "[", r) for r in rest] == ["make: *** [demo] Error 1"], done.stderr
     assert line.startswith(f"demo: 127.0.0.1:{taken}, the demo portal's port, is taken by another program; "
                            "nothing was harvested. Set HARVESTER_DEMO_PORT to a free port"), line
     assert stranger.requests == []
