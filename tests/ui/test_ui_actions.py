@@ -253,3 +253,59 @@ def test_a_portals_dag_is_triggered_through_airflow(world, client, tokens):
     assert unknown.status_code == 404 and "nowhere" in unknown.json()["detail"]
     bad = client.post("/harvester/api/portals/test/trigger", headers=as_(tokens, "editor"), json={"action": "wipe"})
     assert bad.status_code == 422
+
+
+# -- a portal only the harvester database knows (issue 38, finding 4) ---------------------------------------
+def only_other_portals(tmp_path, monkeypatch) -> None:
+    """portals.yaml without the portal ``test``: only the harvester database knows it now."""
+    other = tmp_path / "portals.yaml"
+    other.write_text(yaml.safe_dump({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other"}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
+
+
+def test_a_portal_only_the_database_knows_is_exported(world, client, tokens, tmp_path, monkeypatch):
+    """Removed from portals.yaml, the portal is still found by the name its runs recorded, as
+    everywhere in the API: its changes and datasets export as before. A name nowhere: 422 naming
+    the filter and where it looked."""
+    exports = {what: dict(format="jsonl" if what == "datasets" else "csv", portal="test")
+               for what in ("changes", "datasets")}
+
+    def download(what, **params):
+        response = client.get(f"/harvester/api/export/{what}", headers=as_(tokens, "viewer"), params=params)
+        assert response.status_code == 200, (what, response.text)
+        return response.content
+
+    before = {what: download(what, **params) for what, params in exports.items()}
+    assert all(before.values())
+    only_other_portals(tmp_path, monkeypatch)
+    assert {what: download(what, **params) for what, params in exports.items()} == before
+    for what in exports:
+        unknown = client.get(f"/harvester/api/export/{what}", headers=as_(tokens, "viewer"),
+                             params={"format": "csv", "portal": "nowhere"})
+        assert unknown.status_code == 422, unknown.text
+        assert "portal: no portal named 'nowhere' in portals.yaml or the harvester database" in unknown.text
+
+
+def test_a_portal_only_the_database_knows_has_no_dag_to_run(world, client, tokens, tmp_path, monkeypatch):
+    """Removed from portals.yaml, the portal has no DAG: its trigger state says so (its page shows
+    it, without an error), and a trigger is a 409 saying so, with no DAG run made. A name
+    nowhere: 404."""
+    only_other_portals(tmp_path, monkeypatch)
+    runs = dag_runs("harvest_test")
+    state = client.get("/harvester/api/portals/test/trigger", headers=as_(tokens, "editor"))
+    assert state.status_code == 200, state.text
+    state = state.json()
+    assert (state["portal"], state["dag_id"], state["can_trigger"], state["in_airflow"], state["dag_url"]) == (
+        "test", None, False, False, None)
+    assert "test is not in portals.yaml: no DAG to run" in state["problem"]
+    for action in ("run", "full_sync", "reconcile"):
+        refused = client.post("/harvester/api/portals/test/trigger", headers=as_(tokens, "editor"),
+                              json={"action": action})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["detail"] == state["problem"]
+    assert dag_runs("harvest_test") == runs
+    for method in ("get", "post"):
+        unknown = getattr(client, method)("/harvester/api/portals/nowhere/trigger", headers=as_(tokens, "editor"),
+                                          **({"json": {"action": "run"}} if method == "post" else {}))
+        assert unknown.status_code == 404, unknown.text
+        assert unknown.json()["detail"] == "no portal named 'nowhere' in portals.yaml or the harvester database"

@@ -11,15 +11,18 @@ many changes at once, export what a list shows, and start a portal's DAG now.
   the columns and bytes of ``harvester export ... -o -`` (store/export.py), streamed from one
   consistent snapshot, with the filters of the page the export starts from: the changes list's
   (portal, change type, since, significance, the review queue), the search page's (portal,
-  organization, tag, format, licence, modified from / until, removed datasets too).
+  organization, tag, format, licence, modified from / until, removed datasets too). A portal is
+  found as everywhere in the API (harvester.ui.common.portal_named): in portals.yaml, else by the
+  name the harvester database knows it by.
 - ``POST /api/portals/{name}/trigger``: a DAG run of the portal's DAG ``harvest_<name>`` now, with
   its params (run: the DAG's defaults; full_sync; reconcile; force_removals and takeover as
   asked), through Airflow's own trigger code path (airflow.api.common.trigger_dag, which Airflow's
   REST API and CLI use): the run is queued for Airflow's scheduler like one triggered from
   Airflow's UI, by the user. Only for users Airflow lets trigger that DAG (auth.can_trigger: a DAG
   run POST on it, as Airflow's own trigger route asks); a DAG Airflow does not know (not parsed
-  yet, stale, import errors) or a paused one is refused with a message saying what to do. The
-  answer links to the new run in Airflow's grid.
+  yet, stale, import errors) or a paused one is refused with a message saying what to do, and so
+  is a portal only the harvester database knows (not in portals.yaml: no DAG to run). The answer
+  links to the new run in Airflow's grid.
 """
 from __future__ import annotations
 
@@ -33,26 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.ui import auth
-from harvester.ui.common import airflow_root, dag_run_url, invalid, user_date
+from harvester.ui.common import (NO_DAG, airflow_root, configured_portals, dag_run_url, invalid, portal_named,
+                                 user_date)
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(route_class=auth.GatedRoute)  # a write route's gate runs before its body is read
 Reader = Depends(auth.reader)
 Writer = Depends(auth.writer)
-
-
-def _portal(name: str, parameter: str | None = None):
-    """The portal of portals.yaml named ``name`` (its DAG is ``harvest_<name>``): a 404 naming it
-    otherwise, or with ``parameter``, a 422 naming the parameter."""
-    from harvester.config.portals import load_portals
-
-    for portal in load_portals():
-        if portal.name == name:
-            return portal
-    if parameter:
-        raise invalid(parameter, f"no portal named {name!r} in portals.yaml")
-    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} in portals.yaml")
 
 
 def database():
@@ -83,11 +74,10 @@ def api_review_many(body: BulkReviewBody, user=Writer, conn=Depends(database)):
     statement. Needs edit (PUT) access to the DAG of the portal of every change named. Answers
     `marked` (how many were marked now), `marked_ids`, and `already_reviewed` (the ids that had a
     review already, which they keep)."""
-    from harvester.config.portals import load_portals
     from harvester.store import review
 
     ids = sorted(set(body.ids))
-    by_url = {p.url: p for p in load_portals()}
+    by_url = {p.url: p for p in configured_portals()}
     with conn.transaction():
         portals = review.change_portals(conn, ids)
         missing = [i for i in ids if i not in portals]
@@ -126,14 +116,27 @@ EXPORT_RESPONSES = {200: {"content": {"text/csv": {}, "application/x-ndjson": {}
                     404: {"description": "no such portal"}, 422: {"description": "a bad format or filter"}}
 
 
-def _stream(what: str, fmt: str, source, filename: str) -> StreamingResponse:
-    """The rows of ``source(conn)`` (columns, batches) as CSV / JSON Lines, from one snapshot on a
-    connection of its own, held while the body streams and closed when it ends (or by the
-    background task when the client went away mid-stream)."""
-    from harvester.pipeline.export_files import text_chunks
-    from harvester.store import db, export
+def _export_connection(portal: str | None) -> tuple[object, str | None]:
+    """A connection of its own for an export's stream, and the URL of the portal named by the
+    ``portal`` filter (portals.yaml's, else one only the harvester database knows, as every
+    ``portal=`` of the API): a 422 naming the parameter when there is none (the connection closed)."""
+    from harvester.store import db
 
     conn = db.open_task(migrate=False)
+    try:
+        return conn, portal_named(portal, "portal", conn).url if portal else None
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _stream(conn, fmt: str, source, filename: str) -> StreamingResponse:
+    """The rows of ``source(conn)`` (columns, batches) as CSV / JSON Lines, from one snapshot on
+    ``conn``, a connection of its own, held while the body streams and closed when it ends (or by
+    the background task when the client went away mid-stream)."""
+    from harvester.pipeline.export_files import text_chunks
+    from harvester.store import export
+
 
     def body():
         try:
@@ -153,7 +156,8 @@ def _stream(what: str, fmt: str, source, filename: str) -> StreamingResponse:
             response_class=StreamingResponse, responses=EXPORT_RESPONSES)
 def api_export_changes(format: Literal["csv", "jsonl"] = FORMAT,
                        queue: bool = Query(False, description="only changes waiting for review"),
-                       portal: str | None = Query(None, description="a portal's name in portals.yaml"),
+                       portal: str | None = Query(None, description="a portal's name (in portals.yaml, or one only "
+                                                                  "the harvester database knows)"),
                        change_type: str | None = Query(None, description="one change type"),
                        since: str | None = Query(None, description="detected at or after (ISO date or time)"),
                        min_significance: float | None = Query(None, ge=0, le=1, description="at least this (0-1)"),
@@ -168,20 +172,21 @@ def api_export_changes(format: Literal["csv", "jsonl"] = FORMAT,
     change_type = change_type or None
     if change_type is not None and change_type not in types:
         raise invalid("change_type", f"{change_type!r} is not a change type; valid: {', '.join(types)}")
-    url = _portal(portal, "portal").url if portal else None
     when = user_date(since, "since")
+    conn, url = _export_connection(portal)
 
     def source(conn):
         return export.CHANGE_COLUMNS, export.change_batches(conn, portal_url=url, since=when, change_type=change_type,
                                                             queue=queue, min_significance=min_significance)
 
-    return _stream("changes", format, source, "changes" + (f"-{portal}" if portal else ""))
+    return _stream(conn, format, source, "changes" + (f"-{portal}" if portal else ""))
 
 
 @router.get("/api/export/datasets", tags=["export"], summary="Download datasets: CSV or JSON Lines",
             response_class=StreamingResponse, responses=EXPORT_RESPONSES)
 def api_export_datasets(format: Literal["csv", "jsonl"] = FORMAT,
-                        portal: str | None = Query(None, description="only this portal (its name in portals.yaml)"),
+                        portal: str | None = Query(None, description="only this portal (its name in portals.yaml, or one "
+                                                                   "only the harvester database knows)"),
                         organization: str | None = Query(None, description="only this organization (title or name)"),
                         tag: str | None = Query(None, description="only datasets with this tag"),
                         format_: str | None = Query(None, alias="resource_format",
@@ -196,17 +201,17 @@ def api_export_datasets(format: Literal["csv", "jsonl"] = FORMAT,
     `format` filter (`format` names the file's). Streamed from one consistent snapshot."""
     from harvester.store import export, search
 
-    url = _portal(portal, "portal").url if portal else None
+    since_at, until_at = user_date(since, "since"), user_date(until, "until", end=True)
+    conn, url = _export_connection(portal)
     filters = search.SearchFilters(portal_url=url, organization=organization or None, tag=tag or None,
-                                   format=format_ or None, license=license or None,
-                                   since=user_date(since, "since"), until=user_date(until, "until", end=True),
+                                   format=format_ or None, license=license or None, since=since_at, until=until_at,
                                    include_removed=include_removed)
 
     def source(conn):
         return export.dataset_columns(), export.dataset_batches(conn, portal_url=url, include_removed=include_removed,
                                                                 filters=filters)
 
-    return _stream("datasets", format, source, "datasets" + (f"-{portal}" if portal else ""))
+    return _stream(conn, format, source, "datasets" + (f"-{portal}" if portal else ""))
 
 
 # -- a run of a portal's DAG now ----------------------------------------------------------------------
@@ -239,17 +244,27 @@ def _dag_model(dag_id: str):
 
 @router.get("/api/portals/{name}/trigger", tags=["portals"],
             summary="Whether the user may run the portal's DAG now, and whether Airflow would run it")
-def api_trigger_state(request: Request, name: str, user=Reader):
+def api_trigger_state(request: Request, name: str, user=Reader, conn=Depends(database)):
     """`can_trigger`: whether Airflow lets the user create runs of the DAG; `in_airflow`: whether
     Airflow knows the DAG (parsed, not stale, no import errors); `paused`; `dag_url`: the DAG in
-    Airflow's UI; `problem`: why a run cannot start now (null when it can)."""
-    portal = _portal(name)
+    Airflow's UI; `problem`: why a run cannot start now (null when it can). A portal only the
+    harvester database knows has no DAG: `dag_id` null, `can_trigger` false and `problem` saying
+    so. 404: a portal in neither."""
+    portal = portal_named(name, conn=conn)
+    if portal.dag_id is None:
+        return {"portal": portal.name, "dag_id": None, "can_trigger": False, "in_airflow": False, "paused": None,
+                "problem": _no_dag(portal.name), "dag_url": None}
     dag = _dag_model(portal.dag_id)
     problem = _refusal(portal.dag_id, dag)
     return {"portal": portal.name, "dag_id": portal.dag_id, "can_trigger": auth.can_trigger(user, portal.dag_id),
             "in_airflow": dag is not None and not dag["stale"] and not dag["import_errors"],
             "paused": None if dag is None else dag["paused"], "problem": problem[1] if problem else None,
             "dag_url": f"{airflow_root(request)}/dags/{portal.dag_id}"}
+
+
+def _no_dag(name: str) -> str:
+    return (f"{name} is {NO_DAG}: the harvester database knows it (harvested from the CLI with another portals "
+            "file, or removed from portals.yaml); add it to portals.yaml to run it from here")
 
 
 def _refusal(dag_id: str, dag: dict | None) -> tuple[int, str] | None:
@@ -274,8 +289,9 @@ def _refusal(dag_id: str, dag: dict | None) -> tuple[int, str] | None:
              responses={401: {"description": "not authenticated"},
                         403: {"description": "Airflow does not let the user trigger the portal's DAG"},
                         404: {"description": "no such portal, or Airflow does not know its DAG"},
-                        409: {"description": "the DAG is paused, or has import errors"}})
-def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer):
+                        409: {"description": "the DAG is paused, or has import errors; or the portal is not "
+                                             "in portals.yaml (only the harvester database knows it): no DAG"}})
+def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer, conn=Depends(database)):
     """A DAG run of `harvest_<name>` with the params `full_sync`, `reconcile`, `force_removals`
     and `takeover` (every one given, the others false), queued for Airflow's scheduler, triggered
     by the user as from Airflow's UI. Answers `dag_id`, `dag_run_id`, `conf`, `state` and
@@ -284,7 +300,9 @@ def api_trigger(request: Request, name: str, body: TriggerBody, user=Writer):
     from airflow.exceptions import DagNotFound, DagRunAlreadyExists
     from airflow.utils.types import DagRunTriggeredByType
 
-    portal = _portal(name)
+    portal = portal_named(name, conn=conn)
+    if portal.dag_id is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, _no_dag(portal.name))
     dag_id = portal.dag_id
     if not auth.can_trigger(user, dag_id):
         raise HTTPException(status.HTTP_403_FORBIDDEN,

@@ -14,7 +14,6 @@ the store modules.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -31,6 +30,7 @@ from harvester.config.secrets import redact_url
 from harvester.ui import actions_api, auth, validate_api
 from harvester.ui.common import PREFIX, airflow_root as _airflow_root, dag_run_url as _dag_run_url
 from harvester.ui.common import invalid as _invalid, user_date as _date
+from harvester.ui.common import UnlistedPortal, configured_portals, portal_named, portal_names
 
 log = logging.getLogger(__name__)
 
@@ -113,50 +113,10 @@ def database():
         conn.close()
 
 
-def _portals() -> list:
-    from harvester.config.portals import load_portals
-
-    return load_portals()
-
-
-@dataclass(frozen=True)
-class UnlistedPortal:
-    """A portal the harvester database knows (its runs recorded it) but portals.yaml does not:
-    harvested from the CLI, or removed from portals.yaml. It has pages and API answers like a
-    listed one, without a DAG (``dag_id`` None) or a schedule."""
-    name: str
-    url: str
-    dag_id: None = None
-    enabled: None = None
-    schedule: None = None
-
-
-def _portal_named(name: str, parameter: str | None = None, conn=None):
-    """The portal of portals.yaml named ``name``; with ``conn``, else the one the harvester
-    database knows by that name (store.known_portals: the name its latest run recorded). None
-    anywhere: 404, or 422 naming ``parameter``."""
-    portals = _portals()
-    for portal in portals:
-        if portal.name == name:
-            return portal
-    if conn is not None:
-        from harvester.store.known_portals import portals_named
-
-        known = portals_named(conn, name)
-        if known:  # the most recently run first; a portal renamed in portals.yaml keeps its old name's links
-            return next((p for p in portals if p.url == known[0].url), None) or UnlistedPortal(name, known[0].url)
-    where = "in portals.yaml" + (" or the harvester database" if conn is not None else "")
-    if parameter:
-        raise _invalid(parameter, f"no portal named {name!r} {where}")
-    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} {where}")
-
-
-def _portal_names(conn) -> dict[str, str]:
-    """Portal URL -> the name its pages have: its name in portals.yaml, else the name the database
-    knows it by (store.known_portals)."""
-    from harvester.store.known_portals import known_portals
-
-    return {p.url: p.name for p in known_portals(conn)} | {p.url: p.name for p in _portals()}
+# portals.yaml's portals, and those only the harvester database knows: harvester.ui.common
+_portals = configured_portals
+_portal_named = portal_named
+_portal_names = portal_names
 
 
 Reader = Depends(auth.reader)

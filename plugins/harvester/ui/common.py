@@ -1,11 +1,13 @@
 """Helpers the Harvester app's route modules share (harvester.ui.app, harvester.ui.actions_api):
-a bad parameter's 422, a date parameter, and links into the Airflow UI."""
+a bad parameter's 422, a date parameter, links into the Airflow UI, and finding a portal by name
+(in portals.yaml, else in the harvester database)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import quote
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Request, status
 
 PREFIX = "/harvester"  # where the plugin mounts the app (under Airflow's [api] base_url path)
 
@@ -40,3 +42,72 @@ def dag_run_url(root: str, dag_id: str | None, dag_run_id: str | None) -> str | 
     if not dag_id or not dag_run_id:
         return None
     return f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(dag_run_id, safe='')}"
+
+
+# -- portals: portals.yaml's, and those only the harvester database knows ----------------------------------
+def configured_portals() -> list:
+    """The portals of portals.yaml (enabled or not), in its order."""
+    from harvester.config.portals import load_portals
+
+    return load_portals()
+
+
+@dataclass(frozen=True)
+class UnlistedPortal:
+    """A portal the harvester database knows (its runs recorded it) but portals.yaml does not:
+    harvested from the CLI, or removed from portals.yaml. It has pages and API answers like a
+    listed one, without a DAG (``dag_id`` None) or a schedule."""
+    name: str
+    url: str
+    dag_id: None = None
+    enabled: None = None
+    schedule: None = None
+
+
+NO_DAG = "not in portals.yaml: no DAG to run"
+
+
+def portal_named(name: str, parameter: str | None = None, conn=None):
+    """The portal of portals.yaml named ``name``; with ``conn``, else the one the harvester
+    database knows by that name (store.known_portals: the name its latest run recorded), an
+    UnlistedPortal unless its URL is in portals.yaml under another name. None anywhere: 404, or
+    422 naming ``parameter``."""
+    portals = configured_portals()
+    for portal in portals:
+        if portal.name == name:
+            return portal
+    if conn is not None:
+        from harvester.store.known_portals import portals_named
+
+        known = portals_named(conn, name)
+        if known:  # the most recently run first; a portal renamed in portals.yaml keeps its old name's links
+            return next((p for p in portals if p.url == known[0].url), None) or UnlistedPortal(name, known[0].url)
+    where = "in portals.yaml" + (" or the harvester database" if conn is not None else "")
+    if parameter:
+        raise invalid(parameter, f"no portal named {name!r} {where}")
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no portal named {name!r} {where}")
+
+
+def database_only_portals(conn, configured: list | None = None) -> list[UnlistedPortal]:
+    """The portals only the harvester database knows, by name: one per name that is not in
+    portals.yaml, the one ``portal_named`` finds by it (the most recently run), unless its URL is
+    in portals.yaml under another name (then it is that portal). ``configured``: portals.yaml's
+    portals, when read already."""
+    from harvester.store.known_portals import known_portals
+
+    configured = configured_portals() if configured is None else configured
+    names = {p.name for p in configured}
+    urls = {p.url for p in configured}
+    found: dict[str, UnlistedPortal] = {}
+    for known in known_portals(conn):  # by name, the most recently run first
+        if known.name not in names and known.name not in found:
+            found[known.name] = UnlistedPortal(known.name, known.url)
+    return [p for p in found.values() if p.url not in urls]
+
+
+def portal_names(conn) -> dict[str, str]:
+    """Portal URL -> the name its pages have: its name in portals.yaml, else the name the database
+    knows it by (store.known_portals)."""
+    from harvester.store.known_portals import known_portals
+
+    return {p.url: p.name for p in known_portals(conn)} | {p.url: p.name for p in configured_portals()}

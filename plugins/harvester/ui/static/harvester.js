@@ -944,6 +944,10 @@
         show(box, h("h2", {}, "Run now"), errorBox(err));
         return;
       }
+      if (state.dag_id === null) { // a portal only the harvester database knows: no DAG to run
+        show(box, h("h2", {}, "Run now"), h("p", { class: "muted small", "data-test": "trigger-problem" }, state.problem));
+        return;
+      }
       if (!state.can_trigger) {
         show(box, h("h2", {}, "Run now"), h("p", { class: "muted small", "data-test": "trigger-not-allowed" },
           `Airflow does not let you trigger ${state.dag_id}.`));
