@@ -513,7 +513,8 @@ def test_a_portal_only_the_database_knows_has_its_pages_and_answers(client, toke
     other = world["tmp"] / "only-other-portals.yaml"
     other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
     monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
-    assert [p["name"] for p in get(client, tokens, "/harvester/api/portals")["items"]] == ["other"]
+    assert [(p["name"], p["configured"]) for p in get(client, tokens, "/harvester/api/portals")["items"]] == [
+        ("other", True), ("test", False)]
 
     portal = get(client, tokens, "/harvester/api/portals/test", "viewer")
     assert (portal["name"], portal["url"], portal["configured"], portal["dag_id"], portal["in_airflow"]) == (
@@ -541,6 +542,40 @@ def test_a_portal_only_the_database_knows_has_its_pages_and_answers(client, toke
         assert response.json()["detail"] == "no portal named 'nope' in portals.yaml or the harvester database"
     response = client.get("/harvester/api/changes", headers=as_(tokens, "admin"), params={"portal": "nope"})
     assert response.status_code == 422 and "no portal named 'nope'" in response.text
+
+
+def test_the_portals_list_shows_the_portals_only_the_database_knows(client, tokens, world, monkeypatch):
+    """(issue 38, finding 4) GET /api/portals lists portals.yaml's portals, then those only the
+    harvester database knows, each once by the name its latest run recorded, with the state a
+    listed portal has (the same overview), marked not configured: no DAG, schedule or next run;
+    one whose URL portals.yaml lists under another name is that portal, not listed twice."""
+    listed = get(client, tokens, "/harvester/api/portals")["items"][0]
+    assert (listed["name"], listed["configured"]) == ("test", True)
+    other = world["tmp"] / "portals-without-test.yaml"
+    other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
+    page = get(client, tokens, "/harvester/api/portals", "viewer")
+    assert page["total"] == 2 and [(p["name"], p["configured"]) for p in page["items"]] == [
+        ("other", True), ("test", False)]
+    unlisted = page["items"][1]
+    single = get(client, tokens, "/harvester/api/portals/test")
+    single.pop("duplicates")
+    assert unlisted == single | {"last_sync_age_seconds": unlisted["last_sync_age_seconds"]}
+    assert (unlisted["url"], unlisted["dag_id"], unlisted["enabled"], unlisted["schedule"], unlisted["next_run"],
+            unlisted["in_airflow"]) == (world["portal_url"], None, None, None, None, False)
+    assert unlisted["last_run"]["dag_run_url"] is None
+    same = ("live_datasets", "pending_embeddings", "last_successful_sync", "last_sync_mode", "sync_status",
+            "review_queue", "badge")
+    assert {k: unlisted[k] for k in same} == {k: listed[k] for k in same}
+    assert unlisted["last_run"] | {"dag_run_url": None} == listed["last_run"] | {"dag_run_url": None}
+    assert [p["name"] for p in get(client, tokens, "/harvester/api/portals", limit=1, offset=1)["items"]] == ["test"]
+
+    # renamed in portals.yaml: the portal under its new name, once
+    renamed = world["tmp"] / "portals-renamed.yaml"
+    renamed.write_text(json.dumps({"portals": [{"name": "renamed", "url": world["portal_url"], "schedule": None}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(renamed))
+    page = get(client, tokens, "/harvester/api/portals")
+    assert page["total"] == 1 and [(p["name"], p["configured"]) for p in page["items"]] == [("renamed", True)]
 
 
 def test_the_api_docs_page_loads_nothing_from_another_host(client, tokens):
@@ -760,7 +795,8 @@ def test_a_run_of_a_portal_gone_from_portals_yaml_keeps_its_report(client, token
     other = world["tmp"] / "other-portals.yaml"
     other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
     monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
-    assert [p["name"] for p in get(client, tokens, "/harvester/api/portals")["items"]] == ["other"]
+    assert [(p["name"], p["configured"]) for p in get(client, tokens, "/harvester/api/portals")["items"]] == [
+        ("other", True), ("test", False)]
     after = get(client, tokens, f"/harvester/api/runs/{first}/outcomes", limit=500)
     assert (after["run"]["portal"], after["run"]["portal_url"], after["run"]["dag_id"],
             after["run"]["portal_configured"]) == ("test", world["portal_url"], None, False)

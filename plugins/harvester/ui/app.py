@@ -6,10 +6,11 @@ The plugin (harvester.ui.plugin) mounts ``app`` in Airflow's api-server. Pages (
 all serve the same shell, ``static/index.html``, whose script reads the JSON API under ``/api``; the API's
 OpenAPI description is at ``/docs``. Who may do what: harvester.ui.auth.
 
-Data: portals come from portals.yaml, joined with what the harvester database holds (the Airflow
-connection ``harvester_db``, opened per request like a DAG task's, without migrating) and with
-Airflow's own metadata (next scheduled run, paused, task instances for log links). SQL lives in
-the store modules.
+Data: portals come from portals.yaml, and from the harvester database those only it knows
+(harvester.ui.common), joined with what the harvester database holds (the Airflow connection
+``harvester_db``, opened per request like a DAG task's, without migrating) and with Airflow's own
+metadata (next scheduled run, paused, task instances for log links). SQL lives in the store
+modules.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from harvester.config.secrets import redact_url
 from harvester.ui import actions_api, auth, validate_api
 from harvester.ui.common import PREFIX, airflow_root as _airflow_root, dag_run_url as _dag_run_url
 from harvester.ui.common import invalid as _invalid, user_date as _date
-from harvester.ui.common import UnlistedPortal, configured_portals, portal_named, portal_names
+from harvester.ui.common import (UnlistedPortal, configured_portals, database_only_portals, portal_named,
+                                 portal_names)
 
 log = logging.getLogger(__name__)
 
@@ -430,9 +432,15 @@ def api_me(user=Reader):
     return {"user": user.get_name(), "can_review": bool(auth.reviewable(user, [p.dag_id for p in _portals()]))}
 
 
-@app.get("/api/portals", tags=["portals"], summary="Every portal of portals.yaml with its state")
+@app.get("/api/portals", tags=["portals"],
+         summary="Every portal of portals.yaml with its state, then those only the harvester database knows")
 def api_portals(request: Request, limit: int = Limit, offset: int = Offset, user=Reader, conn=Depends(database)):
-    portals = _portals()
+    """Every entry of portals.yaml (enabled or not), in its order, then every portal only the
+    harvester database knows (harvested from the CLI with another portals file, or removed from
+    portals.yaml), by name: `configured` false, no DAG, schedule or next run; the same state
+    otherwise, read for the page's portals in one statement."""
+    configured = _portals()
+    portals = configured + database_only_portals(conn, configured)
     return _page(_portal_items(conn, portals[offset:offset + limit], request), len(portals), limit, offset)
 
 

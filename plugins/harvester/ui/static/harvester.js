@@ -247,7 +247,7 @@
 
   async function portalList() {
     try {
-      return (await api("/portals")).items || [];
+      return (await api("/portals", { limit: 500 })).items || [];
     } catch (_) {
       return [];
     }
@@ -280,33 +280,53 @@
 
   async function pagePortals(alive) {
     const [portals, queue] = await Promise.all([
-      api("/portals"),
+      api("/portals", { limit: 500 }),
       api("/changes", { queue: true, limit: 1 }).catch(() => null),
     ]);
     if (!alive()) return;
     const items = portals.items || [];
-    const rows = items.map((p) => h("tr", { "data-test": "portal-row", "data-portal": p.name },
-      h("td", {},
-        h("a", { href: portalHref(p.name), class: "strong" }, p.name),
-        p.badge ? [" ", h("span", { class: `badge badge-${p.badge === "failed" ? "failed" : "degraded"}`, "data-test": "badge" }, p.badge)] : null,
-        p.enabled === false ? [" ", pill("disabled", "neutral")] : null,
-        p.url ? h("div", { class: "small" }, extLink(p.url, clip(String(p.url), 60))) : null),
+    const configured = items.filter((p) => p.configured !== false);
+    const unlisted = items.filter((p) => p.configured === false);
+    const nameCell = (p) => h("td", {},
+      h("a", { href: portalHref(p.name), class: "strong" }, p.name),
+      p.badge ? [" ", h("span", { class: `badge badge-${p.badge === "failed" ? "failed" : "degraded"}`, "data-test": "badge" }, p.badge)] : null,
+      p.enabled === false ? [" ", pill("disabled", "neutral")] : null,
+      p.configured === false ? [" ", pill("not in portals.yaml", "neutral", { "data-test": "not-configured" })] : null,
+      p.url ? h("div", { class: "small" }, extLink(p.url, clip(String(p.url), 60))) : null);
+    const syncCell = (p) => h("td", {}, p.last_successful_sync ? [time(p.last_successful_sync), h("div", { class: "small muted" }, ago(p.last_sync_age_seconds))] : h("span", { class: "muted" }, "never"));
+    const rows = configured.map((p) => h("tr", { "data-test": "portal-row", "data-portal": p.name },
+      nameCell(p),
       h("td", { class: "num" }, fmtNum(p.live_datasets)),
-      h("td", {}, p.last_successful_sync ? [time(p.last_successful_sync), h("div", { class: "small muted" }, ago(p.last_sync_age_seconds))] : h("span", { class: "muted" }, "never")),
+      syncCell(p),
       h("td", {}, lastRunCell(p.last_run)),
       h("td", {}, p.next_run ? [time(p.next_run), h("div", { class: "small muted" }, relative(p.next_run))] : h("span", { class: "muted" }, p.schedule ? "—" : "not scheduled")),
       h("td", { class: "num" }, fmtNum(p.pending_embeddings)),
       h("td", {}, breakerCell(p.breaker))));
+    // Portals only the harvester database knows: their state, no schedule, no Airflow links.
+    const unlistedRows = unlisted.map((p) => h("tr", { "data-test": "portal-row", "data-portal": p.name, "data-configured": "false" },
+      nameCell(p),
+      h("td", { class: "num" }, fmtNum(p.live_datasets)),
+      syncCell(p),
+      h("td", {}, lastRunCell(p.last_run)),
+      h("td", { class: "num" }, fmtNum(p.pending_embeddings))));
     const queueCount = queue && typeof queue.total === "number" ? queue.total : null;
     show(app, 
       h("div", { class: "page-head" },
         h("h1", {}, "Portals"),
         h("a", { class: "queue-link", href: `${BASE}/changes`, "data-test": "queue-link" },
           "Review queue", h("span", { class: `count${queueCount ? " count-hot" : ""}`, "data-test": "queue-count" }, queueCount === null ? "?" : fmtNum(queueCount)))),
-      items.length
+      configured.length
         ? table({ class: "grid", "data-test": "portals-table" },
           ["Portal", { text: "Live datasets", cls: "num" }, "Last successful sync", "Last run", "Next run", { text: "Pending embeddings", cls: "num" }, "Breaker"], rows)
-        : h("p", { class: "empty", "data-test": "portals-table" }, "No portals configured."));
+        : h("p", { class: "empty", "data-test": "portals-table" }, "No portals configured."),
+      unlisted.length
+        ? h("section", { class: "card", "data-test": "unlisted-portals" },
+          h("h2", {}, "Known only to the database"),
+          h("p", { class: "small muted" }, "Not in portals.yaml: harvested from the CLI with another portals file, or removed from ",
+            "portals.yaml. Their runs, changes and datasets are kept; Airflow does not harvest them."),
+          table({ class: "grid", "data-test": "unlisted-portals-table" },
+            ["Portal", { text: "Live datasets", cls: "num" }, "Last successful sync", "Last run", { text: "Pending embeddings", cls: "num" }], unlistedRows))
+        : null);
   }
 
   // -- Runs of one portal ---------------------------------------------------------------------
