@@ -578,6 +578,27 @@ def test_the_portals_list_shows_the_portals_only_the_database_knows(client, toke
     assert page["total"] == 1 and [(p["name"], p["configured"]) for p in page["items"]] == [("renamed", True)]
 
 
+def test_the_dag_tab_of_a_portal_gone_from_portals_yaml_opens_its_page(client, tokens, world, monkeypatch):
+    """(issue 38, finding 4) The Harvester tab of harvest_<name>, whose portal was removed from
+    portals.yaml (its DAG lingers in Airflow with its runs), is the portal's page when the
+    harvester database knows a portal by that name; other DAGs still say they harvest nothing."""
+    other = world["tmp"] / "portals-dag-tab.yaml"
+    other.write_text(json.dumps({"portals": [{"name": "other", "url": "http://127.0.0.1:9/other", "schedule": None}]}))
+    monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(other))
+    client.cookies.set("_token", tokens["viewer"])
+    try:
+        response = client.get("/harvester/dags/harvest_test", follow_redirects=False)
+        assert (response.status_code, response.headers.get("location")) == (307, "/harvester/portals/test"), (
+            response.status_code, response.text)
+        assert client.get("/harvester/dags/harvest_other", follow_redirects=False).headers["location"] == (
+            "/harvester/portals/other")
+        for dag_id in ("harvest_nope", "harvest_", "some_other_dag"):
+            response = client.get(f"/harvester/dags/{dag_id}", follow_redirects=False)
+            assert response.status_code == 404 and "Not a harvest DAG" in response.text, dag_id
+    finally:
+        client.cookies.clear()
+
+
 def test_the_api_docs_page_loads_nothing_from_another_host(client, tokens):
     """(issue 38, finding 4) /harvester/docs works offline: its page and the scripts and styles it
     loads are served here (FastAPI's Swagger UI loads from a CDN: a blank page offline)."""

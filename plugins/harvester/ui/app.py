@@ -394,12 +394,25 @@ async def page_dag(request: Request, dag_id: str):
     user = await _page_user(request)
     if isinstance(user, (RedirectResponse, HTMLResponse)):
         return user
-    for portal in _portals():
-        if portal.dag_id == dag_id:
-            target = f"{request.scope.get('root_path', '')}/portals/{quote(portal.name, safe='')}"
-            return RedirectResponse(target, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-    return HTMLResponse(_message_page("Not a harvest DAG", f"{dag_id} does not harvest a portal of portals.yaml: "
-                                      "the Harvester tab shows the portal of a harvest_<portal> DAG."),
+    name = next((p.name for p in _portals() if p.dag_id == dag_id), None)
+    if name is None and dag_id.startswith("harvest_") and len(dag_id) > len("harvest_"):
+        # a portal removed from portals.yaml (its DAG lingers in Airflow, stale, with its runs):
+        # its page, when the harvester database knows it by that name
+        from harvester.store import db
+
+        conn = db.open_task(migrate=False)
+        try:
+            name = _portal_named(dag_id[len("harvest_"):], conn=conn).name
+        except HTTPException:
+            name = None
+        finally:
+            conn.close()
+    if name is not None:
+        target = f"{request.scope.get('root_path', '')}/portals/{quote(name, safe='')}"
+        return RedirectResponse(target, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    return HTMLResponse(_message_page("Not a harvest DAG", f"{dag_id} harvests no portal of portals.yaml nor one the "
+                                      "harvester database knows: the Harvester tab shows the portal of a "
+                                      "harvest_<portal> DAG."),
                         status_code=status.HTTP_404_NOT_FOUND)
 
 
