@@ -79,6 +79,14 @@ def test_a_portal_named_only_by_its_runs_is_found_in_the_database(db, tmp_path, 
     assert main(["export", "datasets", "--format", "csv", "-o", "-", "-p", "demo"]) == 0
     assert capsys.readouterr().err.strip() == "exported 0 datasets to standard output"
 
+    # a harvest needs the portal's settings: the database's knowing it is said, with where to look
+    assert main(["harvest", "demo"]) == 2
+    assert capsys.readouterr().err == (
+        f"harvester: error: no portal named 'demo' in {path}; known portals: canada, demo_elsewhere; the harvester "
+        "database knows demo (http://127.0.0.1:18765) from its runs, but a harvest needs the portal's settings: add "
+        "it to that file, or set HARVESTER_PORTALS_FILE to the file it came from (the demo's: "
+        "dags/portals.demo.yaml)\n")
+
     # portals.yaml first: its entry wins over a run's name
     _portals_file(tmp_path, monkeypatch, ["demo"])
     assert main(["runs", "-p", "demo", "--json"]) == 0

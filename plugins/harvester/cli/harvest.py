@@ -10,7 +10,18 @@ def cmd_harvest(args) -> int:
     from harvester.pipeline import steps as pipeline
     from harvester.store import db
 
-    portal = options.portal(args.portal)
+    from harvester.config.portals import PortalConfigError
+
+    try:
+        portal = options.portal(args.portal)
+    except PortalConfigError as exc:
+        known = str(exc).startswith("no portal named") and _known_elsewhere(args.portal)
+        if not known:
+            raise
+        raise PortalConfigError(f"{exc}; the harvester database knows {args.portal} "
+                          f"({known}) from its runs, but a harvest needs the portal's settings: add it to that "
+                          "file, or set HARVESTER_PORTALS_FILE to the file it came from (the demo's: "
+                          "dags/portals.demo.yaml)") from None
     provider = get_provider()
     with db.open_cli() as conn, db.open_cli() as reader:
         stats = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=args.full,
@@ -21,6 +32,16 @@ def cmd_harvest(args) -> int:
     else:
         print(" ".join(f"{k}={v}" for k, v in stats.items()))
     return 0
+
+
+def _known_elsewhere(name: str) -> str | None:
+    """The URL the database's runs recorded for a portal named ``name``, None when they know none."""
+    from harvester.store import db
+    from harvester.store.known_portals import portals_named
+
+    with db.open_cli() as conn:
+        found = portals_named(conn, name)
+    return found[0].url if found else None
 
 
 def cmd_runs(args) -> int:
