@@ -681,8 +681,9 @@ class Crawl:
 
 def test_every_page_and_link_works_offline(site, mirror, browser, shots):
     """Every Harvester page, and every same-origin link on it, followed: pages of a portal of
-    portals.yaml and of one only the database knows, runs, datasets, changes, search, duplicates,
-    the API docs. No 4xx/5xx, no console error, no request off 127.0.0.1."""
+    portals.yaml and of one only the database knows (listed apart on the portals page), runs,
+    datasets, changes, search, duplicates, the API docs. No 4xx/5xx, no console error, no request
+    off 127.0.0.1."""
     from urllib.parse import quote_plus, urldefrag, urlsplit
 
     crawl = Crawl(browser, site)
@@ -732,10 +733,21 @@ def test_every_page_and_link_works_offline(site, mirror, browser, shots):
     assert any(p.startswith("/dags/") for p in other)  # Airflow's pages of the DAG runs
     assert any(p.startswith("/harvester/api/runs/") and ".csv" in p for p in other)  # a report's download
 
-    # the portal only the database knows: its page says so, with its run; the API docs render
-    crawl.open(f"/harvester/portals/{MIRROR}")
+    # the portal only the database knows: the portals list shows it apart, marked, linking to its
+    # page, which says so, with its run, and no DAG to run; the API docs render
+    crawl.open("/harvester/")
+    unlisted = crawl.page.locator('[data-test="unlisted-portals-table"] [data-test="portal-row"]')
+    expect(unlisted).to_have_count(1)
+    expect(unlisted.first).to_have_attribute("data-portal", MIRROR)
+    expect(unlisted.first.locator('[data-test="not-configured"]')).to_have_text("not in portals.yaml")
+    expect(crawl.page.locator('[data-test="portals-table"] [data-test="portal-row"]')).to_have_count(2)
+    shots(crawl.page, "crawl-portals-with-database-only")
+    unlisted.first.get_by_role("link", name=MIRROR, exact=True).click()
+    crawl.page.wait_for_url(f"**/harvester/portals/{MIRROR}")
     expect(crawl.page.locator('[data-test="not-configured"]')).to_contain_text("Not in portals.yaml")
     expect(crawl.page.locator('[data-test="run-row"]')).to_have_count(1)
+    expect(crawl.page.locator('[data-test="trigger-problem"]')).to_contain_text("not in portals.yaml: no DAG to run")
+    expect(crawl.page.locator('[data-test="trigger-run"]')).to_have_count(0)
     shots(crawl.page, "crawl-database-only-portal")
     crawl.open(f"/harvester/portals/{PORTAL}")
     expect(crawl.page.locator('[data-test="copied-by"]').get_by_role("link", name=MIRROR)).to_have_count(1)

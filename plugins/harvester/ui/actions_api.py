@@ -137,7 +137,6 @@ def _stream(conn, fmt: str, source, filename: str) -> StreamingResponse:
     from harvester.pipeline.export_files import text_chunks
     from harvester.store import export
 
-
     def body():
         try:
             with export.snapshot(conn):
