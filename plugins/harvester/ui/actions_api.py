@@ -113,7 +113,7 @@ FORMAT = Query(..., description="csv or jsonl (the columns of `harvester export`
 MEDIA = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson; charset=utf-8"}
 EXPORT_RESPONSES = {200: {"content": {"text/csv": {}, "application/x-ndjson": {}},
                           "description": "a CSV header then a line per row, or a JSON object per line"},
-                    404: {"description": "no such portal"}, 422: {"description": "a bad format or filter"}}
+                    422: {"description": "a bad format or filter, or no portal of that name (the message names which)"}}
 
 
 def _export_connection(portal: str | None) -> tuple[object, str | None]:
