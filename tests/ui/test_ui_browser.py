@@ -727,6 +727,9 @@ def test_every_page_and_link_works_offline(site, mirror, browser, shots):
     assert crawl.problems == [] and crawl.offsite == []
     visited = set(pages)
     assert {f"/harvester/portals/{MIRROR}", "/harvester/docs"} <= visited
+    # every page of the navigation, reached by its link (the Validate form among them)
+    assert {"/harvester/", "/harvester/changes", "/harvester/search", "/harvester/validate"} <= visited, visited
+    assert any(p.startswith("/harvester/api/export/") for p in other), other  # the lists' downloads
     assert any(p.startswith("/harvester/runs/") for p in visited)
     assert any(p.startswith(f"/harvester/datasets/{MIRROR}/") for p in visited)
     assert any(p.startswith(f"/harvester/datasets/{AGGREGATOR}/") for p in visited)
