@@ -64,6 +64,10 @@ def test_each_task_log_opens_with_its_intent_and_ends_with_a_table_linking_the_r
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", BASE_URL)
     monkeypatch.setenv("HARVESTER_MODEL_CACHE", str(tmp_path / "models"))  # the model's first use here
     vector_check.reset_cache()  # as in a task's own process: pgvector checked once, at its start
+    from harvester.embeddings import local as local_model
+
+    # An earlier test of this session may have loaded the model in this process; a task's process has not.
+    local_model._onnx_encoder.cache_clear()
     records = samples("data-birmingham-gov-uk.jsonl")[:30]
     portal_server.set_records(records)
     harvest.configure(portal_server.base_url)
