@@ -16,7 +16,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
 import yaml
 
 from harvester.cli.main import build_parser
