@@ -32,7 +32,8 @@ def free_port() -> int:
 
 def newcomer_env(clone: Path, **extra: str) -> dict:
     """A shell with no Harvester or Airflow setting at all."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARVESTER_", "AIRFLOW_", "_AIRFLOW"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HARVESTER_", "AIRFLOW_", "_AIRFLOW", "MAKE")) and k != "MFLAGS"}  # nor a make of ours
     env.update({"PYTHONPATH": str(clone / "plugins"), **extra})
     return env
 
