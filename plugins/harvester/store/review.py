@@ -23,10 +23,8 @@ class AlreadyReviewed(RuntimeError):
                          f"{at.isoformat(timespec='seconds')}")
 
 
-def review(conn, change_id: int, *, outcome: str, by: str, note: str | None = None) -> None:
-    """Record a review of change ``change_id``: ``outcome`` ('reviewed' or 'dismissed'), who, now,
-    and an optional note. One statement: of two reviewers at once, one wins and the other gets
-    AlreadyReviewed. LookupError for an unknown change, ValueError for a bad outcome or name."""
+def _checked(outcome: str, by: str | None, note: str | None) -> tuple[str, str | None]:
+    """Who reviewed and the note, trimmed; ValueError for a bad outcome, no name or too long a note."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r} must be one of {', '.join(OUTCOMES)}")
     by = (by or "").strip()
@@ -35,6 +33,14 @@ def review(conn, change_id: int, *, outcome: str, by: str, note: str | None = No
     note = (note or "").strip() or None
     if note is not None and len(note) > NOTE_MAX:
         raise ValueError(f"the note has {len(note)} characters; at most {NOTE_MAX} are kept")
+    return by, note
+
+
+def review(conn, change_id: int, *, outcome: str, by: str, note: str | None = None) -> None:
+    """Record a review of change ``change_id``: ``outcome`` ('reviewed' or 'dismissed'), who, now,
+    and an optional note. One statement: of two reviewers at once, one wins and the other gets
+    AlreadyReviewed. LookupError for an unknown change, ValueError for a bad outcome or name."""
+    by, note = _checked(outcome, by, note)
     row = conn.execute(
         """
         WITH done AS (
@@ -98,14 +104,7 @@ def review_many(conn, change_ids: list[int], *, outcome: str, by: str, note: str
     has none yet, in one statement; the ids it marked. Changes reviewed already (before, or by
     someone else at the same moment) keep their review and are not among the ids. ValueError for
     a bad outcome, name, note or too many ids."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"outcome {outcome!r} must be one of {', '.join(OUTCOMES)}")
-    by = (by or "").strip()
-    if not by:
-        raise ValueError("a review needs the name of who made it")
-    note = (note or "").strip() or None
-    if note is not None and len(note) > NOTE_MAX:
-        raise ValueError(f"the note has {len(note)} characters; at most {NOTE_MAX} are kept")
+    by, note = _checked(outcome, by, note)
     ids = sorted(set(change_ids))
     if len(ids) > MANY_MAX:
         raise ValueError(f"{len(ids)} changes named; at most {MANY_MAX} are reviewed at once")
