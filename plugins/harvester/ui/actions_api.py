@@ -36,24 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.ui import auth
-from harvester.ui.common import (NO_DAG, airflow_root, configured_portals, dag_run_url, invalid, portal_named,
-                                 user_date)
+from harvester.ui.common import (NO_DAG, airflow_root, configured_portals, dag_run_url, database, invalid,
+                                 portal_named, user_date)
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(route_class=auth.GatedRoute)  # a write route's gate runs before its body is read
 Reader = Depends(auth.reader)
 Writer = Depends(auth.writer)
-
-
-def database():
-    from harvester.store import db
-
-    conn = db.open_task(migrate=False)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 # -- many reviews at once ---------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from harvester.config.secrets import redact_url
 from harvester.ui import actions_api, auth, validate_api
 from harvester.ui.common import PREFIX, airflow_root as _airflow_root, dag_run_url as _dag_run_url
 from harvester.ui.common import invalid as _invalid, user_date as _date
-from harvester.ui.common import (UnlistedPortal, configured_portals, database_only_portals, portal_named,
-                                 portal_names)
+from harvester.ui.common import (UnlistedPortal, configured_portals, database, database_only_portals,
+                                 portal_named, portal_names)
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +103,7 @@ def _install_error_handlers() -> None:
 _install_error_handlers()
 
 
-# -- dependencies -----------------------------------------------------------------------------------
-def database():
-    """A connection to the harvester database for this request (as a DAG task opens one)."""
-    from harvester.store import db
-
-    conn = db.open_task(migrate=False)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
+# -- dependencies (the database's: harvester.ui.common.database) ------------------------------------
 # portals.yaml's portals, and those only the harvester database knows: harvester.ui.common
 _portals = configured_portals
 _portal_named = portal_named

@@ -111,3 +111,15 @@ def portal_names(conn) -> dict[str, str]:
     from harvester.store.known_portals import known_portals
 
     return {p.url: p.name for p in known_portals(conn)} | {p.url: p.name for p in configured_portals()}
+
+
+def database():
+    """A connection to the harvester database for one request (as a DAG task opens one): the
+    dependency of every route that reads or writes it."""
+    from harvester.store import db
+
+    conn = db.open_task(migrate=False)
+    try:
+        yield conn
+    finally:
+        conn.close()
