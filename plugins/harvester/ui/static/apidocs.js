@@ -8,27 +8,7 @@
   const BASE = (location.pathname.match(/^(.*?\/harvester)(?:\/|$)/) || [null, "/harvester"])[1];
   const app = document.getElementById("app");
 
-  function h(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "class") node.className = value;
-      else if (/^on/i.test(key) || key === "style" || key === "srcdoc") throw new Error(`refusing attribute ${key}`);
-      else node.setAttribute(key, value === true ? "" : String(value));
-    }
-    append(node, children);
-    return node;
-  }
-
-  function append(node, children) {
-    for (const child of children) {
-      if (child === null || child === undefined || child === false) continue;
-      if (Array.isArray(child)) append(node, child);
-      else if (child instanceof Node) node.append(child);
-      else node.append(document.createTextNode(String(child)));
-    }
-    return node;
-  }
+  const { h, append } = window.HarvesterDom; // dom.js
 
   /* The descriptions' little markdown: paragraphs, "- " lists, **strong** and `code`; all as text nodes. */
   function inline(text) {

@@ -18,36 +18,8 @@
 
   // -- DOM helpers ----------------------------------------------------------------------------
 
-  /* h("a", {href, class, "data-test", on: {click}}, child, ...): children are nodes or text. */
-  function h(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "on") {
-        for (const [type, fn] of Object.entries(value)) node.addEventListener(type, fn);
-      } else if (key === "class") {
-        node.className = value;
-      } else if (key === "value" || key === "checked" || key === "disabled" || key === "hidden") {
-        node[key] = value;
-      } else if (/^on/i.test(key) || key === "style" || key === "srcdoc") {
-        throw new Error(`refusing attribute ${key}`);
-      } else {
-        node.setAttribute(key, value === true ? "" : String(value));
-      }
-    }
-    append(node, children);
-    return node;
-  }
-
-  function append(node, children) {
-    for (const child of children) {
-      if (child === null || child === undefined || child === false) continue;
-      if (Array.isArray(child)) append(node, child);
-      else if (child instanceof Node) node.append(child);
-      else node.append(document.createTextNode(String(child)));
-    }
-    return node;
-  }
+  // h("a", {href, class, "data-test", on: {click}}, child, ...) and append(node, children): dom.js
+  const { h, append } = window.HarvesterDom;
 
   /* Replace a node's children (null/false children are skipped, text becomes text nodes). */
   function show(node, ...children) {
