@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from harvester.ui import auth
-from harvester.ui.common import (NO_DAG, airflow_root, configured_portals, dag_run_url, database, invalid,
+from harvester.ui.common import (NO_DAG, airflow_root, dag_run_url, database, invalid, portal_dags,
                                  portal_named, user_date)
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,6 @@ def api_review_many(body: BulkReviewBody, user=Writer, conn=Depends(database)):
     from harvester.store import review
 
     ids = sorted(set(body.ids))
-    by_url = {p.url: p for p in configured_portals()}
     with conn.transaction():
         portals = review.change_portals(conn, ids)
         missing = [i for i in ids if i not in portals]
@@ -75,13 +74,7 @@ def api_review_many(body: BulkReviewBody, user=Writer, conn=Depends(database)):
             raise HTTPException(status.HTTP_404_NOT_FOUND,
                                 f"no change with id {', '.join(map(str, missing[:20]))}"
                                 f"{' ...' if len(missing) > 20 else ''}; nothing was marked")
-        dags = {}  # portal name -> its DAG id (None: not in portals.yaml, no name recorded)
-        for url, recorded in set(portals.values()):
-            portal = by_url.get(url)
-            if portal is not None:
-                dags[portal.name] = portal.dag_id
-            else:
-                dags[recorded or "a portal not in portals.yaml"] = f"harvest_{recorded}" if recorded else None
+        dags = portal_dags(set(portals.values()))
         allowed = auth.reviewable(user, {d for d in dags.values() if d})
         refused = sorted(name for name, dag_id in dags.items() if dag_id not in allowed)
         if refused:

@@ -32,7 +32,7 @@ from harvester.ui import actions_api, auth, validate_api
 from harvester.ui.common import PREFIX, airflow_root as _airflow_root, dag_run_url as _dag_run_url
 from harvester.ui.common import invalid as _invalid, user_date as _date
 from harvester.ui.common import (UnlistedPortal, configured_portals, database, database_only_portals,
-                                 portal_named, portal_names)
+                                 portal_dags, portal_named, portal_names)
 
 log = logging.getLogger(__name__)
 
@@ -800,14 +800,7 @@ def _may_decide(user, conn, dataset_id: int, what: str, **concerned) -> None:
     transaction, which holds the groups' lock: nothing changes between the check and the write."""
     from harvester.store import duplicates
 
-    by_url = {p.url: p for p in _portals()}
-    dags = {}  # portal name -> its DAG id (None: not in portals.yaml, no name recorded)
-    for url, recorded in duplicates.portals_concerned(conn, dataset_id, **concerned).items():
-        portal = by_url.get(url)
-        if portal is not None:
-            dags[portal.name] = portal.dag_id
-        else:
-            dags[recorded or "a portal not in portals.yaml"] = f"harvest_{recorded}" if recorded else None
+    dags = portal_dags(duplicates.portals_concerned(conn, dataset_id, **concerned).items())
     allowed = auth.reviewable(user, {d for d in dags.values() if d})
     refused = {name: dag_id for name, dag_id in dags.items() if dag_id not in allowed}
     if refused:

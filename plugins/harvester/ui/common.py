@@ -123,3 +123,19 @@ def database():
         yield conn
     finally:
         conn.close()
+
+
+def portal_dags(concerned) -> dict[str, str | None]:
+    """Who must be allowed what, for a decision about datasets of several portals (a review, a
+    duplicate group's change): portal name -> its DAG id, from (portal URL, name its runs recorded)
+    pairs. A portal of portals.yaml by its configured name and DAG; another by its recorded name
+    and ``harvest_<name>``; one without a recorded name None (nobody's DAG: refused)."""
+    by_url = {p.url: p for p in configured_portals()}
+    dags = {}
+    for url, recorded in concerned:
+        portal = by_url.get(url)
+        if portal is not None:
+            dags[portal.name] = portal.dag_id
+        else:
+            dags[recorded or "a portal not in portals.yaml"] = f"harvest_{recorded}" if recorded else None
+    return dags
