@@ -38,6 +38,12 @@ KIND_NAMES = {
     "opendatasoft": "OpenDataSoft",
     "arcgis-hub": "ArcGIS Hub",
     "csw": "CSW",
+    "iso-waf": "Web Accessible Folder",
+    "udata": "udata",
+    "dcat-sparql": "SPARQL",
+    "stac": "STAC",
+    "sdmx": "SDMX",
+    "oai-pmh": "OAI-PMH",
 }
 
 # Code spans that start with "harvester " but are no command line.

@@ -15,8 +15,8 @@ from typing import Iterable, Iterator, Mapping
 
 from harvester.cli import options, output
 from harvester.cli.output import print_json, when
+from harvester.config.portals import VALIDATE_TYPES as KINDS  # the kinds validation reads
 
-KINDS = ("dcat-json", "dcat-rdf", "ckan")
 TABLE_COLUMNS = ("severity", "code", "count", "examples", "message")
 
 

@@ -31,16 +31,26 @@ from harvester.domain.run import DEFAULT_STALE_AFTER
 DEFAULT_PORTALS_FILE = Path(__file__).resolve().parents[3] / "dags" / "portals.yaml"
 # The kinds of portal (``type:``), each read by its module in sources/: ckan: the CKAN Action API;
 # dcat-json: a DCAT-US / DCAT-AR data.json catalogue; dcat-rdf: a DCAT-AP catalogue in RDF; and the native
-# APIs of Socrata, OpenDataSoft, ArcGIS Hub and OGC CSW catalogues.
+# APIs of Socrata, OpenDataSoft, ArcGIS Hub and OGC CSW catalogues; ISO 19139 files in a Web Accessible
+# Folder; udata's REST API; DCAT over SPARQL; STAC; SDMX REST structure queries; OAI-PMH.
 CKAN, DCAT_JSON, DCAT_RDF = "ckan", "dcat-json", "dcat-rdf"
 ARCGIS_HUB = "arcgis-hub"  # an ArcGIS Hub site's OGC API Records search
 SOCRATA = "socrata"  # a Socrata portal's Discovery API (api/catalog/v1)
 CSW = "csw"  # an OGC CSW 2.0.2 catalogue (GetRecords, ISO 19139 / Dublin Core)
 OPENDATASOFT = "opendatasoft"  # an OpenDataSoft portal's Explore API v2.1 catalogue
-PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
+ISO_WAF = "iso-waf"  # a Web Accessible Folder of ISO 19139 / 19115-2 files (data.gov's "waf")
+UDATA = "udata"  # a udata portal's REST API v1 (data.gouv.fr, data.public.lu)
+DCAT_SPARQL = "dcat-sparql"  # DCAT datasets read from a SPARQL endpoint (data.europa.eu, piveau)
+STAC = "stac"  # a STAC API's /collections, or a static STAC catalog
+SDMX = "sdmx"  # an SDMX REST service's dataflows (structure queries)
+OAI_PMH = "oai-pmh"  # an OAI-PMH 2.0 repository (ListRecords)
+PORTAL_TYPES = (CKAN, DCAT_JSON, DCAT_RDF, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT, ISO_WAF, UDATA, DCAT_SPARQL, STAC,
+                SDMX, OAI_PMH)
+# The kinds `harvester validate` (and the validation API) reads: a document or a URL of each.
+VALIDATE_TYPES = (DCAT_JSON, DCAT_RDF, CKAN, ISO_WAF, UDATA, DCAT_SPARQL, STAC, SDMX, OAI_PMH)
 # The kinds that list identifiers apart and can be reconciled (their Capabilities say ``reconcile``;
 # sources/__init__.py checks that the two agree): only they take ``reconcile_every``.
-RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT)
+RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT, ISO_WAF, UDATA, DCAT_SPARQL, OAI_PMH)
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "auth_header", "type", "schedule", "enabled", "lookback", "page_size",
          "politeness_delay", "max_retries", "timeout", "max_removal_share", "significance", "description",
@@ -80,10 +90,11 @@ AUTH_HEADERS = {
     SOCRATA: ("X-App-Token", "{token}"),
     OPENDATASOFT: ("Authorization", "Apikey {token}"),
     ARCGIS_HUB: ("X-Esri-Authorization", "Bearer {token}"),
+    UDATA: ("X-API-KEY", "{token}"),  # udata's API key (doc.data.gouv.fr, "Authentification")
 }
 # What each platform calls the secret a connection holds for it (messages).
 TOKEN_NAMES = {CKAN: "CKAN API token", SOCRATA: "Socrata app token", OPENDATASOFT: "OpenDataSoft API key",
-               ARCGIS_HUB: "ArcGIS access token"}
+               ARCGIS_HUB: "ArcGIS access token", UDATA: "udata API key"}
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # a field name is a token (RFC 9110 5.1, 5.6.2)
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]*$")  # visible ASCII and spaces: no line break, no control character
 

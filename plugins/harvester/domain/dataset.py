@@ -64,6 +64,9 @@ class DatasetRecord:
     # What the record fell short of (domain/outcomes.py): a Failed record's errors (``error`` is
     # their one-line summary) and a stored record's warnings. Not part of any hash.
     problems: tuple[Problem, ...] = ()
+    # The language the record declares for its text (an ISO 639-1 code such as "fr", or a name
+    # PostgreSQL's text search knows); None: the portal's ``language``. Not part of any hash.
+    language: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -352,7 +355,8 @@ def normalize(pkg: Any, portal_url: str) -> DatasetRecord:
 def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, description: str, tags: list[str],
                    organization: str | None, name: str | None = None, url_hash: str | None = None,
                    notes_text: str | None = None, warnings: tuple[Problem, ...] = (),
-                   url_is_landing_page: bool = True, published_fit: bool = False) -> DatasetRecord:
+                   url_is_landing_page: bool = True, published_fit: bool = False,
+                   language: str | None = None) -> DatasetRecord:
     """The record of a CKAN-shaped package, whatever kind of portal it came from (sources/ map
     theirs to this shape), with the three hashes computed one way for all. ``title`` and
     ``description`` are already cleaned; ``url_hash`` defaults to the hash of the normalized url;
@@ -398,4 +402,5 @@ def package_record(pkg: Mapping, *, source_id: str, url: str, title: str, descri
         problems=content_warnings(pkg, description=description, modified=modified,
                                   parse_date=parse_timestamp, landing_page=url_is_landing_page)
         + screen_problems(tuple(warnings)) + found.problems(),
+        language=language,
     )

@@ -36,7 +36,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from requests.adapters import BaseAdapter
 
-from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, Portal
+from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, VALIDATE_TYPES, Portal
 from harvester.domain import outcomes as oc
 from harvester.domain.dataset import DatasetRecord, normalize
 from harvester.config.secrets import redact_url
@@ -46,7 +46,7 @@ from harvester.sources.base import SourceUnavailable
 
 log = logging.getLogger(__name__)
 
-KINDS = (DCAT_JSON, DCAT_RDF, CKAN)
+KINDS = VALIDATE_TYPES
 ROW_FIELDS = ("position", "source_id", "ordinal", "stage", "severity", "code", "field", "value", "message")
 PAGE_SIZE = 1000  # records a page (CKAN: rows of a package_search), as portals.yaml's default
 # Rows a validation keeps (the first ones, in listing order); the counts and groups stay exact
@@ -440,8 +440,8 @@ def _probe(url: str, session: requests.Session, policy: FetchPolicy) -> tuple[st
 
 def validate_url(url: str, kind: str | None = None, *, pages: int = 3, page_size: int = PAGE_SIZE,
                  fetcher: FetchPolicy | None = None, max_rows: int | None = MAX_ROWS) -> Report:
-    """Validate the catalogue at ``url`` through its kind's source: a CKAN portal's first ``pages``
-    pages of package_search, a data.json or an RDF catalogue whole (every Hydra page). ``kind``
+    """Validate the catalogue at ``url`` through its kind's source: a paged API's first ``pages``
+    pages (CKAN's package_search, ...), a data.json or an RDF catalogue whole (every Hydra page). ``kind``
     None: guessed from the URL, else from the start of its answer. ``page_size``: records a page
     (CKAN's rows). ``fetcher``: the FetchPolicy (default: no limits, private addresses allowed).
     ``max_rows``: the rows kept (``report_of``)."""
@@ -459,7 +459,8 @@ def validate_url(url: str, kind: str | None = None, *, pages: int = 3, page_size
             guessed = f"{kind}, from {how}"
         target = _ckan_base(url) if kind == CKAN else url
         source = _source(target, kind, policy, session)
-        listed, listing = _listed(source, pages=pages if kind == CKAN else None, page_size=page_size)
+        # a paged API's first pages; a catalogue document whole (every Hydra page of an RDF one)
+        listed, listing = _listed(source, pages=None if kind in (DCAT_JSON, DCAT_RDF) else pages, page_size=page_size)
         return report_of(url, kind, listed, guessed=guessed, listing=listing, max_rows=max_rows)
     except requests.RequestException as exc:  # (too many redirects, a redirect to another scheme, ...)
         raise fetch_failed(url, exc) from exc

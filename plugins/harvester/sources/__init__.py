@@ -3,16 +3,19 @@
 ``type:`` in portals.yaml picks the kind: ``ckan`` (the Action API), ``dcat-json`` (a DCAT-US /
 DCAT-AR ``data.json`` catalogue), ``dcat-rdf`` (a DCAT-AP catalogue in RDF/XML, Turtle or JSON-LD,
 Hydra-paged), ``socrata`` (the Discovery API), ``opendatasoft`` (the Explore API v2.1),
-``arcgis-hub`` (the Hub's OGC API Records search) and ``csw`` (OGC CSW 2.0.2). Adding a kind is
+``arcgis-hub`` (the Hub's OGC API Records search), ``csw`` (OGC CSW 2.0.2), ``iso-waf`` (ISO 19139 /
+19115-2 files in a Web Accessible Folder), ``udata`` (udata's REST API v1), ``dcat-sparql`` (DCAT
+over a SPARQL endpoint), ``stac`` (a STAC API's collections or a static catalog), ``sdmx`` (an SDMX
+REST service's dataflows) and ``oai-pmh`` (an OAI-PMH 2.0 repository). Adding a kind is
 one name in config/portals.py's PORTAL_TYPES, one module here and one entry below.
 """
 from __future__ import annotations
 
 import logging
 
-from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, OPENDATASOFT, PORTAL_TYPES,
-                                      RECONCILE_TYPES, SOCRATA)
-from harvester.sources.base import (EXACT_COUNT, Capabilities, FilterRejected, Listing, Source, SourceError,
+from harvester.config.portals import (ARCGIS_HUB, CKAN, CSW, DCAT_JSON, DCAT_RDF, DCAT_SPARQL, ISO_WAF, OAI_PMH,
+                                      OPENDATASOFT, PORTAL_TYPES, RECONCILE_TYPES, SDMX, SOCRATA, STAC, UDATA)
+from harvester.sources.base import (EXACT_COUNT, NO_COUNT, Capabilities, FilterRejected, Listing, Source, SourceError,
                                     SourceUnavailable, capped_count)
 # (a portal's JSON of any depth: what uploaded documents are read with too, pipeline/validate.py)
 from harvester.sources.json_stream import loads as json_loads
@@ -42,6 +45,18 @@ CAPABILITIES = {
     # no modified-since filter; ordered by updatedAt (sources/socrata.py)
     SOCRATA: Capabilities(reconcile=True, count=capped_count(SOCRATA_COUNT_CAP)),
     OPENDATASOFT: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),  # ODSQL where on default.modified
+    # the listing's date of each file; the walk of the folders lists every file (sources/iso_waf.py)
+    ISO_WAF: Capabilities(incremental=True, conditional=True, reconcile=True, count=NO_COUNT),
+    # newest first by last_update, stopping at the watermark; Page.total (sources/udata.py)
+    UDATA: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
+    # a FILTER on dct:modified, keyset paging, a COUNT query (sources/dcat_sparql.py)
+    DCAT_SPARQL: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
+    # no modified-since filter: every run reads every collection (sources/stac.py)
+    STAC: Capabilities(),
+    # one structure message of every dataflow, If-Modified-Since (sources/sdmx.py)
+    SDMX: Capabilities(conditional=True),
+    # from= on the datestamp, ListIdentifiers, completeListSize when given (sources/oai_pmh.py)
+    OAI_PMH: Capabilities(incremental=True, reconcile=True, count=NO_COUNT),
 }
 assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
 assert {kind for kind, can in CAPABILITIES.items() if can.reconcile} == set(RECONCILE_TYPES), \
@@ -103,6 +118,30 @@ def source_for(portal, **overrides) -> Source:
         from harvester.sources.opendatasoft import OpenDataSoftSource
 
         return OpenDataSoftSource(portal.url, fetcher=fetcher)
+    if portal.type == ISO_WAF:
+        from harvester.sources.iso_waf import IsoWafSource
+
+        return IsoWafSource(portal.url, fetcher=fetcher, portal=portal)
+    if portal.type == UDATA:
+        from harvester.sources.udata import UdataSource
+
+        return UdataSource(portal.url, fetcher=fetcher, portal=portal)
+    if portal.type == DCAT_SPARQL:
+        from harvester.sources.dcat_sparql import DcatSparqlSource
+
+        return DcatSparqlSource(portal.url, fetcher=fetcher, portal=portal)
+    if portal.type == STAC:
+        from harvester.sources.stac import StacSource
+
+        return StacSource(portal.url, fetcher=fetcher, portal=portal)
+    if portal.type == SDMX:
+        from harvester.sources.sdmx import SdmxSource
+
+        return SdmxSource(portal.url, fetcher=fetcher, portal=portal)
+    if portal.type == OAI_PMH:
+        from harvester.sources.oai_pmh import OaiPmhSource
+
+        return OaiPmhSource(portal.url, fetcher=fetcher, portal=portal)
     raise ValueError(f"portal {portal.name}: type {portal.type!r} has no source; valid types are: "
                      f"{', '.join(PORTAL_TYPES)}")
 

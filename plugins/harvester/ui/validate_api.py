@@ -40,12 +40,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 
 from harvester.ui import auth
+from harvester.config.portals import VALIDATE_TYPES as KINDS  # the kinds validation reads
 
 log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-KINDS = ("dcat-json", "dcat-rdf", "ckan")
 ROWS_SHOWN = 1000
 MAX_PAGES = 100
 MAX_JSON_BODY = 64 * 1024  # a JSON request names a URL: it is never large
