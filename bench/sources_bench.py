@@ -1,6 +1,7 @@
 """Benchmark: a first sync and a no-change incremental run of each new kind of portal, at scale.
 
-For each kind (Socrata, OpenDataSoft, ArcGIS Hub, CSW, and CKAN as the reference) a synthetic
+For each kind (Socrata, OpenDataSoft, ArcGIS Hub, CSW, ISO WAF, udata, DCAT over SPARQL, STAC, SDMX,
+OAI-PMH, and CKAN as the reference) a synthetic
 catalogue of ``--datasets`` records is derived from the real recorded answers in tests/data/<kind>/
 (CKAN: from ../shared/ckan-samples, as harvest_bench.py does): new ids, numbered titles, distinct
 modification times in the past. Each is served by the kind's local server of
@@ -16,7 +17,7 @@ Per kind it prints: the first sync's wall time (and each step's), portal request
 and datasets/s; then a no-change incremental run's wall time, requests and bytes. Prints figures;
 asserts nothing about time; exits 0 (a kind that fails is reported and the others go on).
 
-    .venv/bin/python bench/sources_bench.py                       # every kind, 20,000 datasets each
+    .venv/bin/python bench/sources_bench.py                       # every kind, 20,000 datasets each (WAF: 5,000)
     .venv/bin/python bench/sources_bench.py --datasets 2000 --kinds socrata,csw
     .venv/bin/python bench/sources_bench.py --datasets 12000 --kinds socrata   # past the capped count
 
@@ -48,7 +49,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "bench")]
 DATA = ROOT / "tests" / "data"
-KINDS = ("ckan", "socrata", "opendatasoft", "arcgis-hub", "csw")
+# The kinds of issue 39 are served by their test server module's ``bench_catalogue(n)``
+# (plugins/harvester/testing/<module>_portal.py): a catalogue of ``n`` records derived from the real
+# recorded answers of ../shared/portal-samples/, and the URL to harvest it from once it runs.
+NEW_KINDS = {"iso-waf": "iso_waf_portal", "udata": "udata_portal", "dcat-sparql": "sparql_portal",
+             "stac": "stac_portal", "sdmx": "sdmx_portal", "oai-pmh": "oai_pmh_portal"}
+KINDS = ("ckan", "socrata", "opendatasoft", "arcgis-hub", "csw", *NEW_KINDS)
+# A Web Accessible Folder is fetched one file a request: its bench serves 5,000 files (issue 39).
+DEFAULT_DATASETS = {"iso-waf": 5000}
 # Every synthetic modification time lies in 2024: far behind any lookback, so a no-change run sees nothing.
 START = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -136,8 +144,17 @@ def csw_server(n: int):
     return server, lambda: server.url
 
 
+def _new_kind_server(kind: str):
+    def serve(n: int):
+        import importlib
+
+        return importlib.import_module(f"harvester.testing.{NEW_KINDS[kind]}").bench_catalogue(n)
+    return serve
+
+
 SERVERS = {"ckan": ckan_server, "socrata": socrata_server, "opendatasoft": opendatasoft_server,
-           "arcgis-hub": arcgis_hub_server, "csw": csw_server}
+           "arcgis-hub": arcgis_hub_server, "csw": csw_server,
+           **{kind: _new_kind_server(kind) for kind in NEW_KINDS}}
 
 
 STEPS = ("begin", "fetch_modified", "reconcile", "hash_compare", "embed_changed", "upsert")
@@ -226,7 +243,8 @@ def bench_kind(kind: str, n: int, url: str, provider) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=int, default=20000, help="synthetic datasets per kind (default 20,000)")
+    parser.add_argument("--datasets", type=int, default=None,
+                        help="synthetic datasets per kind (default 20,000; iso-waf: 5,000 files)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated kinds to run (default: all: {','.join(KINDS)})")
     parser.add_argument("--dimension", type=int, default=768, help="vector dimension of the local Gemini stand-in")
@@ -257,7 +275,8 @@ def main() -> int:
         with FakeGemini(valid_keys={"AIza-bench"}) as fake:
             provider = GeminiProvider(api_key="AIza-bench", base_url=fake.base_url, dimension=args.dimension)
             for kind in kinds:
-                print(f"{kind}: serving {args.datasets} synthetic datasets ...", flush=True)
+                n = args.datasets or DEFAULT_DATASETS.get(kind, 20000)
+                print(f"{kind}: serving {n} synthetic datasets ...", flush=True)
                 began = time.perf_counter()
                 try:
                     # each kind in a database of its own: a first sync into an empty table, as a new
@@ -265,7 +284,7 @@ def main() -> int:
                     name = "bench_" + kind.replace("-", "_")
                     with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
                         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-                    r = bench_kind(kind, args.datasets, server.url(name), provider)
+                    r = bench_kind(kind, n, server.url(name), provider)
                 except Exception as exc:  # noqa: BLE001 - a bench reports a kind that fails and goes on
                     traceback.print_exc()
                     print(f"{kind}: FAILED (above); the other kinds go on", flush=True)
@@ -285,7 +304,8 @@ def main() -> int:
         shutil.rmtree(home, ignore_errors=True)  # the database: gigabytes at scale
 
     print()
-    print(f"{args.datasets:,} synthetic datasets per kind, local servers over HTTP, embedded PostgreSQL, "
+    print(f"{args.datasets or 20000:,} synthetic datasets per kind"
+          f"{'' if args.datasets else ' (iso-waf: 5,000 files)'}, local servers over HTTP, embedded PostgreSQL, "
           f"local Gemini stand-in (zero latency)")
     head = ("kind", "stored", "first sync", "requests", "bytes", "datasets/s",
             "no-change run", "requests", "bytes")
