@@ -385,6 +385,8 @@ _ALL = (
             "testing", default_text="../shared/ckan-samples"),
     Setting("HARVESTER_DCAT_SAMPLES_DIR", "path", None, "The DCAT sample catalogues the tests serve", "testing",
             default_text="../shared/dcat-samples"),
+    Setting("HARVESTER_PORTAL_SAMPLES_DIR", "path", None, "The recorded answers of the other kinds of portal the "
+            "tests serve", "testing", default_text="../shared/portal-samples"),
     Setting("HARVESTER_DEMO_HOME", "path", None, "Where `make demo` keeps its database and Airflow home",
             "testing", default_text=".harvester/demo in the checkout"),
     Setting("HARVESTER_DEMO_PORT", "int", 8765, "The port of the demo's local CKAN portal", "testing", 1, 65535),

@@ -21,6 +21,18 @@ def dcat_samples_dir() -> Path:
     return Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR") or ROOT.parent / "shared" / "dcat-samples")
 
 
+def portal_samples_dir(kind: str | None = None) -> Path:
+    """``../shared/portal-samples`` (or ``$HARVESTER_PORTAL_SAMPLES_DIR``): the recorded answers of
+    the native APIs, one folder per platform (``kind``: ``iso-waf``, ``udata``, ``sdmx``...)."""
+    base = Path(os.environ.get("HARVESTER_PORTAL_SAMPLES_DIR") or ROOT.parent / "shared" / "portal-samples")
+    return base / kind if kind else base
+
+
+def portal_sample(kind: str, name: str) -> Path:
+    """One recorded answer of ``../shared/portal-samples/<kind>/`` (SamplesMissing naming it otherwise)."""
+    return existing(portal_samples_dir(kind) / name)
+
+
 def sample_path(name: str, folder: Path | None = None) -> Path:
     path = (folder or samples_dir()) / name
     if not path.exists():
@@ -33,7 +45,7 @@ def existing(path: Path) -> Path:
     """``path``, a sample file that must be there (SamplesMissing naming it otherwise)."""
     if not path.exists():
         raise SamplesMissing(f"sample file {path} is missing: tests read ../shared (or $HARVESTER_SAMPLES_DIR, "
-                             "$HARVESTER_DCAT_SAMPLES_DIR) beside the repository")
+                             "$HARVESTER_DCAT_SAMPLES_DIR, $HARVESTER_PORTAL_SAMPLES_DIR) beside the repository")
     return path
 
 
