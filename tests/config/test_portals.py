@@ -56,6 +56,22 @@ def test_a_data_json_may_be_held_to_the_federal_dcat_us_profile():
         parse_portals({"portals": [{"name": "d", "url": "https://d.gov", "dcat_us_profile": "federal"}]})
 
 
+def test_a_sparql_endpoint_may_name_the_graph_its_datasets_are_read_from():
+    default, named = parse_portals({"portals": [
+        {"name": "a", "url": "https://data.europa.eu/sparql", "type": "dcat-sparql"},
+        # (one endpoint, two portals: their urls differ, datasets being kept by portal url)
+        {"name": "b", "url": "https://data.europa.eu/sparql#govdata", "type": "dcat-sparql",
+         "graph": " https://data.europa.eu/88u/catalogue/govdata "}]})
+    assert (default.graph, named.graph) == (None, "https://data.europa.eu/88u/catalogue/govdata")
+    for bad in ("not an iri", "govdata", "https://x.org/g> } ?s ?p ?o {", 'https://x.org/"g', "https://x.org/\ng", 42):
+        with pytest.raises(PortalConfigError, match=r"portals\[0\] \(c\): graph .* must be an absolute IRI without spaces"):
+            parse_portals({"portals": [{"name": "c", "url": "https://c.org/sparql", "type": "dcat-sparql",
+                                        "graph": bad}]})
+    with pytest.raises(PortalConfigError, match="graph applies to type dcat-sparql only"):
+        parse_portals({"portals": [{"name": "d", "url": "https://d.org/catalog.ttl", "type": "dcat-rdf",
+                                    "graph": "https://d.org/g"}]})
+
+
 def test_significance_overrides():
     (p,) = parse_portals({"portals": [{"name": "x", "url": "https://x.org", "significance": {
         "title": 0.5, "review_threshold": 0.5}}]})

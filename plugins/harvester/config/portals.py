@@ -54,7 +54,7 @@ RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT, ISO_WAF, UDATA,
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "auth_header", "type", "schedule", "enabled", "lookback", "page_size",
          "politeness_delay", "max_retries", "timeout", "max_removal_share", "significance", "description",
-         "reconcile_every", "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile"}
+         "reconcile_every", "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile", "graph"}
 # The DCAT-US 1.1 dataset schemas a data.json may be held to (its conformsTo names 1.1): federal
 # catalogues must also give bureauCode and programCode.
 DCAT_US_PROFILES = ("non-federal", "federal")
@@ -97,6 +97,9 @@ TOKEN_NAMES = {CKAN: "CKAN API token", SOCRATA: "Socrata app token", OPENDATASOF
                ARCGIS_HUB: "ArcGIS access token", UDATA: "udata API key"}
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # a field name is a token (RFC 9110 5.1, 5.6.2)
 _HEADER_VALUE = re.compile(r"^[\x20-\x7e]*$")  # visible ASCII and spaces: no line break, no control character
+# dcat-sparql's `graph:`: an absolute IRI as SPARQL's IRIREF takes it (a scheme, then no space, control
+# character or any of <>"{}|^`\), so that it goes into the query as <...> and can end nothing early.
+_GRAPH_IRI = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20<>"{}|^`\\\x7f]+$')
 
 
 class PortalConfigError(ValueError):
@@ -141,6 +144,9 @@ class Portal:
     language: str = "simple"
     # dcat-json only: which DCAT-US 1.1 dataset schema its records are validated against.
     dcat_us_profile: str = "non-federal"
+    # dcat-sparql only: the named graph (an IRI) its datasets are read from; None: the endpoint's
+    # default graph (on Virtuoso, the union of every graph).
+    graph: str | None = None
 
     @property
     def language_code(self) -> str | None:
@@ -299,6 +305,7 @@ def _portal(entry: Any) -> Portal:
         raise ValueError(f"dcat_us_profile applies to type {DCAT_JSON} only (the DCAT-US schema of a data.json)")
     if profile is not None and profile not in DCAT_US_PROFILES:
         raise ValueError(f"dcat_us_profile {profile!r} must be one of {', '.join(DCAT_US_PROFILES)}")
+    graph = _graph(entry, kind)
     reconcile_every = _optional_duration(entry, "reconcile_every",
                                          DEFAULT_RECONCILE_EVERY if kind in RECONCILE_TYPES else None, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
@@ -316,8 +323,24 @@ def _portal(entry: Any) -> Portal:
         max_retries=retries, timeout=float(timeout), max_removal_share=float(share), significance=significance,
         description=str(entry.get("description") or ""),
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
-        notify=_notify(entry), language=_language(entry), dcat_us_profile=profile or "non-federal",
+        notify=_notify(entry), language=_language(entry), dcat_us_profile=profile or "non-federal", graph=graph,
     )
+
+
+def _graph(entry: dict, kind: str) -> str | None:
+    """dcat-sparql's ``graph:``, the named graph whose datasets are read: an absolute IRI (None: the
+    endpoint's default graph). It is written into every query as ``GRAPH <iri>``, so anything that
+    could end the IRI early is refused, not escaped."""
+    if "graph" not in entry or entry["graph"] is None:
+        return None
+    value = entry["graph"]
+    if kind != DCAT_SPARQL:
+        raise ValueError(f"graph applies to type {DCAT_SPARQL} only (the named graph a SPARQL endpoint's datasets are "
+                         "read from)")
+    if not isinstance(value, str) or not _GRAPH_IRI.match(value.strip()):
+        raise ValueError(f"graph {str(value)[:200]!r} must be an absolute IRI without spaces or any of <>\"{{}}|^`\\, "
+                         "e.g. graph: 'https://data.europa.eu/88u/catalogue/govdata'")
+    return value.strip()
 
 
 def _token_header(kind: str) -> str:
