@@ -54,7 +54,8 @@ RECONCILE_TYPES = (CKAN, ARCGIS_HUB, SOCRATA, CSW, OPENDATASOFT, ISO_WAF, UDATA,
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 _KEYS = {"name", "url", "conn_id", "auth_header", "type", "schedule", "enabled", "lookback", "page_size",
          "politeness_delay", "max_retries", "timeout", "max_removal_share", "significance", "description",
-         "reconcile_every", "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile", "graph"}
+         "reconcile_every", "full_sync_every", "stale_after", "notify", "language", "dcat_us_profile", "graph",
+         "oai_metadata_prefix", "oai_set"}
 # The DCAT-US 1.1 dataset schemas a data.json may be held to (its conformsTo names 1.1): federal
 # catalogues must also give bureauCode and programCode.
 DCAT_US_PROFILES = ("non-federal", "federal")
@@ -147,6 +148,10 @@ class Portal:
     # dcat-sparql only: the named graph (an IRI) its datasets are read from; None: the endpoint's
     # default graph (on Virtuoso, the union of every graph).
     graph: str | None = None
+    # oai-pmh only: the metadataPrefix records are asked in (OAI_METADATA_PREFIXES) and the set
+    # (a setSpec) the harvest is limited to; None: the whole repository.
+    oai_metadata_prefix: str = "oai_dc"
+    oai_set: str | None = None
 
     @property
     def language_code(self) -> str | None:
@@ -306,6 +311,7 @@ def _portal(entry: Any) -> Portal:
     if profile is not None and profile not in DCAT_US_PROFILES:
         raise ValueError(f"dcat_us_profile {profile!r} must be one of {', '.join(DCAT_US_PROFILES)}")
     graph = _graph(entry, kind)
+    oai_prefix, oai_set = _oai(entry, kind)
     reconcile_every = _optional_duration(entry, "reconcile_every",
                                          DEFAULT_RECONCILE_EVERY if kind in RECONCILE_TYPES else None, zero_ok=True)
     full_sync_every = _optional_duration(entry, "full_sync_every", None, zero_ok=False)
@@ -324,6 +330,7 @@ def _portal(entry: Any) -> Portal:
         description=str(entry.get("description") or ""),
         reconcile_every=reconcile_every, full_sync_every=full_sync_every, stale_after=stale_after,
         notify=_notify(entry), language=_language(entry), dcat_us_profile=profile or "non-federal", graph=graph,
+        oai_metadata_prefix=oai_prefix, oai_set=oai_set,
     )
 
 
@@ -341,6 +348,31 @@ def _graph(entry: dict, kind: str) -> str | None:
         raise ValueError(f"graph {str(value)[:200]!r} must be an absolute IRI without spaces or any of <>\"{{}}|^`\\, "
                          "e.g. graph: 'https://data.europa.eu/88u/catalogue/govdata'")
     return value.strip()
+
+
+# The metadata formats an oai-pmh portal's records may be asked in (sources/oai_pmh.py maps each):
+# Dublin Core (every repository must offer it) and DataCite's kernel, bare (Zenodo's ``datacite``)
+# or wrapped (``oai_datacite``).
+OAI_METADATA_PREFIXES = ("oai_dc", "datacite", "oai_datacite")
+# OAI-PMH 2.0 section 4.2: a setSpec is colon-separated parts of URI unreserved characters.
+_OAI_SET = re.compile(r"[A-Za-z0-9_.!~*'()-]+(:[A-Za-z0-9_.!~*'()-]+)*")
+
+
+def _oai(entry: dict, kind: str) -> tuple[str, str | None]:
+    """oai-pmh's ``oai_metadata_prefix:`` (default oai_dc) and ``oai_set:`` (a setSpec), refused for
+    other kinds."""
+    prefix, oai_set = entry.get("oai_metadata_prefix"), entry.get("oai_set")
+    for key, value in (("oai_metadata_prefix", prefix), ("oai_set", oai_set)):
+        if value is not None and kind != OAI_PMH:
+            raise ValueError(f"{key} applies to type {OAI_PMH} only (the ListRecords argument of an OAI-PMH "
+                             "repository)")
+    if prefix is not None and prefix not in OAI_METADATA_PREFIXES:
+        raise ValueError(f"oai_metadata_prefix {str(prefix)[:100]!r} must be one of "
+                         f"{', '.join(OAI_METADATA_PREFIXES)}")
+    if oai_set is not None and (not isinstance(oai_set, str) or not _OAI_SET.fullmatch(oai_set)):
+        raise ValueError(f"oai_set {str(oai_set)[:100]!r} must be a setSpec: letters, digits and -_.!~*'() in parts "
+                         "separated by colons, e.g. oai_set: 'user-biosyslit'")
+    return prefix or "oai_dc", oai_set
 
 
 def _token_header(kind: str) -> str:
