@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 from urllib.parse import urlencode
@@ -188,16 +189,28 @@ def _org_name(parties: list[ET.Element], own: str, locales: dict[str, str], lang
     return None
 
 
+@dataclass
+class IsoMapped:
+    """What the ISO mapping reads from one record, before an identity is chosen for it: its
+    ``file_id`` (``gmd:fileIdentifier``; "" when none), ``title`` and ``description`` (cleaned;
+    ``title`` "" when none), ``tags``, ``organization``, the record's own language (``language``,
+    from ``gmd:language``, as a two-letter tag where known) and the CKAN-shaped ``package`` (its
+    ``id`` the file_id and ``url`` None until the caller sets them)."""
+
+    file_id: str
+    title: str
+    description: str
+    tags: list[str]
+    organization: str | None
+    language: str
+    package: dict
+
+
 def iso_record(md: ET.Element, record_url, language: str | None = None) -> DatasetRecord:
     """One ``gmd:MD_Metadata`` as a record (failed, with the reason, without an identifier or title).
     ``record_url(id)``: the record's URL (its GetRecordById)."""
-    own, locales = _locales(md)
-    ident = md.find("gmd:identificationInfo/*", NS)
-    file_id = free_text(md.find("gmd:fileIdentifier", NS), own, locales)[0]
-    citation = ident.find("gmd:citation/gmd:CI_Citation", NS) if ident is not None else None
-    title_prop = citation.find("gmd:title", NS) if citation is not None else None
-    title_text, titles = free_text(title_prop, own, locales)
-    title = clean_text(_pick(title_text, titles, language))
+    mapped = iso_mapping(md, language)
+    file_id, title = mapped.file_id, mapped.title
     if not file_id:
         return failed(None, {"title": title or None}, [problem(
             "no-identifier", f"ISO record {title or '(untitled)'!r} has no gmd:fileIdentifier", "gmd:fileIdentifier")])
@@ -205,14 +218,32 @@ def iso_record(md: ET.Element, record_url, language: str | None = None) -> Datas
         return failed(file_id, {"id": file_id}, [problem(
             "no-title", f"ISO record {file_id!r} has no title (gmd:identificationInfo/*/gmd:citation/*/gmd:title)",
             "gmd:identificationInfo/*/gmd:citation/*/gmd:title")])
-    abstract_prop = ident.find("gmd:abstract", NS)
+    package = mapped.package
+    package["url"] = record_url(file_id)
+    return package_record(package, source_id=file_id, url=package["url"], title=title,
+                          description=mapped.description, tags=mapped.tags, organization=mapped.organization)
+
+
+def iso_mapping(md: ET.Element, language: str | None = None) -> IsoMapped:
+    """The ISO 19139 mapping of one ``gmd:MD_Metadata`` / ``gmi:MI_Metadata`` (module docstring),
+    whatever identifies the record: a CSW's records by ``fileIdentifier`` (``iso_record``), a
+    WAF's by their file's URL (sources/iso_waf.py). Never fails: a record without identifier or
+    title has them empty."""
+    own, locales = _locales(md)
+    ident = md.find("gmd:identificationInfo/*", NS)
+    file_id = free_text(md.find("gmd:fileIdentifier", NS), own, locales)[0]
+    citation = ident.find("gmd:citation/gmd:CI_Citation", NS) if ident is not None else None
+    title_prop = citation.find("gmd:title", NS) if citation is not None else None
+    title_text, titles = free_text(title_prop, own, locales)
+    title = clean_text(_pick(title_text, titles, language))
+    abstract_prop = ident.find("gmd:abstract", NS) if ident is not None else None
     abstract_text, abstracts = free_text(abstract_prop, own, locales)
     mapped = {id(e) for e in (md.find("gmd:fileIdentifier", NS), md.find("gmd:dateStamp", NS), title_prop,
                               abstract_prop) if e is not None}
 
     tags: dict[str, None] = {}
     keywords_by_language: dict[str, set[str]] = {}
-    for kw in ident.iterfind("gmd:descriptiveKeywords/gmd:MD_Keywords/gmd:keyword", NS):
+    for kw in (ident.iterfind("gmd:descriptiveKeywords/gmd:MD_Keywords/gmd:keyword", NS) if ident is not None else ()):
         text, translations = free_text(kw, own, locales)
         text = _pick(text, translations, language).strip()
         if text:
@@ -221,13 +252,13 @@ def iso_record(md: ET.Element, record_url, language: str | None = None) -> Datas
             keywords_by_language.setdefault(lang, set()).add(value)
         mapped.add(id(kw))
 
-    parties = ident.findall("gmd:pointOfContact/gmd:CI_ResponsibleParty", NS) + md.findall(
-        "gmd:contact/gmd:CI_ResponsibleParty", NS)
+    parties = (ident.findall("gmd:pointOfContact/gmd:CI_ResponsibleParty", NS) if ident is not None else []) + \
+        md.findall("gmd:contact/gmd:CI_ResponsibleParty", NS)
     org = _org_name(parties, own, locales, language)
 
     licences = []
     for path in ("gmd:resourceConstraints/*/gmd:otherConstraints", "gmd:resourceConstraints/*/gmd:useLimitation"):
-        for prop in ident.iterfind(path, NS):
+        for prop in (ident.iterfind(path, NS) if ident is not None else ()):
             anchor = prop.find("gmx:Anchor", NS)
             text = _pick(*free_text(prop, own, locales), language) or (
                 anchor.get(q("xlink:href"), "") if anchor is not None else "")
@@ -259,7 +290,7 @@ def iso_record(md: ET.Element, record_url, language: str | None = None) -> Datas
         "id": file_id,
         "title": title,
         "notes": _pick(abstract_text, abstracts, language),
-        "url": record_url(file_id),
+        "url": None,
         "metadata_modified": modified,
         "license_id": licences[0] if licences else None,
         "organization": {"title": org, "name": slug(org)} if org else None,
@@ -269,8 +300,8 @@ def iso_record(md: ET.Element, record_url, language: str | None = None) -> Datas
         "translations": translations,
         "schema": "iso19139",
     }
-    return package_record(package, source_id=file_id, url=package["url"], title=title,
-                          description=clean_text(package["notes"]), tags=sorted(tags), organization=org)
+    return IsoMapped(file_id=file_id, title=title, description=clean_text(package["notes"]), tags=sorted(tags),
+                     organization=org, language=own, package=package)
 
 
 # -- Dublin Core --------------------------------------------------------------------------------
