@@ -77,8 +77,8 @@ CODES: dict[str, Code] = {
     "no-distribution": Code(WARNING, VALIDATE, "the dataset has no distribution (no resource, no file, no link)"),
     "modified-in-future": Code(WARNING, VALIDATE, "the dataset's modification date is in the future"),
     "landing-page-not-http": Code(WARNING, VALIDATE, "the landing page is not an http(s) URL"),
-    "title-from-identifier": Code(WARNING, VALIDATE, "the record has no title (optional in STAC): its identifier "
-                                                  "stands for it"),
+    "title-from-identifier": Code(WARNING, VALIDATE, "the record has no title (optional in STAC; a stub SDMX "
+                                                  "dataflow has no name): its identifier stands for it"),
     "bad-optional-date": Code(WARNING, VALIDATE, "a date besides the modification date (issued, a temporal bound) "
                                                  "cannot be read as a date"),
     "recommended-missing": Code(WARNING, VALIDATE, "a property the profile recommends (DCAT-AP) is missing"),
