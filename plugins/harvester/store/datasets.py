@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from harvester.store import outcomes, vectors
 
+# The version of the search text (dataset_search.document) the merge keeps: sql/025's, with every
+# language's title (portal_sync_status.search_text: the one a portal's datasets are indexed with).
+SEARCH_TEXT = 25
 OUTCOMES = ("created", "updated", "unchanged", "failed", "reidentified")
 # The columns of staging_records that statements filter, join, group or sort on (classify analyzes them).
 _PLANNED_COLUMNS = ("run_id", "seq", "source_id", "error", "outcome", "content_changed", "content_hash",
@@ -101,9 +104,11 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
     only marked seen, and every dataset of the portal linked to its vector where one exists for
     ``model`` (search's copy of each vector linked now written beside it: dataset_vectors).
     ``search_config`` (the portal's language) is the text-search configuration its datasets are
-    indexed with (dataset_search, kept by triggers). Returns ``skipped``: changed datasets left
-    without a vector (embedding deferred)."""
-    params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config}
+    indexed with (dataset_search, kept by triggers), but for those whose record declares a language
+    PostgreSQL stems (staged ``language``, kept in datasets.language): theirs. Returns ``skipped``:
+    changed datasets left without a vector (embedding deferred)."""
+    params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config,
+              "text": SEARCH_TEXT}
     # Re-identified datasets take their new id first; the upsert below then updates them in place.
     conn.execute(
         """
@@ -116,10 +121,10 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
         """
         INSERT INTO datasets AS d (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
             description, tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at,
-            removed_at, embedded_content_hash, raw, search_config)
+            removed_at, embedded_content_hash, raw, language, search_config)
         SELECT %(portal)s, s.source_id, s.name, s.url, s.url_hash, s.content_hash, s.metadata_hash, s.title,
             s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
-            NULL, NULL, s.raw, %(config)s::regconfig
+            NULL, NULL, s.raw, s.language::regconfig, coalesce(s.language::regconfig, %(config)s::regconfig)
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
         ON CONFLICT (portal_url, source_id) DO UPDATE SET
@@ -128,25 +133,39 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             title = EXCLUDED.title, description = EXCLUDED.description, tags = EXCLUDED.tags,
             organization = EXCLUDED.organization, metadata_modified = EXCLUDED.metadata_modified,
             updated_at = EXCLUDED.updated_at, last_seen_at = EXCLUDED.last_seen_at,
-            removed_at = NULL, raw = EXCLUDED.raw, search_config = EXCLUDED.search_config,
+            removed_at = NULL, raw = EXCLUDED.raw, language = EXCLUDED.language,
+            search_config = EXCLUDED.search_config,
             -- a dataset back from removal is linked again below, to a vector of this run's model:
             -- its old link may be to a model the portal has since left (see vectors._pending)
             embedded_content_hash = CASE WHEN d.removed_at IS NULL THEN d.embedded_content_hash END
         """, params)
-    # The portal's language changed: its other datasets are indexed again (once, set-based). They
-    # are looked at only when the configuration the last run noted (sql/013) is not this one.
+    # The portal's language changed: its other datasets without a language of their own are
+    # indexed again (once, set-based). They are looked at only when the configuration the last run
+    # noted (sql/013) is not this one.
     conn.execute(
         """
         UPDATE datasets SET search_config = %(config)s::regconfig
-        WHERE portal_url = %(portal)s AND search_config <> %(config)s::regconfig
+        WHERE portal_url = %(portal)s AND language IS NULL AND search_config <> %(config)s::regconfig
           AND NOT EXISTS (SELECT 1 FROM portal_sync_status p
                           WHERE p.portal_url = %(portal)s AND p.search_config = %(config)s::regconfig)
         """, params)
+    # Datasets indexed before the search text held their other languages' titles (sql/025) are
+    # indexed again, once per portal, by its first run since: those with translations.
+    stale = conn.execute("SELECT 1 FROM portal_sync_status WHERE portal_url = %(portal)s"
+                         " AND search_text IS DISTINCT FROM %(text)s", params).fetchone()
+    if stale:
+        conn.execute("SELECT harvester_search_refresh(ARRAY(SELECT id FROM datasets"
+                     " WHERE portal_url = %(portal)s AND raw ? 'translations'))", params)
+        conn.execute("UPDATE portal_sync_status SET search_text = %(text)s WHERE portal_url = %(portal)s", params)
     conn.execute("UPDATE portal_sync_status SET search_config = %(config)s::regconfig"
                  " WHERE portal_url = %(portal)s AND search_config IS DISTINCT FROM %(config)s::regconfig", params)
     conn.execute(
         """
-        UPDATE datasets d SET last_seen_at = %(seen)s
+        UPDATE datasets d SET last_seen_at = %(seen)s,
+            -- (the declared language is in no hash: a record that starts or stops declaring one,
+            -- or declares another, is unchanged; the row trigger indexes it again only then)
+            language = s.language::regconfig,
+            search_config = coalesce(s.language::regconfig, %(config)s::regconfig)
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
           AND d.portal_url = %(portal)s AND d.source_id = s.source_id

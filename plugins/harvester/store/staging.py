@@ -8,13 +8,14 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
+from harvester.config.languages import text_search_config
 from harvester.domain.dataset import DatasetRecord
 from harvester.domain.screening import may_hold_non_finite
 
 _COLUMNS = ("run_id", "seq", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
-            "description", "tags", "organization", "metadata_modified", "raw", "error", "problems")
+            "description", "tags", "organization", "metadata_modified", "raw", "error", "problems", "language")
 _TYPES = ("int8", "int8", "text", "text", "text", "text", "text", "text", "text",
-          "text", "jsonb", "text", "timestamptz", "jsonb", "text", "jsonb")
+          "text", "jsonb", "text", "timestamptz", "jsonb", "text", "jsonb", "text")
 
 
 def clear(conn, run_id: int) -> None:
@@ -109,6 +110,8 @@ def write(conn, run_id: int, first_seq: int, records: Iterable[DatasetRecord]) -
                     rec.content_hash, rec.metadata_hash, _text(rec.title), _text(rec.description),
                     _jsonb(rec.tags), _text(rec.organization), rec.metadata_modified, _jsonb(rec.raw), rec.error,
                     _problems(rec),
+                    # the configuration of its declared language (None: the portal's)
+                    text_search_config(rec.language),
                 ))
                 n += 1
     return n
