@@ -67,6 +67,11 @@ class DatasetRecord:
     # The language the record declares for its text (an ISO 639-1 code such as "fr", or a name
     # PostgreSQL's text search knows); None: the portal's ``language``. Not part of any hash.
     language: str | None = None
+    # The portal says the record was deleted (an OAI-PMH header with status="deleted"): not a
+    # dataset to store but the removal of the one held under ``source_id`` (``metadata_modified``:
+    # when it was deleted), applied under the removal guard even by an incremental run. See
+    # ``deletion``.
+    deleted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -78,6 +83,12 @@ class DatasetRecord:
         if self.error is not None and not any(p.severity == ERROR for p in self.problems):
             return (problem("invalid-record", self.error),) + self.problems
         return self.problems
+
+
+def deletion(source_id: str, modified: datetime | None = None) -> DatasetRecord:
+    """The portal's word that the record ``source_id`` was deleted (at ``modified``): the pipeline
+    stages it apart (store/deletions.py) and the upsert removes the live dataset it names, if any."""
+    return DatasetRecord(source_id=source_id, metadata_modified=modified, deleted=True)
 
 
 def failed(source_id: str | None, raw: Any, problems: list[Problem] | tuple[Problem, ...],

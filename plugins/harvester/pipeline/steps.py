@@ -22,7 +22,8 @@ from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, count_drift, plan_run, summary)
 from harvester.domain.tasklog import Progress
-from harvester.store import claims, datasets, duplicates, history, listing, outcomes, review, runs, staging, vectors
+from harvester.store import (claims, datasets, deletions, duplicates, history, listing, outcomes, review, runs, staging,
+                             vectors)
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,16 @@ def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged:
     """COPY normalized records into staging from ``seq`` on, if the run's staging is still this
     attempt's (``attempt``: runs.claim_staging's token; runs.AttemptSuperseded otherwise), logging
     the first LOGGED_FAILURES of the step's records that cannot be used (``logged``: how many the
-    step logged so far, a one-item list); returns (how many were staged, how many of them failed)."""
+    step logged so far, a one-item list); returns (how many were staged, how many of them failed).
+    The records the portal says it deleted (``deleted``) go apart (store/deletions.py), after the
+    page's records: they are not counted."""
+    gone = [r for r in records if r.deleted]
+    if gone:
+        records = [r for r in records if not r.deleted]
     with runs.staging_page(conn, run_id, attempt):
         staging.write(conn, run_id, seq, records)
+        if gone:
+            deletions.write(conn, run_id, seq + len(records), gone)
         runs.touch(conn, run_id)
     bad = [r for r in records if not r.ok]
     for rec in bad:
@@ -85,6 +93,7 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
     are; the thread has ended on return."""
     attempt = runs.claim_staging(conn, run_id)
     staging.clear(conn, run_id)
+    deletions.clear(conn, run_id)
     progress = Progress(f"listing records of {portal.name}", None, log, unit="records")
     kind = count_kind(portal, source)
     seq = failed = 0
@@ -539,6 +548,13 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
                 conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
                 force=force_removals, removed_significance=portal.significance.removed,
                 review_threshold=portal.significance.review_threshold)
+        elif deletions.staged(conn, run_id):
+            # The portal said it deleted these (an OAI-PMH status="deleted"): removed by any run,
+            # under the same guard.
+            removals = history.apply_removals(
+                conn, run_id, portal.url, run.started_at, max_share=portal.max_removal_share,
+                force=force_removals, removed_significance=portal.significance.removed,
+                review_threshold=portal.significance.review_threshold, deleted_only=True)
         # Cross-portal duplicates (store/duplicates.py): what this run touched, queued with the run's
         # commit (a group never reflects a run that did not commit) and grouped right after it.
         duplicates.queue_run(conn, run_id, portal.url)
@@ -553,6 +569,7 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
         # datasets_synced: the live datasets held for the portal now (after the merge and removals).
         runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable)
         staging.clear(conn, run_id)
+        deletions.clear(conn, run_id)
         listing.drop(conn, run_id)
         claims.release_run(conn, run_id)  # (any left: a killed attempt's; they lapse with the run anyway)
         final = runs.get(conn, run_id).stats

@@ -45,7 +45,7 @@ from harvester.config.secrets import redact_url
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
 from harvester.pipeline.readahead import read_ahead
-from harvester.store import duplicates, outcomes
+from harvester.store import deletions, duplicates, outcomes
 from harvester.store.staging import as_jsonb
 
 log = logging.getLogger(__name__)
@@ -244,9 +244,10 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
 
 def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max_share: float = 0.2,
                    force: bool = False, removed_significance: float = ch.DEFAULT.removed,
-                   review_threshold: float = ch.DEFAULT.review_threshold) -> dict[str, int]:
+                   review_threshold: float = ch.DEFAULT.review_threshold,
+                   deleted_only: bool = False) -> dict[str, int]:
     """Inside the upsert's transaction, after ``datasets.merge``, only after a clean full sync or
-    reconciliation:
+    reconciliation (or, ``deleted_only``, after any run that staged deletions):
     every live dataset of the portal whose id is not among the run's staged records gets
     ``removed_at = seen_at`` and a ``removed`` change (``removed_significance``, review when it
     reaches ``review_threshold``). Its current version stays current.
@@ -258,21 +259,28 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
     into ``staging_listing`` (store/listing.py): a dataset in neither that listing nor the run's
     staged records is gone, under the same guard.
 
-    Raises ValueError for a run that neither was a full sync nor reconciled: an incremental
-    listing says nothing about what is gone."""
+    The records the portal said it deleted (store/deletions.py: an OAI-PMH ``status="deleted"``)
+    are removed too, by any run: ``deleted_only`` removes those alone (an incremental run), under
+    the same guard.
+
+    Raises ValueError for a run that neither was a full sync nor reconciled, unless
+    ``deleted_only``: an incremental listing's absences say nothing about what is gone."""
     if not 0 <= max_share <= 1:
         raise ValueError(f"max_share {max_share!r} must be a number from 0 to 1")
     row = conn.execute("SELECT mode, reconcile_reason FROM sync_runs WHERE run_id = %s", (run_id,)).fetchone()
     if row is None:
         raise LookupError(f"no run with run_id {run_id}")
-    if row[0] != "full" and row[1] is None:
+    if row[0] != "full" and row[1] is None and not deleted_only:
         raise ValueError(f"run {run_id} is an {row[0]} sync that did not reconcile: only a full sync or a "
                          "reconciliation can tell which datasets are gone")
     params = {"run": run_id, "portal": portal_url, "seen": seen_at}
-    gone_where = """
-        d.portal_url = %(portal)s AND d.removed_at IS NULL
-        AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.run_id = %(run)s AND s.source_id = d.source_id)
+    unlisted = """
+        NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.run_id = %(run)s AND s.source_id = d.source_id)
         AND NOT EXISTS (SELECT 1 FROM staging_listing l WHERE l.run_id = %(run)s AND l.source_id = d.source_id)
+    """
+    gone_where = f"""
+        d.portal_url = %(portal)s AND d.removed_at IS NULL
+        AND ({deletions.DELETED_WHERE if deleted_only else f"({unlisted}) OR {deletions.DELETED_WHERE}"})
     """
     live, would_remove = conn.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {gone_where}) FROM datasets d"
@@ -282,15 +290,17 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
         return out
     share = would_remove / live
     if share > max_share and not force:
-        kind = "full sync" if row[0] == "full" else "reconciliation"
+        kind = "full sync" if row[0] == "full" else "reconciliation" if row[1] is not None else "incremental run"
+        gone = "was told of the deletion of" if deleted_only else "did not list"
         log.warning(
-            "removal guard: this %s of %s did not list %d of its %d live datasets (%.1f%%, more than"
+            "removal guard: this %s of %s %s %d of its %d live datasets (%.1f%%, more than"
             " the allowed %.1f%%), so none was removed; if the portal really dropped them, trigger a run"
-            " with force_removals (and full_sync or reconcile)", kind, portal_url, would_remove, live, share * 100,
-            max_share * 100)
+            " with force_removals (and full_sync or reconcile)", kind, portal_url, gone, would_remove, live,
+            share * 100, max_share * 100)
         outcomes.record_withheld(
             conn, run_id, portal_url, gone_where, params,
-            f"not listed by this {kind}; not removed: the removal guard withheld all {would_remove} removals "
+            f"{'deleted by the portal' if deleted_only else 'not listed by this ' + kind}; not removed: the "
+            f"removal guard withheld all {would_remove} removals "
             f"({share * 100:.1f}% of {live} live datasets, more than the allowed {max_share * 100:.1f}%)")
         return {**out, "removal_guard_tripped": 1}
     change = ch.removal(ch.SignificanceConfig(removed=removed_significance, review_threshold=review_threshold))
@@ -310,7 +320,8 @@ def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max
         log.warning("removed %d of %d live datasets of %s (%.1f%%): the removal guard was overridden (force)",
                     removed, live, redact_url(portal_url), share * 100)
     else:
-        log.info("removed %d datasets of %s no longer listed by the portal", removed, redact_url(portal_url))
+        log.info("removed %d datasets of %s %s", removed, redact_url(portal_url),
+                 "the portal says it deleted" if deleted_only else "no longer listed by the portal")
     return {**out, "removed": removed}
 
 

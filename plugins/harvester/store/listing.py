@@ -28,6 +28,7 @@ def clear(conn, run_id: int) -> None:
     with conn.transaction():
         conn.execute("DELETE FROM staging_listing WHERE run_id = %s", (run_id,))
         conn.execute("DELETE FROM staging_records WHERE run_id = %s AND seq >= %s", (run_id, RECONCILE_SEQ))
+        conn.execute("DELETE FROM staging_deleted WHERE run_id = %s AND seq >= %s", (run_id, RECONCILE_SEQ))
 
 
 def drop(conn, run_id: int) -> None:

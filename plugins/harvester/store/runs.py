@@ -242,7 +242,7 @@ def set_reconcile(conn, run_id: int, reason: str) -> None:
 
 
 def _drop_staging(conn, run_ids: list[int]) -> None:
-    for table in ("staging_records", "staging_changes", "staging_listing"):
+    for table in ("staging_records", "staging_changes", "staging_listing", "staging_deleted"):
         conn.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", (run_ids,))
 
 
