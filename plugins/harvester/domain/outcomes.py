@@ -52,6 +52,12 @@ CODES: dict[str, Code] = {
                                                 "store; unlike other texts it is not neutralised (altered, it could be "
                                                 "another dataset's identifier): the record is not stored, and the "
                                                 "message shows the identifier with that character escaped"),
+    "not-iso-metadata": Code(ERROR, PARSE, "the file of a Web Accessible Folder is not an ISO 19139 / 19115-2 record: "
+                                           "not well-formed XML (an HTML page, a cut file) or another root element"),
+    "unsafe-xml": Code(ERROR, PARSE, "the XML file declares a DTD or entities (how an XML bomb expands), or has more "
+                                     "elements or deeper nesting than a metadata record has: refused unread"),
+    "file-too-large": Code(ERROR, PARSE, "the file is larger than a metadata record can be (or never ends: it was "
+                                         "still arriving at its deadline): refused"),
     "no-identifier": Code(ERROR, VALIDATE, "the record has no identifier (nor a landing page to derive one from)"),
     "duplicate-identifier": Code(ERROR, VALIDATE, "the identifier was already used by an earlier record of the listing"),
     "no-title": Code(ERROR, VALIDATE, "the record has no title"),
