@@ -20,7 +20,8 @@ Every request is recorded (``requests``, with its headers in ``headers_seen``). 
 stored order), ``ignore_mask``, ``loop_after`` (that page's next_page points back to page 1),
 ``endless_page`` (that page's body never ends), ``next_host`` (next_page on another host),
 ``sort_field`` (what ``last_update`` sorts by: udata before 2025-07 sorted it by the internal
-modification date).
+modification date), ``sorts`` (the sorts accepted), ``show_hidden`` (deleted, private and archived
+datasets listed too, as a sysadmin's API key sees them), ``max_page_size``.
 
 ``catalogue(n)`` builds ``n`` datasets from the real recorded answers of
 ../shared/portal-samples/udata (18 datasets of Angers Loire Métropole, 2017; a harvested GTFS
@@ -150,6 +151,8 @@ class UdataPortal(LocalServer):
         self.next_host: str | None = None
         self.max_page_size: int | None = None
         self.sort_field = "last_update"
+        self.sorts = dict(SORTS)       # the sorts it accepts (an older udata knew fewer)
+        self.show_hidden = False       # list deleted/private/archived too (what a sysadmin's API key sees)
         self._faults: list[dict] = []
         self._lock = threading.Lock()
         for ds in datasets or []:
@@ -197,6 +200,8 @@ class UdataPortal(LocalServer):
 
     # -- answering -----------------------------------------------------------------------------------
     def _visible(self) -> list[dict]:
+        if self.show_hidden:
+            return list(self.datasets.values())
         return [d for d in self.datasets.values()
                 if not d.get("deleted") and not d.get("private") and not d.get("archived")]
 
@@ -204,7 +209,7 @@ class UdataPortal(LocalServer):
         args = {k: v[-1] for k, v in query.items()}
         errors = {}
         sort = args.get("sort")
-        choices = list(SORTS) + ["-" + k for k in SORTS]
+        choices = list(self.sorts) + ["-" + k for k in self.sorts]
         if sort is not None and sort not in choices:
             errors["sort"] = (f"The field (and direction) on which sorting apply The value '{sort}' is not a valid "
                               f"choice for 'sort'.")
