@@ -118,12 +118,16 @@ def capped_count(cap: int) -> CountKind:
 @dataclass(frozen=True)
 class Capabilities:
     """``count``: how far the kind's count can be trusted (``CountKind``); the reconciliation's
-    count check judges drift only from an exact count (domain/run.py ``count_drift``)."""
+    count check judges drift only from an exact count (domain/run.py ``count_drift``).
+    ``resumable``: a retried fetch_modified of the same run keeps what the failed attempt staged
+    and the source skips those records (``Listing.already_staged``) instead of fetching them
+    again: for kinds fetched one record a request (a WAF of 30,000 files)."""
 
     incremental: bool = False
     conditional: bool = False
     reconcile: bool = False
     count: CountKind = NO_COUNT
+    resumable: bool = False
 
 
 @dataclass
@@ -133,12 +137,15 @@ class Listing:
     since ``validators`` (no records); ``validators``: what to send next time, kept only when the
     run commits; ``reached_since``: a source without a modified filter stopped, by design, at the
     first record not modified since the run's ``since`` (its listing newest first): not complete,
-    but not cut short either."""
+    but not cut short either. ``already_staged``: (a resumable source's retried attempt) the
+    source ids an earlier attempt of this listing staged; the source lists them as it would but
+    does not fetch or yield them again (they count as listed for ``complete``)."""
 
     complete: bool = False
     not_modified: bool = False
     validators: dict = field(default_factory=dict)
     reached_since: bool = False
+    already_staged: frozenset = frozenset()
 
 
 @dataclass
