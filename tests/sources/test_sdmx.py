@@ -8,7 +8,6 @@ through the source's parser."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 from base64 import b64decode
 from datetime import datetime, timezone
@@ -21,12 +20,11 @@ from harvester.http.guard import TooLarge
 from harvester.pipeline import validate as v
 from harvester.sources import source_for
 from harvester.sources.base import Listing, SourceError, SourceUnavailable
-from harvester.sources.sdmx import (MAX_DATAFLOW_CHARS, MessageRefused, SdmxError, SdmxSource, asked_as_is,
-                                    service_of)
+from harvester.sources.sdmx import MAX_DATAFLOW_CHARS, SdmxError, SdmxSource, asked_as_is, service_of
 from harvester.testing.hostile_documents import nested_entities_rdfxml
-from harvester.testing.hostile_http import Document, Endless, HostileServer
+from harvester.testing.hostile_http import Endless, HostileServer
 from harvester.testing.samples import portal_sample
-from harvester.testing.sdmx_portal import INSEE, SdmxServer, bench_catalogue, derive, insee_dataflows, key
+from harvester.testing.sdmx_portal import INSEE, SdmxServer, bench_catalogue, derive, insee_dataflows
 
 ESTAT = "dataflow-estat-gov_10q_ggnfa-fr-de-en-reduced-2023-01-26.xml"
 ISTAT = "dataflow-istat-47_850-references-datastructure-2026-05-18.requests-cache.json"
@@ -364,3 +362,24 @@ def test_a_catalogue_of_thousands_built_from_insees_is_listed_exactly_in_pages()
     assert len({r.metadata_modified for r in records}) == 2000
     assert records[1999].title.endswith("(1999)") and records[0].language == "fr"
     assert all(key_ == r.source_id for key_, r in zip(server.keys(), records))
+
+
+def test_an_unreadable_update_annotation_is_a_warning_and_the_record_is_stored(sdmx):
+    dated = ('<str:Dataflow id="D" agencyID="X" version="1.0"><com:Annotations><com:Annotation>'
+             "<com:AnnotationTitle>yesterday</com:AnnotationTitle><com:AnnotationType>UPDATE_DATA</com:AnnotationType>"
+             '</com:Annotation></com:Annotations><com:Name xml:lang="en">Dated</com:Name></str:Dataflow>')
+    sdmx.canned = (200, message(dated), "application/xml")
+    (record,), _, _ = listed(SdmxSource(sdmx.url, fetcher=fetcher(sdmx.url)))
+    assert record.ok and record.metadata_modified is None and "bad-optional-date" in codes(record)
+
+
+def test_an_error_message_no_results_in_a_200_lists_nothing_and_is_not_complete(sdmx):
+    sdmx.canned = (200, f'<mes:Error xmlns:mes="{SDMX21}/message" xmlns:com="{SDMX21}/common"><mes:ErrorMessage '
+                        f'code="100"><com:Text>Aucun résultat ne correspond à cette requête.</com:Text>'
+                        "</mes:ErrorMessage></mes:Error>".encode(), "application/xml")
+    records, listing, _ = listed(SdmxSource(sdmx.url, fetcher=fetcher(sdmx.url)))
+    assert records == [] and not listing.complete
+    # and an empty Dataflows container removes nothing either
+    sdmx.canned = (200, message(""), "application/xml")
+    records, listing, _ = listed(SdmxSource(sdmx.url, fetcher=fetcher(sdmx.url)))
+    assert records == [] and not listing.complete
