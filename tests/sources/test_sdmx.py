@@ -383,3 +383,13 @@ def test_an_error_message_no_results_in_a_200_lists_nothing_and_is_not_complete(
     sdmx.canned = (200, message(""), "application/xml")
     records, listing, _ = listed(SdmxSource(sdmx.url, fetcher=fetcher(sdmx.url)))
     assert records == [] and not listing.complete
+
+
+def test_a_saved_message_gives_the_dataflows_urns_as_landing_pages(sdmx):
+    url = served(sdmx, ASSEMBLED)  # a path ending .xml: a document, no service
+    records, _, _ = listed(SdmxSource(url, fetcher=fetcher(url)))
+    assert [r.url for r in records] == [
+        "https://ec.europa.eu/eurostat/api/dissemination/sdmx/2.1/dataflow/ESTAT/NAMA_10_GDP/1.0",  # structureURL
+        "urn:sdmx:org.sdmx.infomodel.datastructure.Dataflow=SPC:DF_ADBKI(1.1)",  # made as the standard writes it
+        "urn:sdmx:org.sdmx.infomodel.datastructure.Dataflow=NB:ANN_FX_SPU(1.0)"]
+    assert all(r.raw["resources"] == [] for r in records)

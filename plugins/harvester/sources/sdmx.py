@@ -388,7 +388,8 @@ def dataflow_record(attrs: dict, node: _Node | None, *, service: str | None, lan
     structure_query, data_query = query_urls(service, agency, flow_id, version, rest_v2) if service else (None, None)
     landing = (attrs.get("structureURL") or "").strip()
     if not landing.lower().startswith(("http://", "https://")):
-        landing = structure_query or (attrs.get("urn") or "").strip() or f"urn:sdmx:{shown}"
+        landing = structure_query or (attrs.get("urn") or "").strip() or (
+            f"urn:sdmx:org.sdmx.infomodel.datastructure.Dataflow={agency}:{flow_id}({version or '1.0'})")
     resources = []
     if data_query:
         resources.append({"url": data_query, "format": "SDMX", "name": f"data of {shown} {version}".rstrip(),
