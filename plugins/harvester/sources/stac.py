@@ -83,7 +83,7 @@ class ChildFailed(SourceError):
 
 # -- mapping --------------------------------------------------------------------------------------
 def collection_id(doc: Any) -> str | None:
-    if not isinstance(doc, Mapping):
+    if not isinstance(doc, dict):
         return None
     value = doc.get("id")
     if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
@@ -97,19 +97,22 @@ def is_collection(doc: Mapping) -> bool:
     kind = doc.get("type")
     if kind == "Collection":
         return True
-    return kind is None and isinstance(doc.get("extent"), Mapping) and "license" in doc
+    return kind is None and isinstance(doc.get("extent"), dict) and "license" in doc
 
 
 def links_of(doc: Mapping, rel: str) -> list[Mapping]:
     links = doc.get("links")
     if not isinstance(links, list):
         return []
-    return [link for link in links if isinstance(link, Mapping) and link.get("rel") == rel
+    return [link for link in links if isinstance(link, dict) and link.get("rel") == rel
             and isinstance(link.get("href"), str) and link["href"].strip()]
 
 
 def _resolve(base: str, href: str) -> str | None:
     """``href`` resolved against ``base``; None unless it is an http(s) URL then."""
+    href = href.strip()
+    if href.startswith(("https://", "http://")) and not any(c in href for c in " \t\r\n"):
+        return href  # (absolute already: most links; urljoin is the mapping's largest cost)
     try:
         url = urljoin(base, href.strip())
         scheme = urlsplit(url).scheme.lower()
@@ -134,7 +137,7 @@ def _provider(providers: Any) -> str | None:
     """The organization a collection is published by, from its providers by role."""
     if not isinstance(providers, list):
         return None
-    named = [p for p in providers if isinstance(p, Mapping) and isinstance(p.get("name"), str)
+    named = [p for p in providers if isinstance(p, dict) and isinstance(p.get("name"), str)
              and clean_text(p["name"])]
     for role in _ROLE_ORDER:
         for p in named:
@@ -183,8 +186,8 @@ def to_package(doc: Mapping, base: str, fallback_url: str) -> tuple[dict, list]:
     licence_links = [u for u in (_resolve(base, link["href"]) for link in links_of(doc, "license")) if u]
     resources = []
     assets = doc.get("assets")
-    for name, asset in (assets.items() if isinstance(assets, Mapping) else ()):
-        if isinstance(asset, Mapping) and isinstance(asset.get("href"), str):
+    for name, asset in (assets.items() if isinstance(assets, dict) else ()):
+        if isinstance(asset, dict) and isinstance(asset.get("href"), str):
             href = _resolve(base, asset["href"])
             if href:
                 resources.append({"url": href, "name": clean_text(asset.get("title")) or str(name),
@@ -202,7 +205,7 @@ def to_package(doc: Mapping, base: str, fallback_url: str) -> tuple[dict, list]:
     created = _date(doc, "created", ident, warnings)
     updated = _date(doc, "updated", ident, warnings)
     language = doc.get("language")
-    code = language.get("code") if isinstance(language, Mapping) else None
+    code = language.get("code") if isinstance(language, dict) else None
     pkg = {
         "id": ident,
         "name": ident,
@@ -229,7 +232,7 @@ def normalize(doc: Any, base: str, fallback_url: str, language: str | None = Non
     """A STAC Collection as a DatasetRecord; an unusable one comes back failed, saying why."""
     ident = collection_id(doc)
     try:
-        if not isinstance(doc, Mapping):
+        if not isinstance(doc, dict):
             raise BadRecord("not-an-object", f"collection is {type(doc).__name__}, not a JSON object")
         pkg, warnings = to_package(doc, base, fallback_url)
     except ValueError as exc:
@@ -262,7 +265,7 @@ def _count(value: Any) -> int | None:
 def page_total(page: Mapping) -> int | None:
     """A page's total: ``numberMatched``, else the Context extension's ``context.matched``."""
     total = _count(page.get("numberMatched"))
-    if total is None and isinstance(page.get("context"), Mapping):
+    if total is None and isinstance(page.get("context"), dict):
         total = _count(page["context"].get("matched"))
     return total
 
@@ -316,7 +319,7 @@ class StacSource(CountsTraffic):
                 doc = loads(resp.content)
             except ValueError as exc:  # a cut body or a proxy's page: try again
                 raise Retryable(f"the answer is not JSON ({exc})") from exc
-            if not isinstance(doc, Mapping):
+            if not isinstance(doc, dict):
                 raise SourceError(f"{where}: the answer is a JSON {type(doc).__name__}, not a STAC document")
             return doc
 
