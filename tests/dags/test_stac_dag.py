@@ -22,7 +22,8 @@ def task_retries(monkeypatch):
 
 
 def last_run(db):
-    return db.execute("SELECT run_id, mode, status, stats, error FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()
+    return db.execute("SELECT run_id, mode, status, stats, error FROM sync_runs ORDER BY run_id DESC LIMIT 1"
+                      ).fetchone()
 
 
 def live_ids(db) -> set[str]:

@@ -45,9 +45,10 @@ Mapping (a CKAN-shaped package): ``id`` (required: ``no-identifier``) as source 
 ``created``/``updated``, ``assets`` and the links ``items``, ``license``, ``about``,
 ``describedby``, ``alternate``, ``cite-as`` and ``preview`` as resources, the ``self`` link as the
 landing page (else ``<collections>/<id>`` in an API, the document's URL in a static catalog), the
-Language extension's ``language.code`` as the record's language (else the portal's ``language``),
-and every other field (``extent``, ``summaries``, ``providers``, ``item_assets``, ``links``,
-``stac_version``...) as an extra, which the metadata hash sees.
+Language extension's ``language.code`` (its primary subtag: ``pt`` of ``pt-BR``) as the record's
+language (else the portal's ``language``), and every other field (``extent``, ``summaries``,
+``providers``, ``item_assets``, ``links``, ``stac_version``...) as an extra, which the metadata hash
+sees.
 """
 from __future__ import annotations
 
@@ -222,8 +223,8 @@ def to_package(doc: Mapping, base: str, fallback_url: str) -> tuple[dict, list]:
         "type": doc.get("type") if isinstance(doc.get("type"), str) else "Collection",
         "extras": {k: v for k, v in doc.items() if k not in _MAPPED},
     }
-    if isinstance(code, str) and code.strip():
-        pkg["language"] = code.strip()
+    if isinstance(code, str) and code.strip():  # a BCP 47 tag: its language (pt-BR: pt) picks the text search
+        pkg["language"] = code.strip().split("-")[0].lower()
     return pkg, warnings
 
 
@@ -471,7 +472,8 @@ class StacSource(CountsTraffic):
                 read.add(key)
                 queue.append((child, None, depth + 1))
         if foreign:
-            log.warning("%s: %d child links lead to other hosts: not this catalog's, not followed", self.portal, foreign)
+            log.warning("%s: %d child links lead to other hosts: not this catalog's, not followed", self.portal,
+                        foreign)
         if loops:
             log.warning("%s: %d child links lead back to documents already read (a loop): each read once", self.portal,
                         loops)

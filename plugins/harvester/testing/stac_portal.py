@@ -222,8 +222,9 @@ class StacServer(LocalServer):
                  {"rel": "root", "type": "application/json", "href": f"{self.base_url}/"}]
         if more and page:
             if self.paging == "token":
+                after = {} if looping else {"token": page[-1]["id"]}  # looping: back to the first page
                 nxt = {"rel": "next", "type": "application/json", "method": "GET",
-                       "href": "?" + urlencode({"limit": limit} if looping else {"limit": limit, "token": page[-1]["id"]})}
+                       "href": "?" + urlencode({"limit": limit, **after})}
             else:
                 again = 1 if looping else start + len(page)
                 nxt = {"rel": "next", "type": "application/json",
