@@ -232,6 +232,20 @@ def test_an_http_next_page_of_an_https_portal_is_asked_on_the_portals_origin(por
     assert src._next_url(link, 1, {"sort": "created"}) == portal.url + "/api/1/datasets/?sort=created&page=2&page_size=100"
 
 
+def test_a_server_serving_fewer_than_page_size_skips_and_the_counts_tell(portal, caplog):
+    portal.max_page_size = 60   # pages of 60 at offsets of 100: 40 of every 100 never served
+    caplog.set_level(logging.WARNING, logger="harvester")
+    records, listing = listed(source(portal))
+    assert len(records) == 60 + 60 + 50 and not listing.complete
+    assert "170 distinct datasets listed where total says 250" in caplog.text
+
+
+def test_a_next_page_dropping_the_page_size_is_not_followed(portal):
+    src = source(portal)
+    link = portal.url + "/api/1/datasets/?sort=created&page=2"
+    assert src._next_url(link, 1, {"sort": "created", "page": 1, "page_size": 100}) is None
+
+
 def test_a_deletion_while_the_pages_are_read_makes_the_listing_incomplete(portal, datasets, caplog):
     caplog.set_level(logging.WARNING, logger="harvester")
     src = source(portal)

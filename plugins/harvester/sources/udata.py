@@ -43,7 +43,7 @@ complete only when ``next_page`` is null, ``total`` did not change from the firs
 and as many distinct datasets were listed as ``total`` says (a deletion while reading shifts the
 pages and skips one; the counts tell). Otherwise nothing is removed on it (``list_ids`` raises
 ``SourceError``). ``next_page`` is followed only when it is of the portal's host and the listing's
-path, asks the page after the one read and keeps the listing's ``sort``/``organization``; it is
+path, asks the page after the one read and keeps the listing's ``sort``, ``organization`` and ``page_size``; it is
 requested from the portal's own origin (an http:// ``next_page`` behind a TLS proxy is asked over
 the portal's https). A page of datasets already listed, a next page that does not advance, or one
 elsewhere ends the listing with a warning, not complete; a 404 for a next page (the catalogue
@@ -429,7 +429,7 @@ class UdataSource(CountsTraffic):
             asked = None
         if asked != page + 1:
             problems.append(f"it asks page {query.get('page')!r} after page {page}")
-        for key in ("sort", "organization"):
+        for key in ("sort", "organization", "page_size"):
             if key in params and query.get(key) != str(params[key]):
                 problems.append(f"it drops {key}={params[key]}")
         if problems:
