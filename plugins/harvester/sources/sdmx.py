@@ -520,7 +520,7 @@ class SdmxSource(CountsTraffic):
 
     # -- one GET
     def _get(self, validators: dict | None):
-        """The streamed 2xx answer, or None for 304 (``not_modified``); raises NoDataflows for a
+        """(the streamed 2xx answer, its first bytes), or ``_NotModified`` for a 304; raises NoDataflows for a
         service listing nothing, SdmxError / SourceError for the rest (4xx: terminal)."""
         params = None if asked_as_is(self.url) else dict(PARAMS)
         shown = f"{self.label}: GET {scrub_url(self.query_url)}"
@@ -532,7 +532,7 @@ class SdmxSource(CountsTraffic):
                 resp.close()
                 if not conditional:
                     raise SourceError(f"{shown}: answered 304 Not Modified to a request that was not conditional")
-                return None
+                return _NotModified(_validators(resp.headers))
             if status == 204:
                 resp.close()
                 raise NoDataflows("HTTP 204 No Content")
@@ -604,9 +604,9 @@ class SdmxSource(CountsTraffic):
                             "such an answer", self.label, exc)
                 self._done = True
                 return
-            if got is None:
+            if isinstance(got, _NotModified):
                 self.not_modified = self._done = True
-                self.validators = dict(validators or {})
+                self.validators = {**(validators or {}), **got.validators}  # (a 304 may renew them)
                 log.info("%s: the dataflows did not change since the last run (304)", self.label)
                 return
             resp, head = got
@@ -689,6 +689,13 @@ class SdmxSource(CountsTraffic):
         listing.not_modified = self.not_modified
         listing.complete = self.complete
         listing.validators = dict(self.validators)
+
+
+class _NotModified:
+    """A 304 answer: the validators it came with."""
+
+    def __init__(self, validators: dict):
+        self.validators = validators
 
 
 class _ParamsRefused(Exception):
