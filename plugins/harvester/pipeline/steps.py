@@ -85,18 +85,30 @@ def _stage(conn, run_id: int, seq: int, records: list[ds.DatasetRecord], logged:
 
 
 def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, listing: Listing,
-                   validators: dict | None = None) -> dict:
+                   validators: dict | None = None, *, resume: bool = True) -> dict:
     """Stage the source's listing page by page, as the run's only writer of staging (an earlier
     attempt of the task still running stops at its next page: runs.claim_staging). The source
     reads (fetches, parses, normalizes) the next page in a thread of its own while this one is
     staged (sources/readahead.py): one page queued at most; its errors reach the caller as they
-    are; the thread has ended on return."""
+    are; the thread has ended on return.
+
+    What an earlier attempt of this listing staged is cleared (the listing starts over), unless
+    the source can resume (``Capabilities.resumable``, a kind fetched one record a request) and
+    ``resume``: then it is kept, the source is told its ids (``Listing.already_staged``) and skips
+    them, and staging goes on after them."""
     attempt = runs.claim_staging(conn, run_id)
-    staging.clear(conn, run_id)
-    deletions.clear(conn, run_id)
+    seq = failed = 0
+    kept = staging.staged_ids(conn, run_id) if resume and source.capabilities.resumable else set()
+    if kept:
+        seq, failed = staging.next_seq(conn, run_id), staging.failed_count(conn, run_id)
+        listing.already_staged = frozenset(kept)
+        log.info("resuming the listing of %s: %d records an earlier attempt of this run staged are kept and not "
+                 "fetched again", portal.name, len(kept))
+    else:
+        staging.clear(conn, run_id)
+        deletions.clear(conn, run_id)
     progress = Progress(f"listing records of {portal.name}", None, log, unit="records")
     kind = count_kind(portal, source)
-    seq = failed = 0
     logged = [0]
     with read_ahead(source.iter_records(since, portal.page_size, listing, validators), depth=1,
                     name=f"harvester-listing-{run_id}") as pages:
@@ -107,6 +119,9 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
             seq, failed = seq + staged, failed + bad
             progress.advance(staged)
             del page  # not held while the next one is awaited
+    if kept:
+        staged_in_all = staging.staged_count(conn, run_id)
+        return {"fetched": staged_in_all - failed, "failed": failed}
     return {"fetched": seq - failed, "failed": failed}
 
 
@@ -154,9 +169,13 @@ def fetch_modified(conn, portal: Portal, run_id: int, source: Source) -> dict:
                         "falling back to a full sync of %s", exc, portal.name)
             runs.set_mode(conn, run_id, FULL, None)
             mode = FULL
-            counts = _stage_listing(conn, portal, run_id, source, None, listing)
+            counts = _stage_listing(conn, portal, run_id, source, None, listing, resume=False)
     if mode == FULL or not source.capabilities.incremental:
         _settle_mode(conn, portal, run, mode, listing)
+    elif listing.validators and not listing.not_modified:
+        # an incremental kind with validators of its own records (a WAF's undated files): the
+        # portal's status takes them at commit, as a full listing's
+        runs.set_source_validators(conn, run_id, listing.validators)
     runs.add_stats(conn, run_id, counts)
     # The Failed records' errors are the run's report from now on, whether it commits or fails.
     outcomes.record_errors(conn, run_id, portal.url)
