@@ -55,7 +55,8 @@ CAPABILITIES = {
     STAC: Capabilities(),
     # one structure message of every dataflow, If-Modified-Since (sources/sdmx.py)
     SDMX: Capabilities(conditional=True),
-    # from= on the datestamp, ListIdentifiers, completeListSize when given (sources/oai_pmh.py)
+    # from= on the datestamp, ListIdentifiers / GetRecord; no count: completeListSize is optional and
+    # an estimate on some servers (sources/oai_pmh.py)
     OAI_PMH: Capabilities(incremental=True, reconcile=True, count=NO_COUNT),
 }
 assert set(CAPABILITIES) == set(PORTAL_TYPES), "every kind of portal (config/portals.py PORTAL_TYPES) needs an entry"
