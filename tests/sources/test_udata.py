@@ -193,6 +193,14 @@ def test_an_older_udata_sorting_by_the_internal_date_is_followed(portal, dataset
     assert [r.title for r in records] == ["metadata only", "earlier edit"] and listing.reached_since
 
 
+def test_while_both_dates_are_in_order_the_later_one_decides_where_to_stop(portal, datasets):
+    portal.sort_field = "internal.last_modified_internal"
+    portal.edit(datasets[5]["id"], NOW, title="metadata only")   # its last_update is of 2024
+    records, listing = listed(source(portal), since=NOW - timedelta(hours=1), page_size=1)
+    assert [r.title for r in records] == ["metadata only"] and listing.reached_since
+    assert len(portal.list_requests()) == 2
+
+
 def test_a_portal_ignoring_the_sort_is_detected(portal, datasets):
     portal.ignore_sort = True
     portal.edit(datasets[100]["id"], NOW, data=True)

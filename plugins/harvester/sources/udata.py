@@ -569,8 +569,10 @@ class UdataSource(CountsTraffic):
                         "update time")
             stop_at = None
             for i, d in enumerate(data):
-                when = sort_date(d, keys[0])
-                if when is None or to_ms(when) < since_ms:
+                # older than since by every date the pages are still in order by (while both are, the
+                # later one decides: reading a few more never misses one)
+                dates = [sort_date(d, key) for key in keys]
+                if all(when is None or to_ms(when) < since_ms for when in dates):
                     stop_at = i
                     break
             kept = data if stop_at is None else data[:stop_at]
@@ -579,7 +581,7 @@ class UdataSource(CountsTraffic):
                 yield page
             if stop_at is not None:
                 log.info("portal %s: reached datasets not updated since %s (%s) on page %d", self.portal,
-                         since.isoformat(), ".".join(keys[0]), page_no)
+                         since.isoformat(), " / ".join(".".join(key) for key in keys), page_no)
                 listing.reached_since = True
                 return
 
