@@ -84,8 +84,8 @@ def test_significance_overrides():
     ({"name": "x", "url": "https://x.org", "type": "dcat"},
      "type 'dcat' is not supported; valid types are: ckan, dcat-json, dcat-rdf"),
     ({"name": "x", "url": "https://x.org/data.json", "type": "dcat-json", "reconcile_every": "1d"},
-     "portals[0] (x): reconcile_every applies to types ckan, arcgis-hub, socrata, csw, opendatasoft only: a dcat-json "
-     "catalogue is read whole on every run"),
+     "portals[0] (x): reconcile_every applies to types ckan, arcgis-hub, socrata, csw, opendatasoft, iso-waf, udata, "
+     "dcat-sparql, oai-pmh only: a dcat-json catalogue is read whole on every run"),
     ({"name": "x", "url": "https://x.org/catalog.ttl", "type": "dcat-rdf", "conn_id": "x_token"},
      "portals[0] (x): conn_id 'x_token' needs auth_header on a dcat-rdf portal: a catalogue of this kind has no "
      "standard header for a token; name the one it takes, e.g. auth_header: 'X-Api-Key'"),
