@@ -1031,8 +1031,10 @@ def record_from_node(graph: Graph, dataset: Any, catalog_url: str, language: str
     }
     description = clean_text(package["notes"])
     url = landing if _is_http(landing) else dataset_id if _is_http(dataset_id) else f"{catalog_url}#{dataset_id}"
+    # the language of the title shown (its xml:lang) is the record's: its text is indexed in it
     return package_record(package, source_id=dataset_id, url=url, title=title, description=description, tags=tags,
-                          organization=(package["organization"] or {}).get("title"), warnings=tuple(warnings))
+                          organization=(package["organization"] or {}).get("title"), warnings=tuple(warnings),
+                          language=_lang(title_lit) or None)
 
 
 def records_from_graph(graph: Graph, catalog_url: str, language: str | None) -> list[DatasetRecord]:
