@@ -1,11 +1,13 @@
 """Languages (issue 39): a record's declared language chooses its text-search configuration (else
-its portal's `language:`), and the titles and descriptions it carries in other languages
+its portal's `language:`), and the titles it carries in other languages
 (raw["translations"], as the DCAT, CSW and SDMX sources keep them) are in its search text. On a
 real PostgreSQL, through the run's own steps and store/search.py's search()."""
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,7 +20,12 @@ from harvester.sources.base import Capabilities
 from harvester.store import db as store_db
 from harvester.store import migrations
 from harvester.store.search import search
+from harvester.sources.dcat_rdf import parse_page, records_from_graph
 
+# the DCAT samples tests/sources/test_dcat_rdf.py reads
+DCAT_SAMPLES = Path(os.environ.get("HARVESTER_DCAT_SAMPLES_DIR")
+                    or Path(__file__).resolve().parents[3] / "shared" / "dcat-samples" / "dcat-ap")
+SWISS = "ckanext-dcatapchharvest/catalog.xml"
 MODEL = "test-model"  # no embedding here: the texts stay pending, full text is what is searched
 PORTAL_URL = "https://stats.example.org"
 
@@ -64,8 +71,18 @@ def configs(conn) -> dict[str, tuple]:
         " JOIN dataset_search s ON s.dataset_id = d.id")}
 
 
+class NoVectors:
+    """An embedding provider that is down: hybrid search answers with its text side alone."""
+    name, model, dimension, max_batch = "local", MODEL, 384, 1
+
+    def embed_query(self, text):
+        from harvester.embeddings import EmbeddingError
+
+        raise EmbeddingError("provider down")
+
+
 def found(conn, query: str, mode: str = "text") -> list[str]:
-    return [item["title"] for item in search(conn, query, mode=mode, limit=5).items]
+    return [item["title"] for item in search(conn, query, mode=mode, limit=5, provider=NoVectors()).items]
 
 
 @pytest.mark.parametrize("declared, config", [
@@ -78,6 +95,22 @@ def found(conn, query: str, mode: str = "text") -> list[str]:
 ])
 def test_a_declared_language_as_its_text_search_configuration(declared, config):
     assert text_search_config(declared) == config
+
+
+def dcat_records(name: str, language: str | None):
+    url = f"http://samples.test/{name}"
+    return records_from_graph(parse_page((DCAT_SAMPLES / name).read_bytes(), None, url), url, language)
+
+
+def test_a_dcat_record_declares_the_language_of_the_title_it_shows():
+    """DCAT RDF: the xml:lang of the title picked (the portal's language, else English, else the
+    first) is the record's language (an untagged title declares none)."""
+    assert {r.language for r in dcat_records(SWISS, "fr")} == {"fr"}
+    assert {r.language for r in dcat_records(SWISS, None)} == {"de"}  # no English: the first language
+    some = "https://dati.unibo.it/dataset/0824deeb-8e76-4281-9120-c2177d0b13ca"
+    unibo = "ckanext-dcatapit/catalog_dati_unibo.rdf"
+    assert {r.source_id: r for r in dcat_records(unibo, "it")}[some].language == "it"
+    assert {r.source_id: r for r in dcat_records(unibo, None)}[some].language == "en"
 
 
 def test_a_record_declaring_its_language_is_indexed_and_found_in_it(db, reader):
@@ -96,9 +129,9 @@ def test_every_language_of_a_title_finds_the_dataset(db, reader):
     harvest(db, reader, [record("unemployment", "Quarterly unemployment", translations=translations,
                                 description="Unemployment rate by county"),
                          record("wells", "Water wells of the county")])
-    for query in ("Quarterly unemployment", "chômage trimestriel", "chomage", "trimestriel", "département"):
+    for query in ("Quarterly unemployment", "chômage trimestriel", "chomage", "trimestriel"):
         assert found(db, query) == ["Quarterly unemployment"], query
-    # through hybrid search too (its text side: no vector is held, the text side answers)
+    # through hybrid search too (its text side)
     assert found(db, "chômage trimestriel", mode="hybrid")[:1] == ["Quarterly unemployment"]
     # the other language's title weighs as a title: above a match in a description
     harvest(db, reader, [record("unemployment", "Quarterly unemployment", translations=translations),
@@ -107,6 +140,19 @@ def test_every_language_of_a_title_finds_the_dataset(db, reader):
     # the stored record keeps every language
     raw = db.execute("SELECT raw FROM datasets WHERE source_id = 'unemployment'").fetchone()[0]
     assert raw["translations"]["title"] == {"fr": "Chômage trimestriel", "en": "Quarterly unemployment"}
+
+
+def test_translations_of_any_shape_are_stored_and_never_fail_the_run(db, reader):
+    """raw is the portal's: translations that are not {field: {language: text}} are skipped, and a
+    huge one is indexed by its start (a tsvector holds at most 1 MB)."""
+    huge = " ".join(f"mot{i}" for i in range(200_000))  # 1.5 MB of distinct words
+    shapes = {"list": ["Chômage"], "text": "Chômage", "numbers": {"title": {"fr": 3, "de": None}},
+              "nested": {"title": {"fr": {"text": "Chômage"}}}, "huge": {"title": {"fr": huge + " chômage"}},
+              "titles": {"title": "Chômage", "description": {"fr": "Chômage"}}}
+    stats = harvest(db, reader, [record(name, f"Shape {name}", translations=value) for name, value in shapes.items()])
+    assert stats["created"] == len(shapes) and stats["failed"] == 0
+    assert found(db, "mot1") == ["Shape huge"]  # the start of the huge one
+    assert found(db, "chômage") == []  # the end of the huge one, and no other shape, is search text
 
 
 def test_a_changed_portal_language_reindexes_only_the_datasets_without_their_own(db, reader):
