@@ -37,11 +37,11 @@ class PagesSource:
         listing.complete = since is None
 
 
-@pytest.fixture(scope="module")
-def provider():
-    from harvester.embeddings.local import LocalProvider
+@pytest.fixture
+def provider(gemini):
+    from harvester.embeddings import get_provider
 
-    return LocalProvider()
+    return get_provider()
 
 
 @pytest.fixture
