@@ -165,7 +165,10 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             -- (the declared language is in no hash: a record that starts or stops declaring one,
             -- or declares another, is unchanged; the row trigger indexes it again only then)
             language = s.language::regconfig,
-            search_config = coalesce(s.language::regconfig, %(config)s::regconfig)
+            search_config = coalesce(s.language::regconfig, %(config)s::regconfig),
+            -- (the modified time the portal gives now, though nothing tracked changed: what a
+            -- reconciliation compares with the portal's listing, a WAF file touched and re-listed)
+            metadata_modified = s.metadata_modified
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
           AND d.portal_url = %(portal)s AND d.source_id = s.source_id
