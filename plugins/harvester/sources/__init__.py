@@ -45,8 +45,9 @@ CAPABILITIES = {
     # no modified-since filter; ordered by updatedAt (sources/socrata.py)
     SOCRATA: Capabilities(reconcile=True, count=capped_count(SOCRATA_COUNT_CAP)),
     OPENDATASOFT: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),  # ODSQL where on default.modified
-    # the listing's date of each file; the walk of the folders lists every file (sources/iso_waf.py)
-    ISO_WAF: Capabilities(incremental=True, conditional=True, reconcile=True, count=NO_COUNT),
+    # the listing's date of each file; the walk of the folders lists every file; undated files
+    # asked with their ETag / Last-Modified; a retried fetch resumes (sources/iso_waf.py)
+    ISO_WAF: Capabilities(incremental=True, conditional=True, reconcile=True, count=NO_COUNT, resumable=True),
     # newest first by last_update, stopping at the watermark; Page.total (sources/udata.py)
     UDATA: Capabilities(incremental=True, reconcile=True, count=EXACT_COUNT),
     # a FILTER on dct:modified, keyset paging, a COUNT query (sources/dcat_sparql.py)
