@@ -129,6 +129,20 @@ def test_an_edit_to_the_extent_changes_the_metadata_hash_and_not_the_text():
     assert a.metadata_hash != b.metadata_hash and a.content_hash == b.content_hash
 
 
+def test_the_recorded_landing_pages_are_told_apis_and_cbers_a_static_catalog():
+    from harvester.sources.stac import conforms_to_collections, is_collection, links_of
+
+    earth = next(i["body"] for i in cassette(EARTH_SEARCH) if "conformsTo" in i["body"])
+    planetary = cassette("landing-planetary-computer-2025-07-31.vcr.yaml")[0]["body"]
+    for landing, data in ((earth, "https://earth-search.aws.element84.com/v1/collections"),
+                          (planetary, "https://planetarycomputer.microsoft.com/api/stac/v1/collections")):
+        assert conforms_to_collections(landing) and links_of(landing, "data")[0]["href"] == data
+        assert len(links_of(landing, "child")) >= 9 and not is_collection(landing)  # listed, not walked
+    catalog, collections = cbers_catalog()
+    assert not conforms_to_collections(catalog) and not links_of(catalog, "data")
+    assert all(is_collection(c) and "type" not in c for c in collections)  # STAC 1.0.0-beta.2: no type
+
+
 # -- an API over HTTP -----------------------------------------------------------------------------
 @pytest.mark.parametrize("paging,counts", [("startRecord", "numberMatched"), ("token", "context"), ("token", None)])
 def test_the_api_from_its_landing_page_by_next_links(paging, counts):

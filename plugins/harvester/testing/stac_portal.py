@@ -2,7 +2,7 @@
 served as the real servers recorded in ../shared/portal-samples/stac/ answer.
 
 - ``GET /`` the API landing page (earth-search's recorded one, its links pointing here: ``data`` ->
-  ``/collections``, ``conformsTo`` as recorded).
+  ``/collections``, ``conformsTo`` as recorded, a ``child`` link per collection).
 - ``GET /collections?limit=N`` pages of collections, ``limit`` capped at ``max_limit`` (100, as
   earth-search answers), ``default_limit`` when absent (10), a 400 for a limit that is not a
   positive integer. Paging is one of the recorded servers' (``paging``):
@@ -189,6 +189,9 @@ class StacServer(LocalServer):
         real = "https://earth-search.aws.element84.com/v1"
         doc["links"] = [dict(link, href=link["href"].replace(real, self.base_url))
                         for link in doc["links"] if link.get("rel") != "child"]
+        # as earth-search's: a child link per collection (a client that lists /collections needs none)
+        doc["links"] += [{"rel": "child", "type": "application/json", "href": f"{self.base_url}/collections/{ident}"}
+                         for ident in sorted(self.collections)]
         return doc
 
     def _page(self, query: dict) -> tuple[int, dict]:
