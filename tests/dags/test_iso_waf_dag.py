@@ -5,7 +5,7 @@ real records of ../shared/portal-samples/iso-waf/ in nested folders listed in fi
 <ul>); the ids expected are the files' URLs, as the server holds them."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 
@@ -41,7 +41,8 @@ def waf():
 
 
 def last_run(db):
-    return db.execute("SELECT run_id, mode, status, stats, error FROM sync_runs ORDER BY run_id DESC LIMIT 1").fetchone()
+    return db.execute("SELECT run_id, mode, status, stats, error FROM sync_runs"
+                      " ORDER BY run_id DESC LIMIT 1").fetchone()
 
 
 def live(db) -> dict[str, tuple]:

@@ -104,8 +104,8 @@ def test_a_listing_keeps_only_files_and_folders_under_the_waf():
 
 # -- the recorded records --------------------------------------------------------------------------
 def test_the_recorded_records_map_through_the_csw_mapping_keyed_by_file_url():
-    records = {name: waf_record(read_iso(real_record(name)), Listed(f"http://h/waf/{name}", datetime(2026, 7, 12, 2, 23)))
-               for name in RECORDS}
+    when = datetime(2026, 7, 12, 2, 23)
+    records = {name: waf_record(read_iso(real_record(name)), Listed(f"http://h/waf/{name}", when)) for name in RECORDS}
     assert all(r.ok for r in records.values()), [r.error for r in records.values()]
     epa = records["iso19139-epa-enviroatlas-acs-demographics-2021-06-17.xml"]
     assert epa.source_id == epa.url == "http://h/waf/iso19139-epa-enviroatlas-acs-demographics-2021-06-17.xml"
@@ -118,7 +118,8 @@ def test_the_recorded_records_map_through_the_csw_mapping_keyed_by_file_url():
     assert noaa.raw["schema"] == "iso19115-2" and noaa.raw["file_identifier"] == "gov.noaa.nmfs.inport:47598"
     assert noaa.raw["date_stamp"] == "2024-02-29T00:00:00" and noaa.organization == "Office for Coastal Management"
     census = records["iso19115-2-census-cb_2014_us_necta_500k.xml"]
-    assert census.raw["date_stamp"] == "2015-05" and census.raw["file_identifier"] == "cb_2014_us_necta_500k.shp.iso.xml"
+    assert census.raw["date_stamp"] == "2015-05"
+    assert census.raw["file_identifier"] == "cb_2014_us_necta_500k.shp.iso.xml"
     many = records["iso19115-2-noaa-psl-20crv3-many-keywords.xml"]
     text = real_record("iso19115-2-noaa-psl-20crv3-many-keywords.xml").decode()
     assert text.count("<gmd:keyword>") == 1259 and len(many.tags) > 1000
@@ -126,7 +127,8 @@ def test_the_recorded_records_map_through_the_csw_mapping_keyed_by_file_url():
 
 
 def test_a_declared_iso_8859_1_encoding_is_read():
-    body = derive(real_record("iso19115-2-census-tl_2013_us_county-iso8859-1.xml"), title="Comté de Montréal, Québec")
+    county = real_record("iso19115-2-census-tl_2013_us_county-iso8859-1.xml")
+    body = derive(county, title="Comté de Montréal, Québec")
     assert body.startswith(b'<?xml version="1.0" encoding="ISO-8859-1"?>') and "é".encode("latin-1") in body
     record = waf_record(read_iso(body), Listed("http://h/waf/x.xml"))
     assert record.title == "Comté de Montréal, Québec" and record.metadata_modified is None
@@ -340,3 +342,16 @@ def test_validate_reads_a_folder_and_an_iso_document():
     assert report.records == 1 and report.failed == 0
     bomb = validate_file(io.BytesIO(nested_entities_rdfxml()), "iso-waf", "bomb.xml")
     assert bomb.failed == 1
+
+
+def test_a_waf_url_that_redirects_is_walked_where_it_leads(waf):
+    waf.set_files(catalogue(4, per_folder=4))
+    src = source(waf, url=waf.base_url + "/waf")  # no trailing slash: added; and the server's 301 is followed
+    records, listing = listed(src)
+    assert len(records) == 4 and listing.complete
+    src = source(waf, url=waf.base_url + "/waf/g0/s0")  # a sub-folder without its slash
+    assert len(listed(src)[0]) == 4
+    waf.moved = {"/old/": "/waf/"}  # the WAF moved: its files are where the redirect leads
+    src = source(waf, url=waf.base_url + "/old/")
+    records, listing = listed(src)
+    assert {r.source_id for r in records} == {waf.url + p for p in waf.files} and listing.complete

@@ -434,7 +434,13 @@ class IsoWafSource(CountsTraffic):
                 return None
             body = self._read(resp, MAX_LISTING_BYTES, shown)
             html = body.decode(_charset(resp.headers.get("Content-Type")) or "utf-8", "replace")
-            page = parse_listing(html, resp.url or url, self.url)
+            final = resp.url or url
+            if top and final != self.url:
+                # the WAF's own URL redirects (to https, to its trailing slash): the folder is where
+                # it led, else every file would be outside it
+                log.warning("%s: the WAF's URL redirects to %s; walked there", self.label, scrub_url(final))
+                self.url = final if final.endswith("/") else final.rsplit("/", 1)[0] + "/"
+            page = parse_listing(html, final, self.url)
             if not page.recognized:
                 start = " ".join(html[:120].split())
                 raise Retryable(f"{shown}: the answer is not a directory listing (no file, no folder, no "

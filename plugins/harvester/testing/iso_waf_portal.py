@@ -15,7 +15,8 @@ Misbehaviour on demand: ``fail_files(after, times, status)`` (file requests afte
 answered files get ``status``, ``times`` of them), ``fail_next(n, status)`` (any request),
 ``aliases`` (a folder that is another one, as a symbolic link looping back is: ``{"a/loop/": "a/"}``),
 ``error_pages`` (folders answering 200 with a proxy's HTML error page), ``forbidden`` (folders
-answering 403), ``endless`` (files whose body never ends: chunks until the client goes).
+answering 403), ``endless`` (files whose body never ends: chunks until the client goes), ``moved`` (a path
+prefix redirected to another, as a WAF that moved is).
 
 ``derive(body, title=, file_id=)`` rewrites a real record's title and fileIdentifier in its own
 declared encoding; ``catalogue(n)`` builds n files from the five real records in nested folders of
@@ -114,6 +115,7 @@ class WafServer(LocalServer):
         self.error_pages: set[str] = set()
         self.forbidden: set[str] = set()
         self.endless: set[str] = set()
+        self.moved: dict[str, str] = {}  # a path prefix answered 301 to another ({"/old/": "/waf/"})
         self._fail = FailureQueue()
         self._file_failures: list = []  # [after, times, status]
         self._answered_files = 0
@@ -240,6 +242,9 @@ class WafServer(LocalServer):
         failure = self._fail.take()
         if failure:
             return failure[0], {}, b"<html><body>Service Unavailable</body></html>", None
+        for old, new in self.moved.items():
+            if path.startswith(old):
+                return 301, {"Location": new + path[len(old):]}, b"", None
         if not path.startswith(ROOT):
             if path + "/" == ROOT:
                 return 301, {"Location": ROOT}, b"", None
