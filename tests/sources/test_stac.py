@@ -369,3 +369,13 @@ def test_harvester_validate_reads_a_saved_collections_page_and_a_collection_file
     report = v.validate_path(one, "stac")
     assert (report.records, report.failed) == (1, 0)
     assert {r["code"] for r in report.rows} >= {"title-from-identifier"}
+
+
+def test_harvester_validate_tells_stac_from_the_answer_without_type(tmp_path):
+    with StacServer(derived_collections(12)) as server:
+        report = v.validate_url(server.url, pages=5, page_size=10)
+        assert (report.kind, report.records, report.complete) == ("stac", 12, True)
+        assert report.guessed == "stac, from the answer's content"
+    one = tmp_path / "collection.json"
+    one.write_text(json.dumps(ceres("1.1")["collections"][0]))
+    assert v.validate_path(one).kind == "stac"

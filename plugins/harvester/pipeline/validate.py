@@ -36,7 +36,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from requests.adapters import BaseAdapter
 
-from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, VALIDATE_TYPES, Portal
+from harvester.config.portals import CKAN, DCAT_JSON, DCAT_RDF, STAC, VALIDATE_TYPES, Portal
 from harvester.domain import outcomes as oc
 from harvester.domain.dataset import DatasetRecord, normalize
 from harvester.config.secrets import redact_url
@@ -210,6 +210,8 @@ def sniff(head: bytes, content_type: str | None = None) -> str | None:
             return CKAN
         if _has_key(text, "@graph") or "http://www.w3.org/ns/dcat#" in text:
             return DCAT_RDF
+        if _has_key(text, "stac_version"):  # a STAC landing page, catalog, collection or /collections page
+            return STAC
         if _has_key(text, "dataset"):
             return DCAT_JSON
         if _has_key(text, "metadata_modified") or _has_key(text, "num_resources"):
