@@ -313,10 +313,17 @@ def test_an_unreadable_child_leaves_the_walk_incomplete(caplog):
     collections = derived_collections(10)
     with StacServer(collections) as server:
         server.missing_children = {collections[3]["id"]}
+        original = server.answer
+
+        def answer(path, query):  # and one child answers a JSON array
+            if collections[5]["id"] in path:
+                return 200, ["not", "a", "catalog"]
+            return original(path, query)
+        server.answer = answer
         src = source(server.static_url)
         records, listing = listed(src)
-    assert len(records) == 9 and not listing.complete
-    assert "HTTP 404" in caplog.text
+    assert len(records) == 8 and not listing.complete
+    assert "HTTP 404" in caplog.text and "the answer is a JSON list, not a STAC document" in caplog.text
 
 
 def test_an_endless_chain_of_catalogs_is_cut_at_the_depth_bound():

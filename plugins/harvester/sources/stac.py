@@ -321,7 +321,8 @@ class StacSource(CountsTraffic):
             except ValueError as exc:  # a cut body or a proxy's page: try again
                 raise Retryable(f"the answer is not JSON ({exc})") from exc
             if not isinstance(doc, dict):
-                raise SourceError(f"{where}: the answer is a JSON {type(doc).__name__}, not a STAC document")
+                raise (ChildFailed if child else SourceError)(
+                    f"{where}: the answer is a JSON {type(doc).__name__}, not a STAC document")
             return doc
 
         return self.fetcher.get(url, parse=parse, what=where, headers={"Accept": "application/json"})
