@@ -87,11 +87,11 @@ def found(conn, query: str, mode: str = "text") -> list[str]:
 
 @pytest.mark.parametrize("declared, config", [
     ("fr", "french"), ("FR", "french"), ("fr-CA", "french"), ("pt_BR", "portuguese"), ("sr-Latn", "serbian"),
-    ("fra", "french"), ("fre", "french"), ("GER", "german"), ("nob", "norwegian"), ("french", "french"),
+    ("fra", "french"), ("fre", "french"), ("eng; USA", "english"), ("GER", "german"), ("nob", "norwegian"), ("french", "french"),
     ("http://publications.europa.eu/resource/authority/language/FRA", "french"),
     ("http://id.loc.gov/vocabulary/iso639-2/ita", "italian"),
     ("pl", None), ("zh-Hans", None), ("und", None), ("mul", None), ("simple", None), ("", None), (None, None),
-    (12, None), ("f", None), ("fr CA", None), ("x" * 200, None),
+    (12, None), (["fr"], None), ("f", None), ("fr CA", None), ("x" * 200, None),
 ])
 def test_a_declared_language_as_its_text_search_configuration(declared, config):
     assert text_search_config(declared) == config

@@ -25,17 +25,22 @@ _PRIMARY = re.compile(r"^([a-z]{2,})(?:[-_][a-z0-9]{1,8})*$")
 _LONGEST = 100  # longer than any tag or IRI a record declares a language with: not one
 
 
-@lru_cache(maxsize=512)  # (called for every staged record; few distinct values)
 def text_search_config(language) -> str | None:
     """The configuration of a declared language: an ISO 639-1 code ("fr"), with region or script
-    subtags ("fr-CA", "pt_BR", "sr-Latn"), an ISO 639-2 code ("fra", "fre"), the last segment of a
-    language IRI (".../authority/language/FRA", ".../iso639-2/fre") or a configuration's name
-    ("french"), in any case. None when PostgreSQL ships no stemmer for it (Polish, Chinese...), for
-    "simple" and for what names no language (None, "", "und", "mul", "zxx", a number): such a record
-    is indexed with its portal's language."""
+    subtags ("fr-CA", "pt_BR", "sr-Latn"), an ISO 639-2 code ("fra", "fre"; ISO 19139's "eng; USA":
+    the language before the country), the last segment of a language IRI
+    (".../authority/language/FRA", ".../iso639-2/fre") or a configuration's name ("french"), in any
+    case. None when PostgreSQL ships no stemmer for it (Polish, Chinese...), for "simple" and for what
+    names no language (None, "", "und", "mul", "zxx", a number, a list): such a record is indexed with
+    its portal's language."""
     if not isinstance(language, str) or not language.strip() or len(language) > _LONGEST:
         return None
-    tag = language.strip().rstrip("/").rsplit("/", 1)[-1].rsplit("#", 1)[-1].lower()
+    return _config_of(language)
+
+
+@lru_cache(maxsize=512)  # (called for every staged record; few distinct values)
+def _config_of(language: str) -> str | None:
+    tag = language.split(";")[0].strip().rstrip("/").rsplit("/", 1)[-1].rsplit("#", 1)[-1].lower()
     match = _PRIMARY.match(tag)
     if match is None:
         return None
