@@ -725,7 +725,7 @@ def api_search(request: Request,
                all_copies: bool = Query(False, description="each portal's copy of a dataset as its own item "
                                                            "(default: one item per duplicate group)"),
                limit: int = Query(10, ge=1, le=100), user=Reader, conn=Depends(database)):
-    """Full text (PostgreSQL, in each portal's language, accents ignored) and vector similarity
+    """Full text (PostgreSQL, in each dataset's language, else its portal's; accents ignored) and vector similarity
     (the query embedded with the active provider, or the model that covers the datasets during a
     model switch), each side's best fused by reciprocal rank fusion; ``mode`` picks one side
     alone. Items carry ``score`` (the fused score), ``matched`` (the sides that found the
