@@ -355,3 +355,12 @@ def test_a_waf_url_that_redirects_is_walked_where_it_leads(waf):
     src = source(waf, url=waf.base_url + "/old/")
     records, listing = listed(src)
     assert {r.source_id for r in records} == {waf.url + p for p in waf.files} and listing.complete
+
+
+def test_gzipped_listings_and_files_are_read(waf):
+    waf.set_files(catalogue(6, per_folder=3))
+    waf.gzip = True
+    src = source(waf)
+    records, listing = listed(src)
+    assert len(records) == 6 and all(r.ok for r in records) and listing.complete
+    assert src.bytes_received < sum(f.size for f in waf.files.values()) / 3  # counted as they came: compressed

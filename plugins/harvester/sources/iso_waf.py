@@ -75,7 +75,7 @@ import urllib3
 from harvester.config.portals import ISO_WAF, TEXT_SEARCH_CONFIGS
 from harvester.domain.dataset import DatasetRecord, failed, package_record
 from harvester.domain.outcomes import problem
-from harvester.http import Retryable, scrub_url
+from harvester.http import Retryable, scrub_url, streamed_bytes
 from harvester.http.guard import FetchTimeout, TooLarge
 from harvester.sources.base import Capabilities, CountsTraffic, IdPage, Listing, SourceError, to_ms
 from harvester.sources.csw import NS, iso_mapping, language_tag, short
@@ -396,7 +396,9 @@ class IsoWafSource(CountsTraffic):
         """A streamed answer's body, at most ``cap`` bytes (``TooLarge`` past it), within
         ``deadline`` seconds (``FetchTimeout`` past it; None: the fetcher's own deadline)."""
         raw = resp.raw
-        read = getattr(raw, "read1", None) or raw.read
+        read1 = getattr(raw, "read1", None)
+        # (read1: what has arrived, so that a drip meets the deadline; decoded: a server may gzip)
+        read = (lambda n: read1(n, decode_content=True)) if read1 is not None else raw.read
         ends = time.monotonic() + deadline if deadline is not None else float("inf")
         parts, size = [], 0
         try:
@@ -416,7 +418,7 @@ class IsoWafSource(CountsTraffic):
                 if time.monotonic() > ends:
                     raise FetchTimeout(f"{what}: still arriving after {self.file_deadline:g} s: refused")
         finally:
-            self.fetcher.add_bytes(size)
+            self.fetcher.add_bytes(streamed_bytes(raw) or size)
             resp.close()
         return b"".join(parts)
 

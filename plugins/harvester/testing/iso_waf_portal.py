@@ -25,6 +25,7 @@ every style; ``bench_catalogue(n)`` is the bench's (bench/sources_bench.py).
 from __future__ import annotations
 
 import email.utils
+import gzip
 import hashlib
 import re
 import socket
@@ -115,6 +116,7 @@ class WafServer(LocalServer):
         self.error_pages: set[str] = set()
         self.forbidden: set[str] = set()
         self.endless: set[str] = set()
+        self.gzip = False  # bodies gzipped to a client that accepts it, as Apache's mod_deflate does
         self.moved: dict[str, str] = {}  # a path prefix answered 301 to another ({"/old/": "/waf/"})
         self._fail = FailureQueue()
         self._file_failures: list = []  # [after, times, status]
@@ -318,6 +320,9 @@ class WafServer(LocalServer):
                         pass
                     self.close_connection = True
                     return
+                if server.gzip and body and "gzip" in headers.get("accept-encoding", ""):
+                    body = gzip.compress(body)
+                    extra = {**extra, "Content-Encoding": "gzip"}
                 self.send_response(status)
                 for k, v in extra.items():
                     self.send_header(k, v)
