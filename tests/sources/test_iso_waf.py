@@ -364,3 +364,27 @@ def test_gzipped_listings_and_files_are_read(waf):
     records, listing = listed(src)
     assert len(records) == 6 and all(r.ok for r in records) and listing.complete
     assert src.bytes_received < sum(f.size for f in waf.files.values()) / 3  # counted as they came: compressed
+
+
+def test_a_listing_cut_short_is_asked_again_and_never_read_as_the_folder(waf):
+    waf.set_files(catalogue(6, per_folder=3))
+    waf.cut_listings = 2  # the root and the first sub-listing: half a page, then the connection closed
+    src = source(waf, max_retries=2)
+    records, listing = listed(src)
+    assert len(records) == 6 and listing.complete
+    assert [status for path, _, status in waf.listing_requests()][:2] == [200, 200]
+    assert len(waf.listing_requests()) == src.folders_read + 2
+    waf.cut_listings = 10
+    with pytest.raises(RetriesExhausted, match="the body was cut"):
+        listed(source(waf, max_retries=1))
+
+
+def test_a_listing_closed_early_without_a_length_is_told_by_its_missing_end(waf):
+    waf.set_files(catalogue(6, per_folder=3))
+    waf.cut_listings, waf.cut_quietly = 1, True
+    src = source(waf, max_retries=2)
+    records, listing = listed(src)
+    assert len(records) == 6 and listing.complete and len(waf.listing_requests()) == src.folders_read + 1
+    waf.cut_listings = 10
+    with pytest.raises(RetriesExhausted, match="the listing was cut short"):
+        listed(source(waf, max_retries=1))

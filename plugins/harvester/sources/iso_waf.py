@@ -442,6 +442,11 @@ class IsoWafSource(CountsTraffic):
                 # it led, else every file would be outside it
                 log.warning("%s: the WAF's URL redirects to %s; walked there", self.label, scrub_url(final))
                 self.url = final if final.endswith("/") else final.rsplit("/", 1)[0] + "/"
+            tail = html[-1024:].lower()
+            if "</html" not in tail and "</body" not in tail:
+                # every server's index page ends so; a body closed early (no Content-Length to tell)
+                # would be taken for the folder, less what it lost
+                raise Retryable(f"{shown}: the listing was cut short (it does not end with </html>)")
             page = parse_listing(html, final, self.url)
             if not page.recognized:
                 start = " ".join(html[:120].split())

@@ -16,7 +16,8 @@ answered files get ``status``, ``times`` of them), ``fail_next(n, status)`` (any
 ``aliases`` (a folder that is another one, as a symbolic link looping back is: ``{"a/loop/": "a/"}``),
 ``error_pages`` (folders answering 200 with a proxy's HTML error page), ``forbidden`` (folders
 answering 403), ``endless`` (files whose body never ends: chunks until the client goes), ``moved`` (a path
-prefix redirected to another, as a WAF that moved is).
+prefix redirected to another, as a WAF that moved is), ``cut_listings`` (the next listings cut
+short), ``gzip`` (bodies gzipped, as mod_deflate does).
 
 ``derive(body, title=, file_id=)`` rewrites a real record's title and fileIdentifier in its own
 declared encoding; ``catalogue(n)`` builds n files from the five real records in nested folders of
@@ -116,6 +117,8 @@ class WafServer(LocalServer):
         self.error_pages: set[str] = set()
         self.forbidden: set[str] = set()
         self.endless: set[str] = set()
+        self.cut_listings = 0  # the next listings answered cut short (half the page, then the close)
+        self.cut_quietly = False  # ... without a Content-Length that would tell
         self.gzip = False  # bodies gzipped to a client that accepts it, as Apache's mod_deflate does
         self.moved: dict[str, str] = {}  # a path prefix answered 301 to another ({"/old/": "/waf/"})
         self._fail = FailureQueue()
@@ -323,13 +326,24 @@ class WafServer(LocalServer):
                 if server.gzip and body and "gzip" in headers.get("accept-encoding", ""):
                     body = gzip.compress(body)
                     extra = {**extra, "Content-Encoding": "gzip"}
+                cut = False
+                if status == 200 and path.endswith("/"):
+                    with server._lock:
+                        cut, server.cut_listings = server.cut_listings > 0, max(0, server.cut_listings - 1)
                 self.send_response(status)
                 for k, v in extra.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body or b"")))
+                # a listing cut short: the Content-Length promises more than comes before the close
+                # (or, ``cut_quietly``, there is none: the close is the only end a client sees)
+                if not (cut and server.cut_quietly):
+                    self.send_header("Content-Length", str(len(body or b"") + (1000 if cut else 0)))
+                elif cut:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 if body:
-                    self.wfile.write(body)
+                    self.wfile.write(body[:len(body) // 2] if cut else body)
+                if cut:
+                    self.close_connection = True
 
         return Handler
 
