@@ -388,3 +388,11 @@ def test_a_listing_closed_early_without_a_length_is_told_by_its_missing_end(waf)
     waf.cut_listings = 10
     with pytest.raises(RetriesExhausted, match="the listing was cut short"):
         listed(source(waf, max_retries=1))
+
+
+def test_a_waf_given_by_its_index_page_is_the_folder_of_that_page(waf):
+    waf.set_files(catalogue(4, per_folder=2))
+    src = source(waf, url=waf.url + "index.html")
+    records, listing = listed(src)
+    assert {r.source_id for r in records} == {waf.url + p for p in waf.files} and listing.complete
+    assert src.url == waf.url

@@ -96,6 +96,7 @@ STAGE_PAGE = 50  # records handed to staging at a time: what a failed attempt ke
 FILE_DEADLINE = 300.0  # seconds one file may take to arrive (a drip never ends otherwise)
 _ISO_ROOTS = {f"{{{NS['gmd']}}}MD_Metadata": "iso19139", f"{{{NS['gmi']}}}MI_Metadata": "iso19115-2"}
 _SKIPPED_FOLDERS = ("dcatus",)
+_INDEX_PAGE = re.compile(r"^(?:index|default)\.(?:html?|php|aspx?|jsp)$", re.IGNORECASE)  # a folder's named page
 
 # -- dates of a listing ------------------------------------------------------------------------------
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
@@ -228,6 +229,7 @@ def _under(url: str, folder: str) -> bool:
 def parse_listing(html: str, page_url: str, root: str) -> ListingPage:
     """A directory listing's files and sub-folders (module docstring), resolved against
     ``page_url``, only those under ``root``."""
+    folder = page_url if page_url.endswith("/") else page_url.rsplit("/", 1)[0] + "/"  # (.../index.html)
     parser = _Links()
     parser.feed(html)
     parser.close()
@@ -253,7 +255,7 @@ def parse_listing(html: str, page_url: str, root: str) -> ListingPage:
         elif path.endswith("/"):
             name = path.rstrip("/").rsplit("/", 1)[-1]
             entries.append((name + "/", date_after(after)[1] or date_before(before)[1]))
-            if not _under(url, page_url) or not _under(url, root):
+            if not _under(url, folder) or not _under(url, root):
                 continue  # a parent, the root, another site
             if name.lower() in _SKIPPED_FOLDERS:
                 continue
@@ -376,7 +378,11 @@ class IsoWafSource(CountsTraffic):
                  file_deadline: float = FILE_DEADLINE):
         self.fetcher = fetcher
         self.single = unquote(urlsplit(url).path).lower().endswith(".xml")
-        self.url = url if self.single or url.endswith("/") else url + "/"
+        # the folder; its listing is ``start`` (itself, or a named index page: ``.../waf/index.html``)
+        last = urlsplit(url).path.rsplit("/", 1)[-1]
+        page = not self.single and _INDEX_PAGE.match(last) is not None
+        self.url = url if self.single or url.endswith("/") else url.rsplit("/", 1)[0] + "/" if page else url + "/"
+        self.start = url if page else self.url
         name = getattr(portal, "name", portal)
         self.label = f"portal {name} ({scrub_url(self.url)})" if name else scrub_url(self.url)
         self.language = language if language is not None else getattr(portal, "language_code", None)
@@ -437,7 +443,7 @@ class IsoWafSource(CountsTraffic):
             body = self._read(resp, MAX_LISTING_BYTES, shown)
             html = body.decode(_charset(resp.headers.get("Content-Type")) or "utf-8", "replace")
             final = resp.url or url
-            if top and final != self.url:
+            if top and final != self.start:
                 # the WAF's own URL redirects (to https, to its trailing slash): the folder is where
                 # it led, else every file would be outside it
                 log.warning("%s: the WAF's URL redirects to %s; walked there", self.label, scrub_url(final))
@@ -467,8 +473,8 @@ class IsoWafSource(CountsTraffic):
             yield page
             return
         cut = False
-        queue = deque([(self.url, ())])
-        seen = {self.url}
+        queue = deque([(self.start, ())])
+        seen = {self.start, self.url}
         while queue:
             url, ancestors = queue.popleft()
             if self.folders_read >= self.max_folders:

@@ -255,6 +255,8 @@ class WafServer(LocalServer):
                 return 301, {"Location": ROOT}, b"", None
             return 404, {}, b"<html><body>Not Found</body></html>", None
         rel = self._resolve(unquote(path[len(ROOT):]))
+        if rel.rsplit("/", 1)[-1] == "index.html" and rel not in self.files:
+            rel = rel[:-len("index.html")]  # a folder's listing answers at its index page too
         html = {"Content-Type": "text/html;charset=utf-8"}
         if rel == "" or rel.endswith("/"):
             if rel in self.forbidden:
