@@ -53,7 +53,10 @@ and fetches only the others; records are handed over in pages of at most ``STAGE
 the page in hand when a fetch fails is handed over before the error, so what was fetched is kept.
 
 A portal URL ending in ``.xml`` is a WAF of that one file (``harvester validate`` of one ISO
-document reads it so).
+document reads it so); one naming a folder's index page (``.../waf/index.html``) is that folder. A
+listing that redirects (a WAF moved, to https) is walked where it leads. A listing is read whole or
+asked again: its Content-Length reached, and ending with ``</html>`` as every server's index page
+does (a body closed early has no other sign).
 """
 from __future__ import annotations
 
