@@ -98,6 +98,9 @@ def test_a_waf_synced_exactly_then_incrementally_with_removals_and_a_resumed_fau
     # fetch_modified: the three dated now (the 14 h margin); reconcile: the two its dates show changed
     assert fetched(waf) == sorted(p.rsplit("/", 1)[-1] for p in edited + ["new.xml", late, touched])
     assert sorted(s for _, _, s in waf.file_requests()) == [200] * 5 + [304] * 4
+    # two walks (fetch_modified's, the reconciliation's) of every folder, the new one included
+    assert len(waf.listing_requests()) == 2 * (folders + 1)
+    assert stats["portal_requests"] == len(waf.requests) == 2 * (folders + 1) + 9
     assert (stats["created"], stats["updated"], stats["removed"], stats["unchanged"]) == (1, 3, 1, 1)
     assert (stats["reconcile_stale"], stats["reconcile_missing"]) == (2, 0)
     held = live(db)
