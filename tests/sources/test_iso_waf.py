@@ -396,3 +396,10 @@ def test_a_waf_given_by_its_index_page_is_the_folder_of_that_page(waf):
     records, listing = listed(src)
     assert {r.source_id for r in records} == {waf.url + p for p in waf.files} and listing.complete
     assert src.url == waf.url
+
+
+def test_the_source_can_what_the_registry_says():
+    from harvester.sources import CAPABILITIES, NO_COUNT
+
+    assert IsoWafSource.capabilities == CAPABILITIES["iso-waf"]
+    assert IsoWafSource.capabilities.resumable and CAPABILITIES["iso-waf"].count == NO_COUNT
