@@ -201,8 +201,9 @@ def _servers():
     from harvester.testing.dcat_portal import DcatServer
     from harvester.testing.opendatasoft_portal import OpenDataSoftPortal
     from harvester.testing.socrata_portal import SocrataServer
+    from harvester.testing.udata_portal import UdataPortal
 
-    return {"socrata": recording(SocrataServer), "opendatasoft": recording(OpenDataSoftPortal),
+    return {"udata": recording(UdataPortal), "socrata": recording(SocrataServer), "opendatasoft": recording(OpenDataSoftPortal),
             "arcgis-hub": recording(ArcGisHubServer), "csw": recording(CswServer),
             "dcat-json": recording(DcatServer), "dcat-rdf": recording(DcatServer)}
 
@@ -214,6 +215,7 @@ def _servers():
     ("csw", "X-Api-Key", ("x-api-key", SECRET)),
     ("dcat-json", "Authorization: Bearer {token}", ("authorization", f"Bearer {SECRET}")),
     ("dcat-rdf", "X-Catalogue-Key", ("x-catalogue-key", SECRET)),
+    ("udata", None, ("x-api-key", SECRET)),
 ])
 def test_each_kinds_server_receives_the_token_in_its_header(monkeypatch, caplog, kind, auth_header, sent):
     from harvester.sources import source_for
@@ -244,7 +246,7 @@ def test_each_kinds_server_receives_the_token_in_its_header(monkeypatch, caplog,
         # only there: not in a path or query the server was asked, nor in a log line
         assert [v for h in server.seen for k, v in h.items() if k != name and SECRET in v] == []
     assert SECRET not in caplog.text
-    assert set(AUTH_HEADERS) == {"ckan", "socrata", "opendatasoft", "arcgis-hub"}
+    assert set(AUTH_HEADERS) == {"ckan", "socrata", "opendatasoft", "arcgis-hub", "udata"}
 
 
 def test_a_token_takes_the_place_of_a_user_and_password_for_every_kind(monkeypatch, caplog):
