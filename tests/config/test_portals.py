@@ -63,6 +63,10 @@ def test_a_sparql_endpoint_may_name_the_graph_its_datasets_are_read_from():
         {"name": "b", "url": "https://data.europa.eu/sparql#govdata", "type": "dcat-sparql",
          "graph": " https://data.europa.eu/88u/catalogue/govdata "}]})
     assert (default.graph, named.graph) == (None, "https://data.europa.eu/88u/catalogue/govdata")
+    from harvester.sources import source_for
+
+    src = source_for(named)
+    assert (src.graph, src.url) == (named.graph, "https://data.europa.eu/sparql")  # the #name is never sent
     for bad in ("not an iri", "govdata", "https://x.org/g> } ?s ?p ?o {", 'https://x.org/"g', "https://x.org/\ng", 42):
         with pytest.raises(PortalConfigError, match=r"portals\[0\] \(c\): graph .* must be an absolute IRI without spaces"):
             parse_portals({"portals": [{"name": "c", "url": "https://c.org/sparql", "type": "dcat-sparql",
