@@ -505,3 +505,51 @@ def test_a_data_json_with_entries_1500_and_100000_levels_deep_stores_every_other
     errors = _rows(db, run_id, "error")
     assert set(errors) == {("planted-1500", "record-too-deep"), (f"planted-{DEEP}", "record-too-deep")}
     assert all(r["stage"] == "parse" and r["field"] == "tree" + ".in" * 63 for r in errors.values())
+
+
+# -- the kinds of issue 39 ---------------------------------------------------------------------------
+# Each new kind's local server, real HTTP, the pipeline's real steps: every planted value is its
+# record's coded outcome (an error failing the record, or a warning storing it made storable), the
+# other records land and the run commits.
+def test_a_udata_portals_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader):
+    """NaN/±Infinity, lone surrogates (in a title, in an id), U+0000, a dataset 100,000 levels
+    deep, a last_modified of year 99999 and one that is a date only before it is read in UTC (the
+    last minute of 9999 at -02:00)."""
+    from harvester.testing.local_http import nested
+    from harvester.testing.udata_portal import UdataPortal, catalogue
+
+    datasets = catalogue(30)
+    ids = [d["id"] for d in datasets]
+    d = datasets
+    d[0]["resources"][0]["filesize"] = float("nan")
+    d[0]["spatial"] = {"zones": [], "bbox": [-float("inf"), float("inf")]}
+    d[1]["title"] = "udata \ud800 title"
+    d[2]["id"] = ids[2] = "b0" + "0" * 20 + "\udbff"
+    d[3]["description"] = "Before\x00after"
+    d[4]["harvest"] = {"remote_tree": nested(DEEP)}
+    d[5]["last_modified"] = "99999-01-01T00:00:00+00:00"
+    d[6]["last_modified"] = "9999-12-31T23:00:00-02:00"
+    d[7]["created_at"] = "99999-01-01T00:00:00"
+    with UdataPortal(datasets) as server:
+        portal = Portal(name="u", type="udata", url=server.url, page_size=10, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+        assert (stats["failed"], stats["created"]) == (4, 26)
+        assert _ids(db, portal.url) == set(ids) - {ids[2], ids[4], ids[5], ids[6]}
+        errors = _rows(db, run_id, "error")
+        assert set(errors) == {(ids[2].replace("\udbff", "\\udbff"), "unstorable-identifier"),
+                               (ids[4], "record-too-deep"), (ids[5], "bad-date"), (ids[6], "bad-date")}
+        assert _deep_field(errors, ids[4]).startswith("harvest.remote_tree.in.in")
+        assert (errors[ids[5], "bad-date"]["field"], errors[ids[5], "bad-date"]["value"]) == (
+            "last_modified", "99999-01-01T00:00:00+00:00")
+        assert errors[ids[6], "bad-date"]["value"] == "9999-12-31T23:00:00-02:00"
+        warnings = _rows(db, run_id, "warning")
+        nan = warnings[ids[0], "non-finite-number"]
+        assert nan["value"] in ("NaN", "-Infinity") and "(3 values in all)" in nan["message"]
+        assert warnings[ids[1], "lone-surrogate"]["value"] == "udata \ufffd title"
+        assert warnings[ids[3], "nul-character"]["value"] == "Beforeafter"
+        assert _stored(db, portal.url, ids[1])[0] == "udata \ufffd title"
+        assert _stored(db, portal.url, ids[3])[1] == "Beforeafter"
+        assert _stored(db, portal.url, ids[7]) is not None  # (a creation date past the calendar: stored all the same)
+
+        run_id, stats = _run(db, reader, portal)
+        assert (stats["failed"], stats["created"], stats["updated"]) == (4, 0, 0)

@@ -13,6 +13,7 @@ from harvester.domain.dataset import parse_timestamp, slug
 from harvester.sources import dcat_json
 from harvester.sources.ckan import parse_ckan_timestamp
 from harvester.sources.dcat_rdf import parse_page, records_from_graph
+from harvester.sources import dcat_sparql, iso_waf, oai_pmh, sdmx, stac, udata
 from harvester.testing.ckan_portal import record_ms
 
 CATALOG = "https://catalog.example.org/catalog"
@@ -48,6 +49,42 @@ def rdf_package(publisher: str | None = None, modified: str | None = None, *, ok
     return record
 
 
+def udata_package(modified: str):
+    return udata.normalize({"id": "5e2f0b7a8b4c41d7f4d3e2a1", "title": "Air quality", "last_modified": modified,
+                            "page": DATASET}, "https://www.data.gouv.fr/api/1")
+
+
+def stac_package(updated: str):
+    collection = {"type": "Collection", "stac_version": "1.0.0", "id": "air-quality", "title": "Air quality",
+                  "description": "Air quality", "license": "CC-BY-4.0", "updated": updated,
+                  "extent": {"spatial": {"bbox": [[-180, -90, 180, 90]]}, "temporal": {"interval": [[None, None]]}},
+                  "links": []}
+    return stac.normalize(collection, "https://stac.example.org/", "https://stac.example.org/collections/air-quality")
+
+
+def oai_record(datestamp: str):
+    xml = (f'<record xmlns="{oai_pmh.NS["oai"]}"><header><identifier>oai:example.org:1</identifier>'
+           f'<datestamp>{datestamp}</datestamp></header><metadata>'
+           f'<oai_dc:dc xmlns:oai_dc="{oai_pmh.NS["oai_dc"]}" xmlns:dc="http://purl.org/dc/elements/1.1/">'
+           '<dc:title>Air quality</dc:title><dc:identifier>https://example.org/record/1</dc:identifier>'
+           '</oai_dc:dc></metadata></record>')
+    return oai_pmh.record_of(oai_pmh.parse_xml(xml.encode()), lambda ident: "https://example.org/oai?id=" + ident)
+
+
+def sparql_package(modified: str):
+    def row(p: str, o: dict) -> dict:
+        return {"s": {"type": "uri", "value": DATASET}, "p": {"type": "uri", "value": p}, "o": o}
+
+    rows = [row(str(ns.RDF.type), {"type": "uri", "value": str(ns.DCAT.Dataset)}),
+            row(str(ns.DCTERMS.title), {"type": "literal", "value": "Air quality"}),
+            row(str(ns.DCAT.landingPage), {"type": "uri", "value": DATASET}),
+            row(str(ns.DCTERMS.modified), {"type": "literal", "value": modified})]
+    graph, unusable = dcat_sparql.graph_of(rows)
+    assert unusable == 0
+    [record] = dcat_sparql.records_of(graph, [DATASET], "https://sparql.example.org/sparql", None)
+    return record
+
+
 @pytest.mark.parametrize("publisher, name", [
     ("Behörde für Umwelt und Energie (BUE)", "behorde-fur-umwelt-und-energie-bue"),  # accents, punctuation
     ("  Ville   de Montréal\n", "ville-de-montreal"),  # spaces
@@ -79,6 +116,8 @@ def test_neither_dcat_source_makes_an_organization_of_an_empty_name(publisher):
     ("2020-01-01T02:00:00+02:00", datetime(2020, 1, 1, tzinfo=timezone.utc)),
     ("2020-01-01T00:00:00Z", datetime(2020, 1, 1, tzinfo=timezone.utc)),
     ("2020-01-01", datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    ("2020-01-01T01:00:00+0100", datetime(2020, 1, 1, tzinfo=timezone.utc)),  # SDMX's offset without a colon
+    ("9999-12-31T23:00:00-02:00", None),  # a date in its zone, past the calendar in UTC (raised OverflowError)
     ("soon", None),
 ])
 def test_every_source_reads_a_timestamp_as_the_same_instant(written, instant):
@@ -95,3 +134,49 @@ def test_every_source_reads_a_timestamp_as_the_same_instant(written, instant):
     # The local CKAN server: epoch milliseconds, as Solr keeps dates.
     epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
     assert record_ms(written) == (None if instant is None else (instant - epoch) // timedelta(milliseconds=1))
+    # The kinds of issue 39 (each through parse_timestamp: no zone is UTC, an offset converted).
+    # udata: last_modified (udata writes UTC without a zone); one that is not a date fails the record.
+    from_udata = udata_package(written)
+    if instant is None:
+        assert [(p.code, p.field) for p in from_udata.problems] == [("bad-date", "last_modified")]
+    else:
+        assert from_udata.metadata_modified == instant
+    # STAC: a collection's updated; one that is not a date is dropped with its warning, the record kept.
+    from_stac = stac_package(written)
+    assert from_stac.ok and from_stac.metadata_modified == instant
+    assert [(p.code, p.field) for p in from_stac.problems if p.code == "bad-optional-date"] == (
+        [] if instant is not None else [("bad-optional-date", "updated")])
+    # SDMX: an UPDATE_DATA annotation (INSEE's, ECB's: +0100, +01:00, Z); unreadable: warned, undated.
+    when, warned = sdmx._modified([{"type": "UPDATE_DATA", "title": written}], "FR1:FLOW(1.0)")
+    assert (None if when is None else datetime.fromisoformat(when)) == instant
+    assert [p.code for p in warned] == ([] if instant is not None else ["bad-optional-date"])
+    # OAI-PMH: the header's datestamp; one that is not a date fails the record.
+    from_oai = oai_record(written)
+    if instant is None:
+        assert [(p.code, p.field) for p in from_oai.problems] == [("bad-date", "header/datestamp")]
+    else:
+        assert from_oai.metadata_modified == instant
+    # DCAT over SPARQL: dct:modified of a SPARQL JSON binding, mapped as the RDF source maps it.
+    from_sparql = sparql_package(written)
+    if instant is None:
+        assert [(p.code, p.field, p.value) for p in from_sparql.problems] == [("bad-range", "dct:modified", written)]
+    else:
+        assert from_sparql.metadata_modified == instant
+
+
+@pytest.mark.parametrize("line, instant", [
+    # Apache (after the link), nginx (after), IIS short and long (before): no zone given, read as UTC
+    ('<a href="a.xml">a.xml</a>            2020-01-01 00:00  4.1K', datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    ('<a href="a.xml">a.xml</a>   01-Jan-2020 00:00    4182', datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    ('1/1/2020 12:00 AM        4182 <a href="a.xml">a.xml</a>', datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    ('Wednesday, January 1, 2020 12:00 AM        4182 <a href="a.xml">a.xml</a>',
+     datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    ('<a href="a.xml">a.xml</a>   31-Feb-2020 00:00    4182', None),  # no such day: undated
+])
+def test_a_waf_listing_date_is_read_as_utc_whatever_the_server(line, instant):
+    """A WAF listing gives the server's local time with no zone: like CKAN's dates without a zone,
+    it is taken as UTC (sources/iso_waf.py WafFile.modified_utc), whichever server wrote it."""
+    page = iso_waf.parse_listing(f"<html><body><pre>{line}</pre></body></html>", "https://waf.example.org/",
+                                 "https://waf.example.org/")
+    [file] = page.files
+    assert file.url == "https://waf.example.org/a.xml" and file.modified_utc == instant

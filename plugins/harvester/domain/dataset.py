@@ -224,7 +224,9 @@ def parse_timestamp(value: Any) -> datetime | None:
     """A record's timestamp as an aware UTC datetime; None when missing or unparseable. The one
     parser of every source's dates: CKAN writes UTC without a zone (``2013-06-17T15:32:05.305546``),
     DKAN a space for the T (``2019-09-30 22:00:00``), DCAT a date alone (``2020-01-01``) or a zoned
-    value (``...Z``, ``...+02:00``: converted to UTC). A datetime is taken as it is (naive: UTC)."""
+    value (``...Z``, ``...+02:00``: converted to UTC). A datetime is taken as it is (naive: UTC).
+    One whose UTC instant no calendar holds (year 1 or 9999 with an offset that crosses it) is
+    unparseable too: it raised OverflowError, which no record's outcome caught."""
     if isinstance(value, datetime):
         parsed = value
     elif isinstance(value, str) and value.strip():
@@ -236,7 +238,10 @@ def parse_timestamp(value: Any) -> datetime | None:
         return None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+    try:
+        return parsed.astimezone(timezone.utc)
+    except OverflowError:  # a zoned date whose UTC instant is past the calendar (9999-12-31T23:00-02:00)
+        return None
 
 
 def slug(text: str) -> str:
