@@ -553,3 +553,44 @@ def test_a_udata_portals_bad_values_are_their_records_outcomes_and_the_rest_comm
 
         run_id, stats = _run(db, reader, portal)
         assert (stats["failed"], stats["created"], stats["updated"]) == (4, 0, 0)
+
+
+def test_a_stac_apis_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader):
+    """Collections of a STAC API (/collections paged): NaN/±Infinity in summaries, lone surrogates
+    (a title, an id), U+0000, one 100,000 levels deep, an ``updated`` of year 99999 and one past the
+    calendar only in UTC (an optional date: warned, the collection kept)."""
+    from harvester.testing.local_http import nested
+    from harvester.testing.stac_portal import StacServer, derived_collections
+
+    docs = derived_collections(30)
+    ids = [d["id"] for d in docs]
+    docs[0]["summaries"] = {"gsd": [float("nan")], "range": [-float("inf"), float("inf")]}
+    docs[1]["title"] = "STAC \ud800 title"
+    docs[2]["id"] = ids[2] = ids[2] + "\udbff"
+    docs[3]["description"] = "Before\x00after"
+    docs[4]["tree"] = nested(DEEP)
+    docs[5]["updated"] = "99999-01-01T00:00:00Z"
+    docs[6]["updated"] = "9999-12-31T23:00:00-02:00"
+    with StacServer(docs) as server:
+        portal = Portal(name="s", type="stac", url=server.url, page_size=10, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+        assert (stats["failed"], stats["created"]) == (2, 28)
+        assert _ids(db, portal.url) == set(ids) - {ids[2], ids[4]}
+        errors = _rows(db, run_id, "error")
+        assert set(errors) == {(ids[2].replace("\udbff", "\\udbff"), "unstorable-identifier"),
+                               (ids[4], "record-too-deep")}
+        assert _deep_field(errors, ids[4]).startswith("tree.in.in")
+        warnings = _rows(db, run_id, "warning")
+        nan = warnings[ids[0], "non-finite-number"]
+        assert (nan["field"], nan["value"]) == ("summaries.gsd[0]", "NaN") and "(3 values in all)" in nan["message"]
+        assert warnings[ids[1], "lone-surrogate"]["value"] == "STAC \ufffd title"
+        assert warnings[ids[3], "nul-character"]["value"] == "Beforeafter"
+        assert (warnings[ids[5], "bad-optional-date"]["field"], warnings[ids[5], "bad-optional-date"]["value"]) == (
+            "updated", "99999-01-01T00:00:00Z")
+        assert warnings[ids[6], "bad-optional-date"]["value"] == "9999-12-31T23:00:00-02:00"
+        assert _stored(db, portal.url, ids[1])[0] == "STAC \ufffd title"
+        assert _stored(db, portal.url, ids[3])[1] == "Beforeafter"
+        assert _stored(db, portal.url, ids[0])[2]["extras"]["summaries"] == {"gsd": [None], "range": [None, None]}
+
+        run_id, stats = _run(db, reader, portal)
+        assert (stats["failed"], stats["created"], stats["updated"]) == (2, 0, 0)
