@@ -110,7 +110,11 @@ def string_literal(text: str) -> str:
 
 
 def _in_graph(graph: str | None, patterns: str) -> str:
-    return f"GRAPH {iri_ref(graph)} {{\n{patterns}\n  }}" if graph else patterns
+    """The patterns (lines indented by 4), inside ``GRAPH <graph> { }`` when a graph is named."""
+    if not graph:
+        return patterns
+    inner = "\n".join("  " + line for line in patterns.split("\n"))
+    return f"    GRAPH {iri_ref(graph)} {{\n{inner}\n    }}"
 
 
 def since_day(since: datetime) -> str:
@@ -132,7 +136,7 @@ def listing_query(*, graph: str | None, after: str | None, limit: int, since: da
         patterns += f"\n    FILTER(STR(?dataset) > {string_literal(after)})"
     if since is not None:
         patterns += f'\n    FILTER(BOUND(?m) && STR(?m) >= "{since_day(since)}")'
-    return (f"{PREFIXES}SELECT ?dataset (MAX(?m) AS ?modified)\nWHERE {{\n  {_in_graph(graph, patterns)}\n}}\n"
+    return (f"{PREFIXES}SELECT ?dataset (MAX(?m) AS ?modified)\nWHERE {{\n{_in_graph(graph, patterns)}\n}}\n"
             f"GROUP BY ?dataset\nORDER BY STR(?dataset)\nLIMIT {int(limit)}")
 
 
@@ -149,13 +153,13 @@ def details_query(iris: list[str], *, graph: str | None, limit: int = DETAIL_ROW
                 "            FILTER(isBlank(?s)) ?s ?p ?o }\n"
                 "    UNION { ?s foaf:primaryTopic ?dataset . ?s ?p ?o }\n"
                 "    UNION { ?dataset a dcat:Dataset . BIND(true AS ?end) }")
-    return (f"{PREFIXES}SELECT ?dataset ?s ?p ?o ?end\nWHERE {{\n  VALUES ?dataset {{ {values} }}\n"
-            f"  {_in_graph(graph, patterns)}\n}}\nORDER BY STR(?dataset) ?end\nLIMIT {int(limit)}")
+    return (f"{PREFIXES}SELECT ?dataset ?s ?p ?o ?end\nWHERE {{\n    VALUES ?dataset {{ {values} }}\n"
+            f"{_in_graph(graph, patterns)}\n}}\nORDER BY STR(?dataset) ?end\nLIMIT {int(limit)}")
 
 
 def count_query(*, graph: str | None) -> str:
     patterns = "    ?dataset a dcat:Dataset .\n    FILTER(isIRI(?dataset))"
-    return f"{PREFIXES}SELECT (COUNT(DISTINCT ?dataset) AS ?n)\nWHERE {{\n  {_in_graph(graph, patterns)}\n}}"
+    return f"{PREFIXES}SELECT (COUNT(DISTINCT ?dataset) AS ?n)\nWHERE {{\n{_in_graph(graph, patterns)}\n}}"
 
 
 # -- SPARQL JSON -----------------------------------------------------------------------------------
