@@ -8,6 +8,7 @@ Expectations come from the planted values, not from the code under test."""
 from __future__ import annotations
 
 import copy
+import xml.etree.ElementTree as ET
 import json
 from pathlib import Path
 
@@ -594,3 +595,71 @@ def test_a_stac_apis_bad_values_are_their_records_outcomes_and_the_rest_commits(
 
         run_id, stats = _run(db, reader, portal)
         assert (stats["failed"], stats["created"], stats["updated"]) == (2, 0, 0)
+
+
+def _planted_xml(server_class, plants: dict[bytes, bytes]):
+    """``server_class`` whose answers have each placeholder of ``plants`` replaced by its bytes as
+    they go out: what no XML writer would write (``&#x1;``, a raw control character)."""
+
+    class Planted(server_class):
+        def answer(self, *args):
+            status, body, *rest = super().answer(*args)
+            for placeholder, planted in plants.items():
+                body = body.replace(placeholder, planted)
+            return (status, body, *rest)
+
+    return Planted
+
+
+def test_an_oai_pmh_repositorys_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader):
+    """Character references XML 1.0 forbids (&#0;, &#x1;, &#xD800; as DNB's repository wrote one),
+    a raw control character (TreeBASE's 0x1A, Dataverse's U+0003), a huge description, a datestamp
+    of year 99999, an identifier of only whitespace and one holding &#x1;. Before, one such
+    character failed its page's parse, so every run, until the repository fixed it."""
+    from datetime import datetime, timezone
+
+    from harvester.testing.oai_pmh_portal import OaiPmhServer, catalogue
+
+    records = catalogue(30, datetime(2024, 1, 1, tzinfo=timezone.utc))
+    ids = [r.identifier for r in records]
+    dc = "{http://purl.org/dc/elements/1.1/}"
+
+    def set_text(i: int, tag: str, text: str) -> None:
+        node = records[i].metadata["oai_dc"].find(f"{dc}{tag}")
+        if node is None:
+            node = ET.SubElement(records[i].metadata["oai_dc"], f"{dc}{tag}")
+        node.text = text
+
+    set_text(0, "title", "Title PLANTED-NUL here")
+    set_text(1, "description", "Description PLANTED-SOH here")
+    set_text(2, "title", "Title PLANTED-SURROGATE here")
+    set_text(3, "title", "Title \x1a raw")
+    set_text(4, "description", "x" * (11 * 1024 * 1024))
+    records[5].datestamp = datetime(2024, 5, 5, 5, 5, 5, tzinfo=timezone.utc)
+    records[6].identifier = ids[6] = "   "
+    records[7].identifier = "oai:localPLANTED-SOH:7"
+    ids[7] = "oai:local\x01:7"
+    Server = _planted_xml(OaiPmhServer, {b"PLANTED-NUL": b"&#0;", b"PLANTED-SOH": b"&#x1;",
+                                         b"PLANTED-SURROGATE": b"&#xD800;",
+                                         b"2024-05-05T05:05:05Z": b"99999-05-05T05:05:05Z"})
+    with Server(records, page_size=10) as server:
+        portal = Portal(name="o", type="oai-pmh", url=server.url, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+        # the repository has not fixed them: the next run commits as well, nothing changed
+        _, again = _run(db, reader, portal)
+    assert (again["failed"], again["created"], again["updated"]) == (4, 0, 0)
+    assert (stats["failed"], stats["created"]) == (4, 26)
+    assert _ids(db, portal.url) == set(ids) - {ids[4], ids[5], ids[6], ids[7]}
+    errors = _rows(db, run_id, "error")
+    assert {(i, code) for i, code in errors} == {(ids[4], "record-too-large"), (ids[5], "bad-date"),
+                                                 (None, "no-identifier"), ("oai:local\\x01:7", "unstorable-identifier")}
+    warnings = _rows(db, run_id, "warning")
+    # each shown as Python escapes it, whether written as a reference or raw
+    assert {i: warnings[i, "invalid-xml-character"]["value"] for i in ids[:4]} == {
+        ids[0]: "\\x00", ids[1]: "\\x01", ids[2]: "\\ud800", ids[3]: "\\x1a"}
+    assert "characters XML 1.0 forbids (\\x01)" in warnings[ids[1], "invalid-xml-character"]["message"]
+    assert not any(code == "invalid-xml-character" for i, code in warnings if i not in ids[:4])
+    assert _stored(db, portal.url, ids[0])[0] == "Title \ufffd here"
+    assert _stored(db, portal.url, ids[2])[0] == "Title \ufffd here"
+    assert _stored(db, portal.url, ids[3])[0] == "Title \ufffd raw"
+    assert _stored(db, portal.url, ids[1])[1] == "Description \ufffd here"

@@ -49,7 +49,8 @@ CODES: dict[str, Code] = {
                                            "hundred KB)"),
     "unstorable-identifier": Code(ERROR, PARSE, "the identifier holds a lone UTF-16 surrogate (an escape such as "
                                                 "\\ud800 without its pair) or U+0000 (NUL), which PostgreSQL cannot "
-                                                "store; unlike other texts it is not neutralised (altered, it could be "
+                                                "store (or, in an XML answer, a character XML 1.0 forbids); unlike "
+                                                "other texts it is not neutralised (altered, it could be "
                                                 "another dataset's identifier): the record is not stored, and the "
                                                 "message shows the identifier with that character escaped"),
     "not-iso-metadata": Code(ERROR, PARSE, "the file of a Web Accessible Folder is not an ISO 19139 / 19115-2 record: "
@@ -78,6 +79,10 @@ CODES: dict[str, Code] = {
                                            "U+FFFD (�)"),
     "nul-character": Code(WARNING, PARSE, "a text (or a key) holds U+0000 (NUL), which PostgreSQL cannot store: it "
                                           "is removed"),
+    "invalid-xml-character": Code(WARNING, PARSE, "an XML answer holds a character XML 1.0 forbids (a control "
+                                                  "character such as U+0001, raw or written &#x1;, U+0000, a lone "
+                                                  "surrogate &#xD800;, U+FFFE), which no XML parser reads: it is "
+                                                  "read as U+FFFD (\ufffd) and the answer's other records as usual"),
     "no-description": Code(WARNING, VALIDATE, "the dataset has no description"),
     "no-license": Code(WARNING, VALIDATE, "the dataset names no licence"),
     "no-distribution": Code(WARNING, VALIDATE, "the dataset has no distribution (no resource, no file, no link)"),

@@ -51,6 +51,7 @@ id (``idDoesNotExist`` or a deleted header: left out); ``count`` is None (no cou
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import Iterator
@@ -62,6 +63,9 @@ from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import Capabilities, CountsTraffic, IdPage, Listing, SourceError, to_ms
 from harvester.sources.csw import language_tag
+from harvester.sources.xml_chars import Forbidden
+from harvester.sources.xml_chars import identifier_problem as forbidden_identifier
+from harvester.sources.xml_chars import warning as forbidden_warning
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +319,7 @@ class OaiPmhSource(CountsTraffic):
         self.total: int | None = None
         self.pages = self.restarts = 0
         self.complete = self.cut = False
+        self.forbidden = Forbidden()  # characters XML 1.0 forbids met in the answers (sources/xml_chars.py)
 
     def __repr__(self) -> str:
         return f"OaiPmhSource({scrub_url(self.url)!r}, metadataPrefix={self.metadata_prefix!r})"
@@ -331,7 +336,17 @@ class OaiPmhSource(CountsTraffic):
         def parse(resp):
             body = resp.content or b""
             try:
-                root = parse_xml(body)
+                try:
+                    root = parse_xml(body)
+                except ET.ParseError:
+                    # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) fails the whole page: read
+                    # it with each one marked, the records holding one warned (sources/xml_chars.py)
+                    scrubbed = self.forbidden.scrub(body) if resp.status_code < 400 else None
+                    if scrubbed is None:
+                        raise
+                    root = parse_xml(scrubbed)
+                    log.warning("%s: the answer holds characters XML 1.0 forbids: read with each one as U+FFFD, the "
+                                "records holding one warned (invalid-xml-character)", shown)
             except ET.ParseError as exc:
                 if resp.status_code >= 400:
                     raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
@@ -472,7 +487,7 @@ class OaiPmhSource(CountsTraffic):
         for elements in self._pages("ListRecords", since):
             page = []
             for element in elements:
-                record = record_of(element, self.record_url)
+                record = self._record(element)
                 if record.source_id is not None and not record.error:
                     if (record.source_id, record.deleted) in seen:
                         continue  # (read again after a restart)
@@ -482,6 +497,23 @@ class OaiPmhSource(CountsTraffic):
                 yield page
         if listing is not None:
             listing.complete = self.complete and since is None
+
+    def _record(self, element: ET.Element) -> DatasetRecord:
+        """``record_of``, for a page read with characters XML 1.0 forbids marked: an identifier holding
+        one fails its record (never altered), another text holding one is read with U+FFFD and warned."""
+        if not self.forbidden.met:
+            return record_of(element, self.record_url)
+        header = element.find("oai:header", NS)
+        identifier = _text(header.find("oai:identifier", NS)) if header is not None else ""
+        if self.forbidden.marked(identifier):
+            shown = self.forbidden.escaped(identifier)
+            _, found = self.forbidden.restore(identifier)
+            return failed(shown, {"id": shown}, [forbidden_identifier(shown, found, "header/identifier")])
+        found = self.forbidden.restore_element(element)
+        record = record_of(element, self.record_url)
+        if found and record.ok and not record.deleted:
+            record = replace(record, problems=record.problems + (forbidden_warning(record.source_id, found),))
+        return record
 
     # -- reconciliation (sources/base.py) ------------------------------------------------------------
     def count(self) -> int | None:
@@ -495,6 +527,7 @@ class OaiPmhSource(CountsTraffic):
             ids, unusable = [], 0
             for header in headers:
                 identifier, stamp, _, deleted, _ = header_of(header)
+                identifier = self.forbidden.escaped(identifier)  # (as its failed record has it)
                 if deleted:
                     continue
                 if not identifier:
@@ -524,7 +557,7 @@ class OaiPmhSource(CountsTraffic):
             element = root.find("oai:GetRecord/oai:record", NS)
             if element is None:
                 continue
-            record = record_of(element, self.record_url)
+            record = self._record(element)
             if not record.deleted and record.source_id == identifier:
                 page.append(record)
             if len(page) >= max(1, per_request):
