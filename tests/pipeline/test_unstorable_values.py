@@ -663,3 +663,48 @@ def test_an_oai_pmh_repositorys_bad_values_are_their_records_outcomes_and_the_re
     assert _stored(db, portal.url, ids[2])[0] == "Title \ufffd here"
     assert _stored(db, portal.url, ids[3])[0] == "Title \ufffd raw"
     assert _stored(db, portal.url, ids[1])[1] == "Description \ufffd here"
+
+
+def test_an_sdmx_services_bad_values_are_their_dataflows_outcomes_and_the_rest_commits(db, reader):
+    """INSEE's real dataflows in one streamed structure message, planted: character references
+    XML 1.0 forbids (&#0;, &#x1;, &#xD800;) and a raw control character in names, a dataflow of
+    more than 10 MB, an UPDATE_DATA of year 99999, an id of only whitespace, an id holding &#x1;.
+    Before, one such character failed the whole message: the run, every run."""
+    from harvester.testing.sdmx_portal import NS, SdmxServer, derive, insee_dataflows
+
+    flows = [derive(f, f"PLANTED-{i:02d}", names={"fr": f"Flux {i}", "en": f"Flow {i}"})
+             for i, f in enumerate(insee_dataflows()[:30])]
+    ids = [f"FR1:PLANTED-{i:02d}" for i in range(30)]
+    com = "{%s}" % NS["com"]
+
+    def rename(i: int, text: str) -> None:
+        flows[i] = derive(flows[i], names={"fr": text, "en": f"Flow {i}"})
+
+    rename(0, "Nom PLANTED-NUL ici")
+    rename(1, "Nom PLANTED-SOH ici")
+    rename(2, "Nom PLANTED-SURROGATE ici")
+    rename(3, "Nom \x1a brut")
+    ET.SubElement(flows[4], f"{com}Description").text = "x" * (11 * 1024 * 1024)
+    flows[5] = derive(flows[5], updated="99999-01-01T00:00:00")
+    flows[6] = derive(flows[6], "   ")
+    flows[7] = derive(flows[7], "PLANTED-PLANTED-SOH07")
+    ids[7] = "FR1:PLANTED-\x0107"
+    Server = _planted_xml(SdmxServer, {b"PLANTED-NUL": b"&#0;", b"PLANTED-SOH": b"&#x1;",
+                                       b"PLANTED-SURROGATE": b"&#xD800;"})
+    with Server(flows) as server:
+        portal = Portal(name="x", type="sdmx", url=server.url, politeness_delay=0, max_retries=0,
+                        language="french")
+        run_id, stats = _run(db, reader, portal)
+        _, again = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (3, 27)
+    assert (again["failed"], again["created"], again["updated"]) == (3, 0, 0)
+    assert _ids(db, portal.url) == set(ids) - {ids[4], ids[6], ids[7]}
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(ids[4], "record-too-large"), (None, "no-identifier"),
+                           ("FR1:PLANTED-\\x0107", "unstorable-identifier")}
+    warnings = _rows(db, run_id, "warning")
+    assert {i: warnings[i, "invalid-xml-character"]["value"] for i in ids[:4]} == {
+        ids[0]: "\\x00", ids[1]: "\\x01", ids[2]: "\\ud800", ids[3]: "\\x1a"}
+    assert not any(code == "invalid-xml-character" for i, code in warnings if i not in ids[:4])
+    assert warnings[ids[5], "bad-optional-date"]["value"] == "99999-01-01T00:00:00"
+    assert [_stored(db, portal.url, i)[0] for i in ids[:4]] == ["Nom \ufffd ici"] * 3 + ["Nom \ufffd brut"]

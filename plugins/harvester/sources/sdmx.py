@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from typing import Iterator
 from urllib.parse import urlsplit
 from xml.parsers import expat
@@ -76,6 +77,9 @@ from harvester.domain.screening import MAX_RECORD_BYTES
 from harvester.http import Retryable, scrub_url, streamed_bytes
 from harvester.http.guard import failure_text
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
+from harvester.sources.xml_chars import Forbidden
+from harvester.sources.xml_chars import identifier_problem as forbidden_identifier
+from harvester.sources.xml_chars import warning as forbidden_warning
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +513,7 @@ class SdmxSource(CountsTraffic):
         self.listed = 0
         self.complete = False
         self._done = False
+        self.forbidden = Forbidden()  # characters XML 1.0 forbids met in the message (sources/xml_chars.py)
 
     def __repr__(self) -> str:
         return f"SdmxSource({scrub_url(self.url)!r})"
@@ -644,12 +649,14 @@ class SdmxSource(CountsTraffic):
         reader = _MessageReader(self.label)
         page: list[DatasetRecord] = []
         listed_here: set[str] = set()
-        chunk = head
+        chunk, carry, final = head, b"", False
         while True:
-            reader.feed(chunk)
+            # each character XML 1.0 forbids (&#x1;, a raw 0x1A) marked before expat sees it: one would
+            # fail the whole message (sources/xml_chars.py)
+            data, carry = self.forbidden.scrub_stream(chunk, carry, final)
+            reader.feed(data)
             for attrs, node in reader.take():
-                record = dataflow_record(attrs, node, service=self.service, language=self.language,
-                                         sdmx_ml=reader.version, rest_v2=self.rest_v2)
+                record = self._record(attrs, node, reader.version)
                 sid = record.source_id
                 if sid is not None and sid in listed_here:
                     record = failed(sid, {"id": sid}, [problem(
@@ -662,9 +669,10 @@ class SdmxSource(CountsTraffic):
                 if len(page) >= page_size:
                     yield self._out(page, seen)
                     page = []
-            chunk = resp.raw.read(_CHUNK)
-            if not chunk:
+            if final:
                 break
+            chunk = resp.raw.read(_CHUNK)
+            final = not chunk
         reader.feed(b"", final=True)
         self._version = reader.version
         if not reader.ended:
@@ -673,6 +681,38 @@ class SdmxSource(CountsTraffic):
             yield self._out(page, seen)
 
     _version: str | None = None
+
+    def _record(self, attrs: dict, node: _Node | None, sdmx_ml: str | None) -> DatasetRecord:
+        """``dataflow_record``, once characters XML 1.0 forbids were met: an identifier holding one
+        fails its record (never altered), another text holding one is read with U+FFFD and warned."""
+        found: list[str] = []
+        if self.forbidden.met:
+            agency, flow_id, _ = _identity(attrs)
+            ident = f"{agency}:{flow_id}" if agency and flow_id else flow_id
+            if self.forbidden.marked(ident):
+                shown = self.forbidden.escaped(ident)
+                return failed(shown, {"id": shown}, [forbidden_identifier(shown, self.forbidden.restore(ident)[1],
+                                                                          "@id")])
+            attrs = dict(attrs)
+            for key, value in attrs.items():
+                attrs[key], met = self.forbidden.restore(value)
+                found += met
+            stack = [node] if node is not None else []
+            while stack:
+                element = stack.pop()
+                for key, value in element.attrs.items():
+                    element.attrs[key], met = self.forbidden.restore(value)
+                    found += met
+                for n, part in enumerate(element.parts):
+                    element.parts[n], met = self.forbidden.restore(part)
+                    found += met
+                stack.extend(element.children)
+        record = dataflow_record(attrs, node, service=self.service, language=self.language, sdmx_ml=sdmx_ml,
+                                 rest_v2=self.rest_v2)
+        if found and record.ok:
+            record = replace(record, problems=record.problems + (
+                forbidden_warning(record.source_id, list(dict.fromkeys(found))),))
+        return record
 
     def _out(self, page: list[DatasetRecord], seen: set[str]) -> list[DatasetRecord]:
         """A page as it goes out: its ids are listed (a later try of the listing skips them)."""
