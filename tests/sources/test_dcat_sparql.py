@@ -303,3 +303,19 @@ def test_harvester_validate_reads_the_endpoints_first_pages(derived):
     with SparqlServer(derived) as server:
         report = validate_url(server.url, "dcat-sparql", pages=2, page_size=50)
     assert (report.kind, report.records, report.failed, report.complete) == ("dcat-sparql", 100, 0, False)
+
+
+def test_harvester_validate_reads_a_saved_answer_of_triples():
+    import io
+
+    from harvester.pipeline.validate import validate_file
+
+    with SparqlServer(sample_graph(UNIBO)) as server:
+        saved = requests.get(server.url + "?" + urlencode({"query": "SELECT ?s ?p ?o WHERE { ?s ?p ?o }"}),
+                             headers={"Accept": "application/sparql-results+json"}, timeout=10).content
+    report = validate_file(io.BytesIO(saved), "dcat-sparql", "answer.srj")
+    assert (report.kind, report.records, report.failed, report.complete) == ("dcat-sparql", 12, 0, True)
+    recorded = portal_sample("dcat-sparql", "select-datasets-results-handmade-ceres.srj.json").read_bytes()
+    with pytest.raises(SourceError, match=r"read as the triples of its \?s \?p \?o rows; this one's first row binds "
+                                          "dataset, description, identifier, modified, title"):
+        validate_file(io.BytesIO(recorded), "dcat-sparql", "ceres.srj")

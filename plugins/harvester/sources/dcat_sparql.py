@@ -49,6 +49,11 @@ SPARQL 1.1 Query Results JSON. The query texts are the functions ``listing_query
   an answer with more rows than asked (the LIMIT ignored) or a row that is not an object is an
   error; Virtuoso's partial answer (``X-SQL-State: S1TAT``, its anytime-query timeout) is retried.
   Datasets that are blank nodes have no identity across queries and are not read.
+
+``harvester validate --type dcat-sparql <endpoint>`` reads the endpoint's first pages; a saved
+answer of ``?s ?p ?o`` rows (a file, e.g. ``answer.srj``: what ``SELECT ?s ?p ?o WHERE { ?s ?p ?o }``
+gives) is read as the RDF document of its triples (only a source reading one page, ``max_pages`` 1,
+as ``validate_file`` sets it, takes an answer so; a harvest never does).
 """
 from __future__ import annotations
 
@@ -57,7 +62,7 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 from rdflib import BNode, Graph, Literal, URIRef
 from rdflib.namespace import DCTERMS
@@ -69,7 +74,7 @@ from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import (EXACT_COUNT, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
                                     SourceError, to_ms)
-from harvester.sources.dcat_rdf import pick_language, record_from_node
+from harvester.sources.dcat_rdf import pick_language, record_from_node, records_from_graph
 from harvester.sources.json_stream import loads
 
 log = logging.getLogger(__name__)
@@ -253,9 +258,7 @@ class DcatSparqlSource(CountsTraffic):
     max_pages = 100_000
 
     def __init__(self, url: str, *, fetcher, portal=None, graph: str | None = None, language: str | None = None):
-        parts = urlsplit(url)
-        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))  # (a #name is not sent)
-        self._params = parse_qsl(parts.query, keep_blank_values=True)
+        self.url = url.split("#", 1)[0]  # (a #name is not sent)
         self.fetcher = fetcher
         self.portal = getattr(portal, "name", None) or scrub_url(self.url)
         self.graph = graph if graph is not None else getattr(portal, "graph", None)
@@ -268,20 +271,20 @@ class DcatSparqlSource(CountsTraffic):
         self.loop_cut = False
         self.complete = False
         self.row_cap: int | None = None
+        self.document: list | None = None  # the rows of a saved answer of triples (validate_file)
 
     def __repr__(self) -> str:
         return f"DcatSparqlSource({scrub_url(self.url)!r})"
 
     # -- one query -------------------------------------------------------------------------------
     def query_url(self, query: str) -> str:
-        parts = urlsplit(self.url)
-        return urlunsplit((parts.scheme, parts.netloc, parts.path,
-                           urlencode([*self._params, ("query", query)]), ""))
+        """The endpoint's url with ``query=`` added (after its own query string, if it has one)."""
+        return self.url + ("&" if urlsplit(self.url).query else "?") + urlencode({"query": query})
 
-    def ask(self, query: str, purpose: str, *, limit: int | None, filtered: bool = False) -> tuple[list, bool]:
-        """The rows of ``query``'s answer and whether the endpoint said it cut them (Virtuoso's
-        X-SPARQL-MaxRows). ``purpose`` names the query in messages."""
-        url = self.query_url(query)
+    def ask(self, query: str | None, purpose: str, *, limit: int | None, filtered: bool = False) -> tuple[list, bool]:
+        """The rows of ``query``'s answer (None: the url's own, a saved answer) and whether the
+        endpoint said it cut them (Virtuoso's X-SPARQL-MaxRows). ``purpose`` names it in messages."""
+        url = self.url if query is None else self.query_url(query)
         where = f"{self.portal}: the {purpose} query to {scrub_url(self.url)}"
         said_cut: list[bool] = []
 
@@ -323,6 +326,9 @@ class DcatSparqlSource(CountsTraffic):
         limit = max(1, min(int(page_size), MAX_PAGE))
         cursor: str | None = None
         purpose = "incremental listing" if since is not None else "listing"
+        if self.max_pages == 1:
+            yield from self._saved_answer()
+            return
         for _ in range(self.max_pages):
             query = listing_query(graph=self.graph, after=cursor, limit=limit, since=since)
             rows, _ = self.ask(query, purpose, limit=limit, filtered=since is not None)
@@ -359,6 +365,17 @@ class DcatSparqlSource(CountsTraffic):
                 return
         log.warning("%s: more than %d pages; listing stopped, nothing removed", self.portal, self.max_pages)
         self.loop_cut = True
+
+    def _saved_answer(self) -> Iterator[list[tuple[str, str | None]]]:
+        """A document, not an endpoint (validate_file reads one page: ``max_pages`` 1): a saved answer
+        of ``?s ?p ?o`` rows, read whole as the RDF document of its triples (``document``)."""
+        rows, _ = self.ask(None, "saved answer", limit=None)
+        self.pages = 1
+        if rows and not all(v in rows[0] for v in ("s", "p", "o")):
+            raise SourceError(f"{scrub_url(self.url)}: a saved SPARQL answer is read as the triples of its ?s ?p ?o "
+                              f"rows; this one's first row binds {', '.join(sorted(rows[0]))[:200]}")
+        self.document, self.complete = rows, True
+        return iter(())
 
     def _check_filtered(self, page: list[tuple[str, str | None]], since: datetime) -> None:
         first_day = datetime.fromisoformat(since_day(since)).replace(tzinfo=timezone.utc)
@@ -434,11 +451,28 @@ class DcatSparqlSource(CountsTraffic):
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
         """Pages of records of the datasets modified since ``since`` (all when None): one keyset
         page, then its details. ``listing.complete``: an unfiltered listing ended by an empty page."""
+        self.document = None
         for page in self._keyset(since, page_size):
             records = [r for batch in self._records([iri for iri, _ in page]) for r in batch]
             if records:
                 yield records
+        if self.document is not None:
+            yield self._document_records(self.document)
         listing.complete = since is None and self.complete and not self.loop_cut
+
+    def _document_records(self, rows: list) -> list[DatasetRecord]:
+        """Every dcat:Dataset of a saved answer of ``?s ?p ?o`` rows, as an RDF document of them gives."""
+        graph, _ = graph_of(rows)
+        records = records_from_graph(graph, self.url, self.language)
+        out = []
+        for record in records:
+            node = URIRef(record.source_id) if record.ok else None
+            if node is not None and (node, None, None) in graph:
+                titles = [o for o in graph.objects(node, DCTERMS.title) if isinstance(o, Literal)]
+                record = replace(record, language=declared_language(
+                    graph, node, pick_language(titles, self.language), self.language))
+            out.append(record)
+        return out
 
     def list_ids(self, page_size: int) -> Iterator[IdPage]:
         """Every dataset IRI with its modification date, by keyset. A listing cut (the endpoint's
