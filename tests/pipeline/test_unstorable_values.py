@@ -708,3 +708,52 @@ def test_an_sdmx_services_bad_values_are_their_dataflows_outcomes_and_the_rest_c
     assert not any(code == "invalid-xml-character" for i, code in warnings if i not in ids[:4])
     assert warnings[ids[5], "bad-optional-date"]["value"] == "99999-01-01T00:00:00"
     assert [_stored(db, portal.url, i)[0] for i in ids[:4]] == ["Nom \ufffd ici"] * 3 + ["Nom \ufffd brut"]
+
+
+def test_a_wafs_bad_values_are_their_files_outcomes_and_the_rest_commits(db, reader):
+    """ISO files of a Web Accessible Folder (one record a file): character references XML 1.0
+    forbids (&#x1;, &#0;) and a raw control character in titles, one that only looks like a
+    reference (in a comment: left alone), a title of 11 MB, a dateStamp of year 99999, a
+    fileIdentifier of only whitespace, a file past the size cap. Before, one forbidden character
+    failed its whole file as not-iso-metadata: the record was lost for one character."""
+    from datetime import datetime
+
+    from harvester.sources.iso_waf import MAX_FILE_BYTES
+    from harvester.testing.iso_waf_portal import WafFile, WafServer, catalogue
+
+    files = catalogue(20, start=datetime(2024, 1, 1), per_folder=10)
+    paths = sorted(files)
+    body = {p: files[p].data() for p in paths}
+
+    def plant(i: int, old: bytes, new: bytes) -> None:
+        assert old in body[paths[i]]
+        body[paths[i]] = body[paths[i]].replace(old, new, 1)
+
+    plant(0, b"Record 0<", b"Record &#x1; 0<")
+    plant(1, b"Record 1<", b"Record &#0; 1<")
+    plant(2, b"Record 2<", b"Record \x1a 2<")
+    plant(3, b"<gmd:abstract>", b"<gmd:abstract><!-- &#x110000; -->")
+    plant(4, b"Record 4<", b"Record 4 " + b"x" * (11 * 1024 * 1024) + b"<")
+    stamp = body[paths[5]].split(b"<gmd:dateStamp>", 1)[1].split(b"</gmd:dateStamp>", 1)[0]
+    plant(5, stamp, b"<gco:DateTime>99999-01-01T00:00:00</gco:DateTime>")
+    file_id = body[paths[6]].split(b"<gmd:fileIdentifier>", 1)[1].split(b"</gmd:fileIdentifier>", 1)[0]
+    plant(6, file_id, b"<gco:CharacterString>   </gco:CharacterString>")
+    plant(7, b"Record 7<", b"Record 7 " + b"y" * MAX_FILE_BYTES + b"<")
+    with WafServer({p: WafFile(body[p], files[p].modified) for p in paths}, style="apache") as server:
+        portal = Portal(name="w", type="iso-waf", url=server.url, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+        urls = [server.url + p for p in paths]
+        _, again = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (2, 18)
+    assert (again["failed"], again["created"], again["updated"]) == (2, 0, 0)
+    assert _ids(db, portal.url) == set(urls) - {urls[4], urls[7]}
+    assert set(_rows(db, run_id, "error")) == {(urls[4], "record-too-large"), (urls[7], "file-too-large")}
+    warnings = _rows(db, run_id, "warning")
+    assert {i: warnings[urls[i], "invalid-xml-character"]["value"] for i in range(3)} == {
+        0: "\\x01", 1: "\\x00", 2: "\\x1a"}
+    assert not any(code == "invalid-xml-character" for u, code in warnings if u not in urls[:3])
+    assert [_stored(db, portal.url, urls[i])[0] for i in range(3)] == [
+        "Record \ufffd 0", "Record \ufffd 1", "Record \ufffd 2"]
+    raw = _stored(db, portal.url, urls[5])[2]
+    assert raw["date_stamp"] == "99999-01-01T00:00:00"  # kept as written (the listing dates the record)
+    assert _stored(db, portal.url, urls[6])[2]["file_identifier"] is None

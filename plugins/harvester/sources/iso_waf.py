@@ -66,7 +66,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
 from typing import Iterator
@@ -82,6 +82,8 @@ from harvester.http import Retryable, scrub_url, streamed_bytes
 from harvester.http.guard import FetchTimeout, TooLarge
 from harvester.sources.base import Capabilities, CountsTraffic, IdPage, Listing, SourceError, to_ms
 from harvester.sources.csw import NS, iso_mapping, language_tag, short
+from harvester.sources.xml_chars import Forbidden
+from harvester.sources.xml_chars import warning as forbidden_warning
 
 log = logging.getLogger(__name__)
 
@@ -534,11 +536,24 @@ class IsoWafSource(CountsTraffic):
                 body = self._read(resp, self.max_file_bytes, shown, self.file_deadline)
             except (TooLarge, FetchTimeout) as exc:
                 return self._refused(file, "file-too-large", str(exc)), {}
+            forbidden = Forbidden()
             try:
-                root = read_iso(body, resp.headers.get("Content-Type"))
+                try:
+                    root = read_iso(body, resp.headers.get("Content-Type"))
+                except Refused as exc:
+                    # a character XML 1.0 forbids (&#x1;, a raw 0x1A) makes the file not well-formed: read it
+                    # with each one as U+FFFD, warned (sources/xml_chars.py)
+                    scrubbed = forbidden.scrub(body) if exc.code == "not-iso-metadata" else None
+                    if scrubbed is None:
+                        raise
+                    root = read_iso(scrubbed, resp.headers.get("Content-Type"))
             except Refused as exc:
                 return self._refused(file, exc.code, f"{shown}: {exc}"), {}
-            return waf_record(root, file, self.language), validators
+            found = forbidden.restore_element(root)
+            record = waf_record(root, file, self.language)
+            if found and record.ok:
+                record = replace(record, problems=record.problems + (forbidden_warning(file.url, found),))
+            return record, validators
 
         return self.fetcher.get(file.url, headers={"Accept": "application/xml, text/xml, */*", **(headers or {})},
                                 stream=True, parse=parse, what=f"{shown}: GET")
