@@ -757,3 +757,54 @@ def test_a_wafs_bad_values_are_their_files_outcomes_and_the_rest_commits(db, rea
     raw = _stored(db, portal.url, urls[5])[2]
     assert raw["date_stamp"] == "99999-01-01T00:00:00"  # kept as written (the listing dates the record)
     assert _stored(db, portal.url, urls[6])[2]["file_identifier"] is None
+
+
+def test_a_sparql_endpoints_bad_values_are_their_datasets_outcomes_and_the_rest_commits(db, reader):
+    """DCAT datasets of a SPARQL endpoint (real DCAT-AP, copied to 30): SPARQL JSON bindings of a
+    title holding U+0000 and a description holding a lone surrogate, a dataset IRI with a space
+    and one with a lone surrogate (neither can be written into the details query), a dct:modified
+    of year 99999."""
+    from rdflib import Literal, URIRef
+    from rdflib.namespace import DCTERMS, XSD
+
+    from harvester.testing.sparql_portal import SparqlServer, dataset_iris, derived_catalogue, sample_graph
+
+    graph = derived_catalogue(sample_graph("dcat-ap/ckanext-dcatde/catalog-endpoint.rdf"), 30)
+    iris = dataset_iris(graph)
+
+    def rename(i: int, new: str) -> None:
+        old = URIRef(iris[i])
+        for s, p, o in list(graph.triples((old, None, None))):
+            graph.remove((s, p, o))
+            graph.add((URIRef(new), p, o))
+        for s, p, o in list(graph.triples((None, None, old))):
+            graph.remove((s, p, o))
+            graph.add((s, p, URIRef(new)))
+        iris[i] = new
+
+    def put(i: int, prop, value) -> None:
+        graph.remove((URIRef(iris[i]), prop, None))
+        graph.add((URIRef(iris[i]), prop, value))
+
+    put(0, DCTERMS.title, Literal("SPARQL\x00title", lang="de"))
+    put(1, DCTERMS.description, Literal("Broken \ud800 description", lang="de"))
+    rename(2, iris[2] + " x")
+    rename(4, iris[4] + "\ud800")
+    put(5, DCTERMS.modified, Literal("99999-01-01T00:00:00", datatype=XSD.dateTime))
+    with SparqlServer(graph) as server:
+        portal = Portal(name="q", type="dcat-sparql", url=server.url, page_size=10, politeness_delay=0,
+                        max_retries=0, language="german")
+        run_id, stats = _run(db, reader, portal)
+        _, again = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (3, 27)
+    assert (again["failed"], again["created"], again["updated"]) == (3, 0, 0)
+    assert _ids(db, portal.url) == set(iris) - {iris[2], iris[4], iris[5]}
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(iris[2], "no-identifier"), (None, "no-identifier"), (iris[5], "bad-range")}
+    assert (errors[iris[5], "bad-range"]["field"], errors[iris[5], "bad-range"]["value"]) == (
+        "dct:modified", "99999-01-01T00:00:00")
+    warnings = _rows(db, run_id, "warning")
+    assert warnings[iris[0], "nul-character"]["value"] == "SPARQLtitle"
+    assert warnings[iris[1], "lone-surrogate"]["value"] == "Broken \ufffd description"
+    assert _stored(db, portal.url, iris[0])[0] == "SPARQLtitle"
+    assert _stored(db, portal.url, iris[1])[1] == "Broken \ufffd description"
