@@ -273,7 +273,6 @@ def test_hostile_bodies_are_refused_with_a_clear_error(derived):
 def test_an_endpoint_ignoring_limit_is_refused():
     graph = sample_graph(UNIBO)
     with SparqlServer(graph) as server:
-        server.answer_limit_ignored = True
         original = server.answer
         server.answer = lambda q: original(re.sub(r"\nLIMIT \d+$", "", q))
         with pytest.raises(SourceError, match="answered 12 rows, more than the 5 it asked for"):
