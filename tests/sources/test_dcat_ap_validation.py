@@ -315,3 +315,60 @@ def test_other_kinds_code_their_failed_records():
     anonymous = ET.fromstring(f'<r xmlns:dc="{dc}"><dc:title>Roads</dc:title></r>')
     rec = csw.dc_record(anonymous, lambda i: i)
     assert _coded(rec) == [("no-identifier", "dc:identifier")] and "'Roads' has no dc:identifier" in rec.error
+
+
+def test_the_kinds_of_issue_39_code_their_failed_records():
+    """udata, STAC, OAI-PMH, SDMX and a WAF's ISO files: each refusal carries its code and field
+    (dcat-sparql's records are dcat_rdf's mapping, checked above)."""
+    import xml.etree.ElementTree as ET
+
+    from harvester.sources import iso_waf, oai_pmh, sdmx, stac, udata
+
+    api = "https://www.data.gouv.fr/api/1"
+    rec = udata.normalize({"id": "5e2f0b7a8b4c41d7f4d3e2a1"}, api)
+    assert _coded(rec) == [("no-title", "title")] and "5e2f0b7a8b4c41d7f4d3e2a1" in rec.error
+    assert _coded(udata.normalize({"title": "Trees"}, api)) == [("no-identifier", "id")]
+    assert _coded(udata.normalize({"id": "a", "title": "T", "last_modified": "soon"}, api)) == [
+        ("bad-date", "last_modified")]
+    assert _coded(udata.normalize({"id": "a", "title": "T", "description": {"fr": "x"}}, api)) == [
+        ("wrong-type", "description")]
+    assert _coded(udata.normalize(["a"], api))[0][0] == "not-an-object"
+
+    base = "https://stac.example.org/"
+    assert _coded(stac.normalize({"type": "Collection", "title": "No id"}, base, base))[0] == ("no-identifier", "id")
+    assert _coded(stac.normalize({"type": "Collection", "id": "c", "title": 7}, base, base)) == [("wrong-type", "title")]
+    assert _coded(stac.normalize("text", base, base))[0][0] == "not-an-object"
+
+    oai, dc = oai_pmh.NS["oai"], "http://purl.org/dc/elements/1.1/"
+
+    def record(header: str, metadata: str = "") -> ET.Element:
+        return oai_pmh.parse_xml(f'<record xmlns="{oai}">{header}{metadata}</record>'.encode())
+
+    url = lambda i: f"https://repo.test/oai?id={i}"  # noqa: E731
+    dc_meta = (f'<metadata><oai_dc:dc xmlns:oai_dc="{oai_pmh.NS["oai_dc"]}" xmlns:dc="{dc}">{{}}</oai_dc:dc>'
+               "</metadata>")
+    good_header = "<header><identifier>oai:r:1</identifier><datestamp>2024-01-01</datestamp></header>"
+    assert _coded(oai_pmh.record_of(record(""), url)) == [("no-identifier", "header")]
+    assert _coded(oai_pmh.record_of(record("<header><identifier>  </identifier></header>"), url)) == [
+        ("no-identifier", "header/identifier")]
+    assert _coded(oai_pmh.record_of(record("<header><identifier>oai:r:1</identifier><datestamp>soon</datestamp>"
+                                           "</header>"), url)) == [("bad-date", "header/datestamp")]
+    assert _coded(oai_pmh.record_of(record(good_header, dc_meta.format("<dc:creator>A</dc:creator>")), url)) == [
+        ("no-title", "metadata/title")]
+    assert _coded(oai_pmh.record_of(record(good_header, "<metadata><mods/></metadata>"), url)) == [
+        ("invalid-record", "metadata")]
+
+    assert _coded(sdmx.dataflow_record({"agencyID": "FR1"}, None, service=None, language=None)) == [
+        ("no-identifier", "@id")]
+    assert _coded(sdmx.dataflow_record({"agencyID": "FR1", "id": "BIG"}, None, service=None, language=None)) == [
+        ("record-too-large", None)]
+
+    gmd = "http://www.isotc211.org/2005/gmd"
+    untitled = ET.fromstring(f'<gmd:MD_Metadata xmlns:gmd="{gmd}"/>')
+    rec = iso_waf.waf_record(untitled, iso_waf.WafFile("https://waf.test/a.xml"))
+    assert _coded(rec) == [("no-title", "gmd:identificationInfo/*/gmd:citation/*/gmd:title")]
+    for body, code in ((b"<html><body>Not found</body></html>", "not-iso-metadata"),
+                       (b'<!DOCTYPE x [<!ENTITY e "e">]><x/>', "unsafe-xml")):
+        with pytest.raises(iso_waf.Refused) as refused:
+            iso_waf.read_iso(body)
+        assert refused.value.code == code
