@@ -808,3 +808,31 @@ def test_a_sparql_endpoints_bad_values_are_their_datasets_outcomes_and_the_rest_
     assert warnings[iris[1], "lone-surrogate"]["value"] == "Broken \ufffd description"
     assert _stored(db, portal.url, iris[0])[0] == "SPARQLtitle"
     assert _stored(db, portal.url, iris[1])[1] == "Broken \ufffd description"
+
+
+def test_a_static_stac_catalogs_bad_values_are_their_collections_outcomes_and_the_rest_commits(db, reader):
+    """The same collections as a static catalog, each its own document reached by a child link:
+    NaN/±Infinity, a lone surrogate in a title, U+0000, one 100,000 levels deep (its document read
+    by json_stream), an updated of year 99999."""
+    from harvester.testing.local_http import nested
+    from harvester.testing.stac_portal import StacServer, derived_collections
+
+    docs = derived_collections(12)
+    ids = [d["id"] for d in docs]
+    docs[0]["summaries"] = {"gsd": [float("nan")], "range": [-float("inf"), float("inf")]}
+    docs[1]["title"] = "STAC \ud800 title"
+    docs[3]["description"] = "Before\x00after"
+    docs[4]["tree"] = nested(DEEP)
+    docs[5]["updated"] = "99999-01-01T00:00:00Z"
+    with StacServer(docs) as server:
+        portal = Portal(name="s", type="stac", url=server.static_url, politeness_delay=0, max_retries=0)
+        run_id, stats = _run(db, reader, portal)
+    assert (stats["failed"], stats["created"]) == (1, 11)
+    assert _ids(db, portal.url) == set(ids) - {ids[4]}
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(ids[4], "record-too-deep")}
+    warnings = _rows(db, run_id, "warning")
+    assert warnings[ids[0], "non-finite-number"]["value"] == "NaN"
+    assert warnings[ids[1], "lone-surrogate"]["value"] == "STAC \ufffd title"
+    assert warnings[ids[3], "nul-character"]["value"] == "Beforeafter"
+    assert warnings[ids[5], "bad-optional-date"]["value"] == "99999-01-01T00:00:00Z"
