@@ -665,6 +665,54 @@ def test_an_oai_pmh_repositorys_bad_values_are_their_records_outcomes_and_the_re
     assert _stored(db, portal.url, ids[1])[1] == "Description \ufffd here"
 
 
+def test_a_csw_catalogues_bad_values_are_their_records_outcomes_and_the_rest_commits(db, reader):
+    """Real ISO 19139 records (tests/data/csw/) on a local CSW's GetRecords pages, planted with
+    character references XML 1.0 forbids (&#x1;, &#0;, &#xD800;) and a raw 0x1A in titles and an
+    abstract, and &#x1; in one fileIdentifier and in one Dublin Core dc:identifier. Before, one such
+    character failed its page's parse (retried as "not XML", then the run), on every run until the
+    catalogue fixed it."""
+    from harvester.testing.csw_portal import CswServer, derive, load_records
+
+    data = Path(__file__).resolve().parents[1] / "data" / "csw"
+    iso = load_records(data / "iso_getrecords_inspire.xml") + load_records(data / "iso_getrecords_pycsw.xml")
+    dc = load_records(data / "dc_getrecords_pycsw.xml")
+    ids = [f"csw-rec-{i:02d}" for i in range(25)]
+    titles = {0: "Title PLANTED-SOH here", 1: "Title PLANTED-NUL here", 2: "Title PLANTED-SURROGATE here",
+              3: "Title \x1a raw"}
+    records = [derive(iso[i % len(iso)], ids[i], title=titles.get(i, f"Record {i}"),
+                      modified=f"2024-02-{1 + i:02d}T00:00:00Z") for i in range(24)]
+    abstract = records[4].find(".//{http://www.isotc211.org/2005/gmd}abstract/"
+                               "{http://www.isotc211.org/2005/gco}CharacterString")
+    abstract.text = "Abstract PLANTED-SOH here"
+    records[5] = derive(records[5], "csw-rec-PLANTED-SOH-05")
+    records.append(derive(dc[0], "dc-PLANTED-SOH-24", title="A Dublin Core record"))
+    Server = _planted_xml(CswServer, {b"PLANTED-NUL": b"&#0;", b"PLANTED-SOH": b"&#x1;",
+                                      b"PLANTED-SURROGATE": b"&#xD800;"})
+    with Server(records) as server:
+        portal = Portal(name="c", type="csw", url=server.url, politeness_delay=0, max_retries=0, page_size=10)
+        run_id, stats = _run(db, reader, portal)
+        # the catalogue has not fixed them: the next run commits as well, nothing changed
+        _, again = _run(db, reader, portal)
+    bad_ids = {"csw-rec-\\x01-05", "dc-\\x01-24"}
+    assert (stats["failed"], stats["created"]) == (2, 23)
+    assert (again["failed"], again["created"], again["updated"]) == (2, 0, 0)
+    assert _ids(db, portal.url) == set(ids[:24]) - {ids[5]}
+    errors = _rows(db, run_id, "error")
+    assert set(errors) == {(i, "unstorable-identifier") for i in bad_ids}
+    message = errors["dc-\\x01-24", "unstorable-identifier"]["message"]
+    assert "its identifier holds a character XML 1.0 forbids (\\x01)" in message
+    warnings = _rows(db, run_id, "warning")
+    # each shown as Python escapes it, whether written as a reference or raw
+    assert {i: r["value"] for (i, code), r in warnings.items() if code == "invalid-xml-character"} == {
+        ids[0]: "\\x01", ids[1]: "\\x00", ids[2]: "\\ud800", ids[3]: "\\x1a", ids[4]: "\\x01"}
+    assert _stored(db, portal.url, ids[0])[0] == "Title \ufffd here"
+    assert _stored(db, portal.url, ids[1])[0] == "Title \ufffd here"
+    assert _stored(db, portal.url, ids[2])[0] == "Title \ufffd here"
+    assert _stored(db, portal.url, ids[3])[0] == "Title \ufffd raw"
+    assert _stored(db, portal.url, ids[4])[1] == "Abstract \ufffd here"
+    assert _stored(db, portal.url, ids[6])[0] == "Record 6"
+
+
 def test_an_sdmx_services_bad_values_are_their_dataflows_outcomes_and_the_rest_commits(db, reader):
     """INSEE's real dataflows in one streamed structure message, planted: character references
     XML 1.0 forbids (&#0;, &#x1;, &#xD800;) and a raw control character in names, a dataflow of

@@ -302,3 +302,70 @@ def test_fetch_by_ids_asks_get_record_by_id_and_leaves_out_what_is_gone(csw):
     by_id = [r for r in csw.requests if r.get("request") == "GetRecordById"]
     assert [r["id"] for r in by_id] == ["rec-000,rec-003", "gone,rec-004"]
     assert list(src.fetch_by_ids(["gone"])) == []       # a NotFound ExceptionReport: nothing, no error
+
+
+# -- hostile and broken XML -------------------------------------------------------------------------
+LAUGHS = (b'<?xml version="1.0"?>\n<!DOCTYPE lolz [\n<!ENTITY lol "lol">\n'
+          + b"".join(b'<!ENTITY lol%d "%s">\n' % (n, (b"&lol%d;" % (n - 1) if n > 1 else b"&lol;") * 10)
+                     for n in range(1, 10))
+          + b']>\n<csw:GetRecordsResponse xmlns:csw="http://www.opengis.net/cat/csw/2.0.2">&lol9;'
+            b"</csw:GetRecordsResponse>")
+EXTERNAL = (b'<?xml version="1.0"?>\n<!DOCTYPE csw:GetRecordsResponse [<!ENTITY secret SYSTEM "file:///etc/passwd">]>'
+            b'<csw:GetRecordsResponse xmlns:csw="http://www.opengis.net/cat/csw/2.0.2">&secret;'
+            b"</csw:GetRecordsResponse>")
+
+
+@pytest.mark.parametrize("body,name", [(LAUGHS, "lolz"), (EXTERNAL, "csw:GetRecordsResponse")],
+                         ids=["billion-laughs", "external-entity"])
+def test_an_answer_declaring_a_doctype_is_refused_unread_naming_the_url(csw, body, name):
+    """Entity declarations live in a DOCTYPE, which no CSW answer has: refused before any entity is
+    read, at once (before, expat refused them too, its amplification limit or an undefined entity, but as
+    "not XML": retried, then reported as the portal unavailable)."""
+    csw.canned = (200, body)
+    src = source(csw, max_retries=3)
+    with pytest.raises(SourceError) as err:
+        list(src.iter_records(None, 10, Listing()))
+    assert f"declares a DOCTYPE ({name}): refused unread" in str(err.value)
+    assert csw.url.split("//")[1] in str(err.value)
+    assert not isinstance(err.value, SourceUnavailable) and src.requests_made == 1
+    with pytest.raises(SourceError, match="declares a DOCTYPE"):
+        src.fetch_by_id("any")
+
+
+def test_an_html_page_with_its_doctype_is_a_page_not_xml_and_retried(csw):
+    csw.canned = (200, b"<!DOCTYPE html>\n<html><head><title>Maintenance</title></head>"
+                       b"<body>Back soon<br></body></html>")
+    src = source(csw, max_retries=1)
+    with pytest.raises(SourceUnavailable, match="not XML"):
+        list(src.iter_records(None, 10, Listing()))
+    assert src.requests_made == 2
+
+
+class PlantedCsw(CswServer):
+    """Its answers with PLANTED-SOH written as ``&#x1;``, a character reference XML 1.0 forbids."""
+
+    def answer(self, params):
+        status, body = super().answer(params)
+        return status, body.replace(b"PLANTED-SOH", b"&#x1;")
+
+
+def test_a_character_xml_forbids_is_its_records_outcome_in_listings_ids_and_get_record_by_id():
+    """One &#x1; used to fail the whole page's parse (retried as "not XML", then the run)."""
+    records = synthetic(4)
+    records[1] = derive(records[1], "rec-001", title="Title PLANTED-SOH here")
+    records[2] = derive(records[2], "rec-PLANTED-SOH-002")
+    with PlantedCsw(records) as server:
+        src = source(server)
+        got = {r.source_id: r for p in src.iter_records(None, 10, Listing()) for r in p}
+        assert list(got) == ["rec-000", "rec-001", "rec-\\x01-002", "rec-003"]
+        assert got["rec-001"].ok and got["rec-001"].title == "Title \ufffd here"
+        assert [(p.code, p.value) for p in got["rec-001"].problems if p.code == "invalid-xml-character"] == [
+            ("invalid-xml-character", "\\x01")]
+        assert not got["rec-\\x01-002"].ok
+        assert [p.code for p in got["rec-\\x01-002"].problems] == ["unstorable-identifier"]
+        assert not any(p.code == "invalid-xml-character" for i in ("rec-000", "rec-003") for p in got[i].problems)
+        # reconciliation names the failed record as its outcome does
+        assert [i for p in source(server).list_ids(10) for i, _ in p.ids] == list(got)
+        fetched = [r for p in source(server).fetch_by_ids(["rec-001", "rec-003"]) for r in p]
+        assert [(r.source_id, r.title) for r in fetched] == [("rec-001", "Title \ufffd here"), ("rec-003", "Record 3")]
+        assert source(server).fetch_by_id("rec-001").problems[-1].code == "invalid-xml-character"

@@ -33,13 +33,22 @@ Reconciliation (``reconcile``): ``count`` is one ``resultType=hits`` GetRecords;
 
 Every request goes through ``http.HttpFetcher`` (GET with KVP parameters: it cannot POST); a 2xx
 body that is not XML (a proxy's page, a truncated answer) is retried. XML is read with the
-standard library's expat parser, which resolves no external entities.
+standard library's expat parser, which resolves no external entities; an answer declaring a
+DOCTYPE is refused unread (CSW answers are XML Schema documents and never have one: entity bombs
+live there), except an HTML page's ``<!DOCTYPE html>``, which is a proxy's page like any other
+(retried); the fetcher caps size and time.
+
+A character XML 1.0 forbids (``&#x1;``, ``&#0;``, ``&#xD800;``, a raw 0x1A) would fail the parse of
+its whole page, on every run: a page that does not parse is read again with each such character
+marked (sources/xml_chars.py, as for OAI-PMH); a record holding one is read with U+FFFD and warned
+(``invalid-xml-character``), one whose identifier holds one fails alone (``unstorable-identifier``,
+its identifier shown escaped), the page's other records are read as usual.
 """
 from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 from urllib.parse import urlencode
@@ -50,6 +59,9 @@ from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.domain.dataset import parse_timestamp
 from harvester.sources.base import Capabilities, CountsTraffic, FilterRejected, IdPage, Listing, SourceError, to_ms
+from harvester.sources.xml_chars import Forbidden
+from harvester.sources.xml_chars import identifier_problem as forbidden_identifier
+from harvester.sources.xml_chars import warning as forbidden_warning
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +107,27 @@ class CswError(SourceError):
     def __init__(self, message: str, code: str, text: str):
         super().__init__(message)
         self.code, self.text = code, text
+
+
+class Doctype(Exception):
+    """An answer declaring a DOCTYPE (``name`` its root name), met before anything in it is read."""
+
+    def __init__(self, name: str | None):
+        super().__init__(name)
+        self.name = name or ""
+
+
+class _NoDoctype(ET.TreeBuilder):
+    def doctype(self, name, pubid, system):  # called by the parser at <!DOCTYPE, before any entity
+        raise Doctype(name)
+
+
+def parse_xml(body: bytes) -> ET.Element:
+    """An answer's XML; ``Doctype`` when it declares one (refused unread), ET.ParseError when it
+    is not XML."""
+    parser = ET.XMLParser(target=_NoDoctype())
+    parser.feed(body)
+    return parser.close()
 
 
 def q(name: str) -> str:
@@ -403,6 +436,7 @@ class CswSource(CountsTraffic):
         self.listed = 0
         self.loop_cut = False
         self.complete = False
+        self.forbidden = Forbidden()  # characters XML 1.0 forbids met in the answers (sources/xml_chars.py)
 
     def __repr__(self) -> str:
         return f"CswSource({scrub_url(self.url)!r}, schema={self.schema!r})"
@@ -443,15 +477,34 @@ class CswSource(CountsTraffic):
         def parse(resp):
             body = resp.content or b""
             try:
-                root = ET.fromstring(body)
+                try:
+                    root = parse_xml(body)
+                except ET.ParseError:
+                    # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) fails the whole page: read
+                    # it with each one marked, the records holding one warned (sources/xml_chars.py)
+                    scrubbed = self.forbidden.scrub(body) if resp.status_code < 400 else None
+                    if scrubbed is None:
+                        raise
+                    root = parse_xml(scrubbed)
+                    log.warning("%s: the answer holds characters XML 1.0 forbids: read with each one as U+FFFD, the "
+                                "records holding one warned (invalid-xml-character)", shown)
             except ET.ParseError as exc:
                 if resp.status_code >= 400:
                     raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
                 start = body[:80].decode("utf-8", "replace").strip()
                 raise Retryable(f"{shown}: the answer is not XML ({exc}; it begins {start!r})") from None
+            except Doctype as exc:
+                if resp.status_code >= 400:
+                    raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
+                if exc.name.lower() == "html":  # a proxy's or a login page, as any other page not XML
+                    raise Retryable(f"{shown}: the answer is not XML (an HTML page)") from None
+                raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: the answer declares a DOCTYPE "
+                                  f"({exc.name[:100]}): refused unread (a CSW answer has none; entity declarations "
+                                  "there can expand a small answer into gigabytes)") from None
             found = exception_of(root)
             if found is not None:
                 code, text = found
+                text = self.forbidden.restore(text)[0]
                 raise CswError(f"{shown}: the CSW answered an ExceptionReport: exceptionCode {code or '(none)'}"
                                f"{': ' + text if text else ''}", code, text)
             if resp.status_code >= 300:
@@ -467,10 +520,29 @@ class CswSource(CountsTraffic):
             raise
 
     # -- listing
-    def _record(self, element: ET.Element) -> DatasetRecord:
+    def _mapped(self, element: ET.Element) -> DatasetRecord:
         if element.tag in _DC_ROOTS:
             return dc_record(element, self.record_url)
         return iso_record(element, self.record_url, self.language)
+
+    def _record(self, element: ET.Element) -> DatasetRecord:
+        """The record of ``element``; on a page read with characters XML 1.0 forbids marked, one whose
+        identifier holds one fails (never altered), another text holding one is read with U+FFFD
+        and warned (sources/xml_chars.py)."""
+        record = self._mapped(element)
+        if not self.forbidden.met:
+            return record
+        if self.forbidden.marked(record.source_id):
+            shown = self.forbidden.escaped(record.source_id)
+            _, found = self.forbidden.restore(record.source_id)
+            where = "dc:identifier" if element.tag in _DC_ROOTS else "gmd:fileIdentifier"
+            return failed(shown, {"id": shown}, [forbidden_identifier(shown, found, where)])
+        found = self.forbidden.restore_element(element)
+        if found:
+            record = self._mapped(element)
+            if record.ok:
+                record = replace(record, problems=record.problems + (forbidden_warning(record.source_id, found),))
+        return record
 
     def iter_pages(self, since: datetime | None = None, page_size: int = 100) -> Iterator[list[DatasetRecord]]:
         for elements, _ in self._pages(since, page_size, "full"):
@@ -592,6 +664,7 @@ class CswSource(CountsTraffic):
             ids, unusable, whole = [], 0, []
             for element in elements:
                 source_id, modified = self._id_and_modified(element)
+                source_id = self.forbidden.escaped(source_id)  # (as its failed record has it)
                 if not source_id:
                     unusable += 1
                     continue
