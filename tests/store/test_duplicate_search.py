@@ -35,7 +35,10 @@ def world(db, reader, portal_server, samples, provider, tmp_path, monkeypatch):
     portal_server.set_records(copied + alone)
     with DcatServer() as dcat:
         dcat.set_document("/catalog.ttl", aggregator.catalogue(copied, portal_server.base_url), "text/turtle")
-        nat = Portal(name="national", url=portal_server.base_url, politeness_delay=0, max_retries=0)
+        # English records: the national portal says so, as the aggregator's copies do (their titles are
+        # tagged @en, so they are indexed in English: both sides of a group rank alike)
+        nat = Portal(name="national", url=portal_server.base_url, politeness_delay=0, max_retries=0,
+                     language="english")
         agg = Portal(name="aggregator", url=dcat.url("/catalog.ttl"), type="dcat-rdf", politeness_delay=0,
                      max_retries=0)
         for p in (nat, agg):
@@ -43,7 +46,7 @@ def world(db, reader, portal_server, samples, provider, tmp_path, monkeypatch):
             assert stats["failed"] == 0
     path = tmp_path / "portals.yaml"
     path.write_text(yaml.safe_dump({"portals": [
-        {"name": "national", "url": nat.url, "politeness_delay": 0},
+        {"name": "national", "url": nat.url, "politeness_delay": 0, "language": "english"},
         {"name": "aggregator", "url": agg.url, "type": "dcat-rdf", "politeness_delay": 0}]}))
     monkeypatch.setenv("HARVESTER_PORTALS_FILE", str(path))
     groups = db.execute("SELECT count(DISTINCT group_id), count(*) FROM duplicate_members").fetchone()
