@@ -95,6 +95,29 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
+def validators_of(headers) -> dict[str, str]:
+    """What an answer gives to make the next request conditional: its ``ETag`` and ``Last-Modified``
+    (``{"etag", "last_modified"}``, only those it has), as ``Listing.validators`` keeps them."""
+    out = {}
+    if headers.get("ETag"):
+        out["etag"] = str(headers["ETag"])
+    if headers.get("Last-Modified"):
+        out["last_modified"] = str(headers["Last-Modified"])
+    return out
+
+
+def conditional_headers(validators) -> dict[str, str]:
+    """The request headers that ask for ``304 Not Modified`` when nothing changed since the answer
+    ``validators`` (``validators_of``) came with: ``If-None-Match`` and ``If-Modified-Since``."""
+    validators = validators if isinstance(validators, dict) else {}
+    headers = {}
+    if validators.get("etag"):
+        headers["If-None-Match"] = str(validators["etag"])
+    if validators.get("last_modified"):
+        headers["If-Modified-Since"] = str(validators["last_modified"])
+    return headers
+
+
 def wire_bytes(resp: requests.Response) -> int:
     """The body's size as received (compressed, if it came compressed)."""
     raw = getattr(resp, "raw", None)

@@ -90,7 +90,7 @@ from harvester.domain.screening import non_finite_as_null
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
 from harvester.sources.json_stream import StandIns, build, skip
 from harvester.sources.schema_wording import format_text, pattern_text
-from harvester.http import scrub_url, streamed_bytes
+from harvester.http import conditional_headers, scrub_url, streamed_bytes, validators_of
 from harvester.http.guard import failure_text
 
 log = logging.getLogger(__name__)
@@ -841,23 +841,6 @@ def iter_records(fp: BinaryIO, catalog_url: str, *, schema_profile: str = NON_FE
 
 
 # -- over HTTP ------------------------------------------------------------------------------------
-def _validators(headers: Mapping) -> dict[str, str]:
-    out = {}
-    if headers.get("ETag"):
-        out["etag"] = headers["ETag"]
-    if headers.get("Last-Modified"):
-        out["last_modified"] = headers["Last-Modified"]
-    return out
-
-
-def _conditional_headers(validators: Mapping | None) -> dict[str, str]:
-    validators = validators or {}
-    headers = {}
-    if validators.get("etag"):
-        headers["If-None-Match"] = validators["etag"]
-    if validators.get("last_modified"):
-        headers["If-Modified-Since"] = validators["last_modified"]
-    return headers
 
 
 class DcatJsonSource(CountsTraffic):
@@ -900,20 +883,20 @@ class DcatJsonSource(CountsTraffic):
         connection fails mid-body, ``InvalidCatalogue`` for a body that is not a catalogue."""
         self.not_modified, self.validators, self.listed, self.failed, self._done = False, {}, 0, 0, False
         size = page_size or self.page_size
-        headers = _conditional_headers(validators) if conditional else {}
+        headers = conditional_headers(validators) if conditional else {}
         started = time.monotonic()
         resp = self.fetcher.get(self.url, headers=headers or None, stream=True)
         try:
             if resp.status_code == 304:
                 self.not_modified, self._done = True, True
-                self.validators = {**(validators or {}), **_validators(resp.headers)}
+                self.validators = {**(validators or {}), **validators_of(resp.headers)}
                 log.info("%s: not modified since the last run (304)", scrub_url(self.url))
                 return
             if not 200 <= resp.status_code < 300:
                 raise SourceError(f"{scrub_url(self.url)}: GET answered HTTP {resp.status_code} "
                                   f"{resp.reason or ''}".rstrip())
             yield from self._pages(resp, size)
-            self.validators = _validators(resp.headers)
+            self.validators = validators_of(resp.headers)
             self._done = True
             log.info("%s: %d entries (%d failed), %d bytes in %.1fs", scrub_url(self.url), self.listed,
                      self.failed, self.bytes_received, time.monotonic() - started)

@@ -78,7 +78,7 @@ import urllib3
 from harvester.config.portals import ISO_WAF, TEXT_SEARCH_CONFIGS
 from harvester.domain.dataset import DatasetRecord, failed, package_record
 from harvester.domain.outcomes import problem
-from harvester.http import Retryable, scrub_url, streamed_bytes
+from harvester.http import Retryable, conditional_headers, scrub_url, streamed_bytes, validators_of
 from harvester.http.guard import FetchTimeout, TooLarge
 from harvester.sources.base import Capabilities, CountsTraffic, IdPage, Listing, SourceError, to_ms
 from harvester.sources.csw import NS, iso_mapping, language_tag, short
@@ -527,8 +527,7 @@ class IsoWafSource(CountsTraffic):
             if status in (404, 410):
                 resp.close()
                 return _GONE, {}
-            validators = {k: v for k, v in (("etag", resp.headers.get("ETag")),
-                                             ("last_modified", resp.headers.get("Last-Modified"))) if v}
+            validators = validators_of(resp.headers)
             if status >= 300:
                 resp.close()
                 return self._refused(file, "invalid-record", f"{shown}: HTTP {status}"), {}
@@ -585,11 +584,7 @@ class IsoWafSource(CountsTraffic):
                     continue
                 headers = {}
                 if file.modified is None:
-                    held = known.get(file.url) if isinstance(known.get(file.url), dict) else {}
-                    if held.get("etag"):
-                        headers["If-None-Match"] = str(held["etag"])
-                    if held.get("last_modified"):
-                        headers["If-Modified-Since"] = str(held["last_modified"])
+                    headers = conditional_headers(known.get(file.url))
                 elif cutoff is not None and file.modified_utc < cutoff:
                     continue
                 try:

@@ -74,7 +74,7 @@ from harvester.config.portals import SDMX
 from harvester.domain.dataset import DatasetRecord, clean_text, failed, package_record, parse_timestamp, slug
 from harvester.domain.outcomes import problem
 from harvester.domain.screening import MAX_RECORD_BYTES
-from harvester.http import Retryable, scrub_url, streamed_bytes
+from harvester.http import Retryable, conditional_headers, scrub_url, streamed_bytes, validators_of
 from harvester.http.guard import failure_text
 from harvester.sources.base import Capabilities, CountsTraffic, Listing, SourceError, SourceUnavailable
 from harvester.sources.xml_chars import Forbidden
@@ -426,23 +426,6 @@ def dataflow_record(attrs: dict, node: _Node | None, *, service: str | None, lan
 
 
 # -- the request ------------------------------------------------------------------------------------------
-def _validators(headers) -> dict[str, str]:
-    out = {}
-    if headers.get("ETag"):
-        out["etag"] = headers["ETag"]
-    if headers.get("Last-Modified"):
-        out["last_modified"] = headers["Last-Modified"]
-    return out
-
-
-def _conditional(validators: dict | None) -> dict[str, str]:
-    validators = validators or {}
-    headers = {}
-    if validators.get("etag"):
-        headers["If-None-Match"] = validators["etag"]
-    if validators.get("last_modified"):
-        headers["If-Modified-Since"] = validators["last_modified"]
-    return headers
 
 
 def asked_as_is(url: str) -> bool:
@@ -529,7 +512,7 @@ class SdmxSource(CountsTraffic):
         service listing nothing, SdmxError / SourceError for the rest (4xx: terminal)."""
         params = None if asked_as_is(self.url) else dict(PARAMS)
         shown = f"{self.label}: GET {scrub_url(self.query_url)}"
-        conditional = _conditional(validators)
+        conditional = conditional_headers(validators)
 
         def parse(resp):
             status = resp.status_code
@@ -537,7 +520,7 @@ class SdmxSource(CountsTraffic):
                 resp.close()
                 if not conditional:
                     raise SourceError(f"{shown}: answered 304 Not Modified to a request that was not conditional")
-                return _NotModified(_validators(resp.headers))
+                return _NotModified(validators_of(resp.headers))
             if status == 204:
                 resp.close()
                 raise NoDataflows("HTTP 204 No Content")
@@ -635,7 +618,7 @@ class SdmxSource(CountsTraffic):
             finally:
                 self.fetcher.add_bytes(streamed_bytes(resp.raw))
                 resp.close()
-            self.validators = _validators(resp.headers)
+            self.validators = validators_of(resp.headers)
             self._done = True
             if self.listed:
                 self.complete = True
