@@ -189,6 +189,21 @@ def clean_text(value: Any) -> str:
     return " ".join(text.split())
 
 
+def text_list(value: Any) -> list[str]:
+    """A portal's list of short texts (tags, keywords, categories, roles) as distinct stripped
+    strings in their order: a lone string is a list of one; numbers are text; anything else
+    (objects, booleans, nulls, blanks) is left out."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    out: dict[str, None] = {}
+    for item in value:
+        if isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item).strip():
+            out[str(item).strip()] = None
+    return list(out)
+
+
 def embedding_text(title: str, description: str) -> str:
     """Exactly the text we embed for a dataset (already cleaned title and description)."""
     text = f"{title}\n\n{description}" if description else title

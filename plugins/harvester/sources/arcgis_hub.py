@@ -43,7 +43,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from harvester.config.portals import ARCGIS_HUB
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
-                                      parse_timestamp, screened_as_published, sha256_hex)
+                                      parse_timestamp, screened_as_published, sha256_hex, text_list)
 from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import (BadRecord, Capabilities, CountsTraffic, FilterRejected, IdPage, Listing,
@@ -100,17 +100,6 @@ def modified_filter(since: datetime) -> str:
 
 
 # -- mapping --------------------------------------------------------------------------------------
-def _text_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list):
-        return []
-    out: dict[str, None] = {}
-    for item in value:
-        if isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item).strip():
-            out[str(item).strip()] = None
-    return list(out)
-
 
 def _first_text(props: Mapping, *keys: str) -> str | None:
     for key in keys:
@@ -161,8 +150,8 @@ def to_package(feature: Mapping, site: str) -> dict:
         "id": ident,
         "title": title.strip(),
         "notes": _first_text(props, "description", "snippet"),
-        "tags": [{"name": t} for t in _text_list(props.get("tags"))],
-        "groups": [{"name": c} for c in _text_list(props.get("categories"))],
+        "tags": [{"name": t} for t in text_list(props.get("tags"))],
+        "groups": [{"name": c} for c in text_list(props.get("categories"))],
         "organization": {"title": clean_text(org), "name": clean_text(org)} if org else None,
         "license_id": licence,
         "metadata_created": iso_from_ms(props.get("created")),

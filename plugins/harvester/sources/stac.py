@@ -59,7 +59,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit, urlunsplit
 
 from harvester.config.portals import STAC
 from harvester.domain.dataset import (DatasetRecord, clean_text, failed, normalize_url, package_record,
-                                      parse_timestamp, screened_as_published, sha256_hex)
+                                      parse_timestamp, screened_as_published, sha256_hex, text_list)
 from harvester.domain.outcomes import problem
 from harvester.http import Retryable, scrub_url
 from harvester.sources.base import BadRecord, Capabilities, CountsTraffic, Listing, SourceError, coded
@@ -122,17 +122,6 @@ def _resolve(base: str, href: str) -> str | None:
     return url if scheme in ("http", "https") else None
 
 
-def _text_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list):
-        return []
-    out: dict[str, None] = {}
-    for item in value:
-        if isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item).strip():
-            out[str(item).strip()] = None
-    return list(out)
-
 
 def _provider(providers: Any) -> str | None:
     """The organization a collection is published by, from its providers by role."""
@@ -194,7 +183,7 @@ def to_package(doc: Mapping, base: str, fallback_url: str) -> tuple[dict, list]:
                 resources.append({"url": href, "name": clean_text(asset.get("title")) or str(name),
                                   "format": asset.get("type") if isinstance(asset.get("type"), str) else "",
                                   "description": clean_text(asset.get("description")) or None,
-                                  "roles": _text_list(asset.get("roles"))})
+                                  "roles": text_list(asset.get("roles"))})
     for rel in _RESOURCE_RELS:
         for link in links_of(doc, rel):
             href = _resolve(base, link["href"])
@@ -212,7 +201,7 @@ def to_package(doc: Mapping, base: str, fallback_url: str) -> tuple[dict, list]:
         "name": ident,
         "title": title,
         "notes": description,
-        "tags": [{"name": t} for t in _text_list(doc.get("keywords"))],
+        "tags": [{"name": t} for t in text_list(doc.get("keywords"))],
         "organization": {"title": org, "name": org} if org else None,
         "license_id": licence,
         "license_url": licence_links[0] if licence_links else None,
