@@ -336,17 +336,9 @@ class OaiPmhSource(CountsTraffic):
         def parse(resp):
             body = resp.content or b""
             try:
-                try:
-                    root = parse_xml(body)
-                except ET.ParseError:
-                    # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) fails the whole page: read
-                    # it with each one marked, the records holding one warned (sources/xml_chars.py)
-                    scrubbed = self.forbidden.scrub(body) if resp.status_code < 400 else None
-                    if scrubbed is None:
-                        raise
-                    root = parse_xml(scrubbed)
-                    log.warning("%s: the answer holds characters XML 1.0 forbids: read with each one as U+FFFD, the "
-                                "records holding one warned (invalid-xml-character)", shown)
+                # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) would fail the whole page: it
+                # is read with each one marked, the records holding one warned (sources/xml_chars.py)
+                root = self.forbidden.parse(body, resp.status_code, parse_xml, shown)
             except ET.ParseError as exc:
                 if resp.status_code >= 400:
                     raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None

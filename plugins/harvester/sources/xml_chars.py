@@ -21,9 +21,14 @@ Only ASCII-compatible encodings are scrubbed (UTF-8, ISO-8859-x, Windows-125x: t
 ``&#`` and for the C0 controls are ASCII's); a UTF-16 answer is left as it is."""
 from __future__ import annotations
 
+import logging
 import re
+import xml.etree.ElementTree as ET
+from typing import Callable
 
 from harvester.domain.outcomes import Problem, problem
+
+log = logging.getLogger(__name__)
 
 REPLACEMENT = "\ufffd"
 _FIRST_MARK, _LAST_MARK = 0x10F000, 0x10FFFD
@@ -90,6 +95,21 @@ class Forbidden:
         if scrubbed == body and len(self._marks) == before:
             return None
         return scrubbed
+
+    def parse(self, body: bytes, status: int, parse_xml: Callable[[bytes], ET.Element], shown: str) -> ET.Element:
+        """``parse_xml(body)``; when that fails and the answer (not an HTTP error's) holds characters
+        XML 1.0 forbids, the body read again with each one marked (``scrub``), said once in the log.
+        Any other failure raises ``parse_xml``'s own error, as it is."""
+        try:
+            return parse_xml(body)
+        except ET.ParseError:
+            scrubbed = self.scrub(body) if status < 400 else None
+            if scrubbed is None:
+                raise
+        root = parse_xml(scrubbed)
+        log.warning("%s: the answer holds characters XML 1.0 forbids: read with each one as U+FFFD, the records "
+                    "holding one warned (invalid-xml-character)", shown)
+        return root
 
     def scrub_stream(self, chunk: bytes, carry: bytes, final: bool) -> tuple[bytes, bytes]:
         """``scrub`` for a document read in chunks: (the chunk scrubbed, the bytes held back for the
