@@ -475,16 +475,10 @@ class CswSource(CountsTraffic):
         shown = f"{self.label} ({what})"
 
         def parse(resp):
-            body = resp.content or b""
             try:
                 # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) would fail the whole page: it
                 # is read with each one marked, the records holding one warned (sources/xml_chars.py)
-                root = self.forbidden.parse(body, resp.status_code, parse_xml, shown)
-            except ET.ParseError as exc:
-                if resp.status_code >= 400:
-                    raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
-                start = body[:80].decode("utf-8", "replace").strip()
-                raise Retryable(f"{shown}: the answer is not XML ({exc}; it begins {start!r})") from None
+                root = self.forbidden.answer(resp, parse_xml, shown)
             except Doctype as exc:
                 if resp.status_code >= 400:
                     raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None

@@ -60,7 +60,7 @@ from urllib.parse import urlencode
 from harvester.config.portals import OAI_PMH
 from harvester.domain.dataset import DatasetRecord, clean_text, deletion, failed, package_record, parse_timestamp, slug
 from harvester.domain.outcomes import problem
-from harvester.http import Retryable, scrub_url
+from harvester.http import scrub_url
 from harvester.sources.base import Capabilities, CountsTraffic, IdPage, Listing, SourceError, to_ms
 from harvester.sources.csw import language_tag
 from harvester.sources.xml_chars import Forbidden
@@ -334,16 +334,10 @@ class OaiPmhSource(CountsTraffic):
         shown = f"{self.label} ({what})"
 
         def parse(resp):
-            body = resp.content or b""
             try:
                 # a character XML 1.0 forbids (&#x1;, a raw 0x1A, &#xD800;) would fail the whole page: it
                 # is read with each one marked, the records holding one warned (sources/xml_chars.py)
-                root = self.forbidden.parse(body, resp.status_code, parse_xml, shown)
-            except ET.ParseError as exc:
-                if resp.status_code >= 400:
-                    raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
-                start = body[:80].decode("utf-8", "replace").strip()
-                raise Retryable(f"{shown}: the answer is not XML ({exc}; it begins {start!r})") from None
+                root = self.forbidden.answer(resp, parse_xml, shown)
             except SourceError as exc:
                 raise SourceError(f"{shown}: {exc}") from None
             if root.tag != f"{{{OAI}}}OAI-PMH":

@@ -27,6 +27,8 @@ import xml.etree.ElementTree as ET
 from typing import Callable
 
 from harvester.domain.outcomes import Problem, problem
+from harvester.http import Retryable, scrub_url
+from harvester.sources.base import SourceError
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,19 @@ class Forbidden:
         if scrubbed == body and len(self._marks) == before:
             return None
         return scrubbed
+
+    def answer(self, resp, parse_xml: Callable[[bytes], ET.Element], shown: str) -> ET.Element:
+        """The root of an XML answer (``parse``). One that is not XML: an HTTP error's is a
+        ``SourceError`` naming its status; any other (a proxy's page, a body cut short) is
+        ``Retryable``, naming how it begins. ``parse_xml``'s other errors pass as they are."""
+        body = resp.content or b""
+        try:
+            return self.parse(body, resp.status_code, parse_xml, shown)
+        except ET.ParseError as exc:
+            if resp.status_code >= 400:
+                raise SourceError(f"{shown}: GET {scrub_url(resp.url)}: HTTP {resp.status_code}") from None
+            start = body[:80].decode("utf-8", "replace").strip()
+            raise Retryable(f"{shown}: the answer is not XML ({exc}; it begins {start!r})") from None
 
     def parse(self, body: bytes, status: int, parse_xml: Callable[[bytes], ET.Element], shown: str) -> ET.Element:
         """``parse_xml(body)``; when that fails and the answer (not an HTTP error's) holds characters
