@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from harvester.store import staging
+
 
 @dataclass
 class Claimed:
@@ -100,8 +102,9 @@ def release(conn, model: str, run_id: int, hashes: Sequence[str] | set[str]) -> 
 
 
 def release_run(conn, run_id: int) -> int:
-    """Give up every claim of ``run_id`` (its embed step is over, whatever happened)."""
-    return conn.execute("DELETE FROM embedding_claims WHERE run_id = %s", (run_id,)).rowcount
+    """Give up every claim of ``run_id`` (its embed step is over, whatever happened); the table
+    truncated when no other run holds claims (staging.release: its emptied index pages go too)."""
+    return staging.release(conn, "embedding_claims", run_id)
 
 
 def held(conn, model: str, hashes: Sequence[str] | set[str]) -> set[str]:

@@ -10,6 +10,7 @@ from typing import Iterable
 
 from harvester.domain.dataset import DatasetRecord
 from harvester.domain.screening import escaped
+from harvester.store import staging
 
 
 def write(conn, run_id: int, seq: int, records: Iterable[DatasetRecord]) -> int:
@@ -30,7 +31,11 @@ def write(conn, run_id: int, seq: int, records: Iterable[DatasetRecord]) -> int:
 
 
 def clear(conn, run_id: int, from_seq: int = 0) -> None:
-    """Forget the deletions the run staged from ``from_seq`` on (a retried step starts over)."""
+    """Forget the deletions the run staged from ``from_seq`` on (a retried step starts over); all
+    of them (``from_seq`` 0): staging.release, the table truncated when no other run's are there."""
+    if from_seq <= 0:
+        staging.release(conn, "staging_deleted", run_id)
+        return
     conn.execute("DELETE FROM staging_deleted WHERE run_id = %s AND seq >= %s", (run_id, from_seq))
 
 

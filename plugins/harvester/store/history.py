@@ -45,7 +45,7 @@ from harvester.config.secrets import redact_url
 from harvester.domain import changes as ch
 from harvester.domain.dataset import normalize_url, sha256_hex
 from harvester.pipeline.readahead import read_ahead
-from harvester.store import deletions, duplicates, outcomes
+from harvester.store import deletions, duplicates, outcomes, staging
 from harvester.store.staging import as_jsonb
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,9 @@ _TO_COMPARE = """
 
 
 def clear(conn, run_id: int) -> None:
-    """Drop a run's staged changes (a failed or cancelled run's too)."""
-    conn.execute("DELETE FROM staging_changes WHERE run_id = %s", (run_id,))
+    """Drop a run's staged changes (a failed or cancelled run's too): the table truncated when no
+    other run's are there (staging.release: a first sync's snapshots are KBs a dataset)."""
+    staging.release(conn, "staging_changes", run_id)
 
 
 def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
@@ -135,9 +136,9 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
     of them require review, ``baseline``: versions for datasets harvested before history existed
     (no change row), and ``unchanged_snapshot``: updated records whose snapshot did not change.
     """
-    clear(conn, run_id)
     conn.execute("DELETE FROM staging_changes s USING sync_runs r WHERE r.run_id = s.run_id AND r.status <> 'running'"
                  " AND NOT r.resumable")
+    clear(conn, run_id)  # (after the sweep: the table is then truncated when no other run's changes are left)
     counts: Counter = Counter()
     params = {"run": run_id, "portal": portal_url}
     with reader.transaction():

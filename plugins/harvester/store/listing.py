@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Iterable, Iterator
 
 from harvester.domain.screening import escaped
+from harvester.store import staging
 
 # staging_records.seq of the records a reconciliation stages (fetch_modified counts up from 0).
 RECONCILE_SEQ = 1 << 40
@@ -32,8 +33,9 @@ def clear(conn, run_id: int) -> None:
 
 
 def drop(conn, run_id: int) -> None:
-    """The run is over (committed, failed or cancelled): its listing goes."""
-    conn.execute("DELETE FROM staging_listing WHERE run_id = %s", (run_id,))
+    """The run is over (committed, failed or cancelled): its listing goes (staging.release: the
+    table truncated when no other run's listing is there)."""
+    staging.release(conn, "staging_listing", run_id)
 
 
 def write(conn, run_id: int, rows: Iterable[tuple[str, datetime | None]]) -> int:

@@ -18,28 +18,53 @@ _TYPES = ("int8", "int8", "text", "text", "text", "text", "text", "text", "text"
           "text", "jsonb", "text", "timestamptz", "jsonb", "text", "jsonb", "text")
 
 
-def clear(conn, run_id: int) -> None:
-    """Forget what this run staged: what an earlier attempt staged (a retried fetch starts over),
-    or, at commit, the whole run's records.
+# The tables a run stages into, each keyed by run_id: all runs (of every portal) share them.
+RUN_TABLES = ("staging_records", "staging_changes", "staging_deleted", "staging_listing", "embedding_claims")
 
-    When no other run holds staged records (the usual case: runs of other portals rarely overlap)
-    and the table can be locked at once, it is truncated: deleting a large run's rows one by one
-    costs seconds (every record's JSON is stored out of line, in several pieces) and leaves dead
-    rows that every later scan of the table reads until a vacuum. Otherwise (a COPY, a scan or a
-    vacuum of the table under way, or another run's records kept) the run's rows are deleted. The
-    lock is held to the end of the caller's transaction (at commit, the upsert's last statements)."""
+
+def release(conn, table: str, run_id: int) -> int:
+    """Forget the rows ``run_id`` holds in the staging table ``table`` (one of ``RUN_TABLES``);
+    returns how many there were.
+
+    A staging table's rows are deleted by the thousands once a run commits (a first sync's staged
+    records and changes: several KB a dataset, out of line too), and deleted rows keep their pages:
+    until a vacuum comes by they are scanned by every later statement of the table and counted in
+    its size, and a vacuum hands the heap's pages back but never an index's (issue 40: 2.4 KB a
+    dataset in staging_changes after a first sync of 100,000). So when no other run holds rows in
+    the table (the usual case: runs of different portals rarely overlap) and it can be locked at
+    once, it is truncated: its heap, TOAST and indexes go back to empty files. Otherwise (another
+    run's rows are there, or a COPY, a scan or a vacuum of the table is under way: NOWAIT, never a
+    wait) the run's rows are deleted, and the next run that finds the table alone truncates it.
+    Nothing is done when the table has no pages (a run that staged nothing there).
+
+    The ACCESS EXCLUSIVE lock is held to the end of the caller's transaction: at commit, the
+    upsert's last statements, during which another portal's run that writes to the table waits.
+    TRUNCATE is safe under concurrency here: holding the lock, no other transaction has uncommitted
+    rows in the table, and the committed rows of other runs are what the check sees (READ COMMITTED)."""
+    if table not in RUN_TABLES:
+        raise ValueError(f"{table!r} is not a staging table (one of {', '.join(RUN_TABLES)})")
+    params = {"run": run_id, "table": table}
+    if conn.execute("SELECT pg_relation_size(%(table)s::regclass) = 0", params).fetchone()[0]:
+        return 0
     try:
         with conn.transaction():
-            conn.execute("LOCK TABLE staging_records IN ACCESS EXCLUSIVE MODE NOWAIT")
-            others = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM staging_records WHERE run_id < %(run)s)"
-                " OR EXISTS (SELECT 1 FROM staging_records WHERE run_id > %(run)s)", {"run": run_id}).fetchone()[0]
+            conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE NOWAIT")  # (a name of RUN_TABLES)
+            mine, others = conn.execute(
+                f"SELECT (SELECT count(*) FROM {table} WHERE run_id = %(run)s),"
+                f" EXISTS (SELECT 1 FROM {table} WHERE run_id < %(run)s)"
+                f" OR EXISTS (SELECT 1 FROM {table} WHERE run_id > %(run)s)", params).fetchone()
             if not others:
-                conn.execute("TRUNCATE staging_records")
-                return
+                conn.execute(f"TRUNCATE {table}")
+                return mine
     except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege):
         pass  # (a role that may delete but not truncate: deleting is what it always did)
-    conn.execute("DELETE FROM staging_records WHERE run_id = %s", (run_id,))
+    return conn.execute(f"DELETE FROM {table} WHERE run_id = %(run)s", params).rowcount
+
+
+def clear(conn, run_id: int) -> None:
+    """Forget what this run staged: what an earlier attempt staged (a retried fetch starts over),
+    or, at commit, the whole run's records (``release``: truncated when no other run's are there)."""
+    release(conn, "staging_records", run_id)
 
 
 def _strip_nul(value):
