@@ -8,7 +8,10 @@ provider talking to the local Gemini-protocol server (--dimension 768 by default
 1. right after the first sync (no VACUUM; autovacuum as users have it: on, with its defaults);
 2. after --runs incremental runs (10 by default), before each of which --changed (1%) of the
    datasets are edited on the portal (a new title: a new version, a new vector, new search rows);
-   nothing vacuumed by hand between them;
+   nothing vacuumed by hand between them, but autovacuum is given the time it has between real
+   runs, hours apart: its naptime is 1 s on the bench's server and each run is followed by a wait
+   until no table is over its autovacuum threshold (the server's defaults, the tables' own
+   settings: sql/028) and no autovacuum worker is busy (--no-settle: no wait, naptime unchanged);
 3. after a plain VACUUM (not FULL: what autovacuum gets to, without taking the tables away).
 
 Each time it prints every table of the schema with its heap (with its free-space and visibility
@@ -75,12 +78,15 @@ def measure(conn) -> dict:
     server = conn.execute("SHOW server_version").fetchone()[0]
     pgvector = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
     staged = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in STAGING}  # (names above)
+    autovacuums = conn.execute("SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_all_tables"
+                               " WHERE schemaname IN ('public', 'pg_toast')").fetchone()[0]
     return {"server": f"PostgreSQL {server}, pgvector {pgvector}", "datasets": datasets, "versions": versions,
             "parts": [{"table": t, "part": p, "bytes": s, "per_dataset": round(per(s), 1)} for t, p, s in rows],
             "tables": [{"table": t, "bytes": s, "per_dataset": round(per(s), 1)}
                        for t, s in sorted(by_table.items(), key=lambda kv: -kv[1])],
             "total_bytes": sum(by_table.values()),
-            "total_per_dataset": round(per(sum(by_table.values())), 1), "staged_rows": staged}
+            "total_per_dataset": round(per(sum(by_table.values())), 1), "staged_rows": staged,
+            "autovacuums": int(autovacuums)}
 
 
 def _small(report: dict, table: str) -> bool:
@@ -143,6 +149,40 @@ def edit_round(records: list[dict], portal_server, share: float, round_: int) ->
     return len(edited)
 
 
+# Tables (and TOAST tables) of the schema whose dead rows are over their autovacuum threshold:
+# autovacuum_vacuum_threshold + its scale factor (the table's own, else the server's) x its rows.
+_DUE = """
+SELECT count(*) FROM pg_stat_all_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE (s.schemaname = 'public' OR c.oid IN (SELECT reltoastrelid FROM pg_class t JOIN pg_namespace n
+                                            ON n.oid = t.relnamespace WHERE n.nspname = 'public'))
+  AND s.n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float8
+      + coalesce((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions)
+                  WHERE option_name = 'autovacuum_vacuum_scale_factor'),
+                 current_setting('autovacuum_vacuum_scale_factor')::float8) * greatest(c.reltuples, 0)
+"""
+
+
+def settle(conns, limit: float = 60.0) -> float:
+    """The time autovacuum has between two real runs (hours, where the bench has seconds): with
+    its naptime at 1 s (``run``), wait until no table is over its threshold and no autovacuum
+    worker is busy, ``limit`` seconds at most; returns the seconds waited. What autovacuum does is
+    what it would do for users: the thresholds are the server's and the tables' own."""
+    started = time.monotonic()
+    for c in conns:  # this bench's own statistics counted now, not up to 10 s later
+        c.execute("SELECT pg_stat_force_next_flush()")
+        c.execute("SELECT 1")
+    time.sleep(2.5)  # two naptimes: the launcher has started a worker, which has read the statistics
+    conn = conns[0]
+    while time.monotonic() - started < limit:
+        due = conn.execute(_DUE).fetchone()[0]
+        busy = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                            " AND datname = current_database()").fetchone()[0]
+        if not due and not busy:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
 def run(url: str, args) -> list[tuple[str, dict]]:
     from harvest_bench import synthetic
 
@@ -164,6 +204,9 @@ def run(url: str, args) -> list[tuple[str, dict]]:
             if conn.execute("SELECT count(*) FROM datasets").fetchone()[0]:
                 raise SystemExit(f"the database {url} already holds datasets: give an empty one")
             autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
+            if args.settle:  # (the bench's own server: a test database's server is shared)
+                conn.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
+                conn.execute("SELECT pg_reload_conf()")
             started = time.perf_counter()
             pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
             print(f"first sync of {args.datasets:,} datasets at {args.dimension} dimensions in "
@@ -173,10 +216,13 @@ def run(url: str, args) -> list[tuple[str, dict]]:
                 started = time.perf_counter()
                 edited = edit_round(records, portal_server, args.changed, k)
                 out = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
+                took = time.perf_counter() - started
+                waited = settle([conn, reader]) if args.settle else 0.0
                 report = measure(conn)
                 print(f"incremental run {k}: {edited:,} edited, {out.get('updated', '?')} updated, "
                       f"{report['versions']:,} versions, {report['total_per_dataset']:,.0f} bytes per dataset, "
-                      f"{time.perf_counter() - started:.1f} s", flush=True)
+                      f"{took:.1f} s (then {waited:.1f} s for autovacuum; {report['autovacuums']} autovacuums of a table "
+                      "so far)", flush=True)
             if args.runs:
                 stages.append((f"after {args.runs} incremental runs of {args.changed:.0%}", report))
             conn.execute("VACUUM")
@@ -195,8 +241,11 @@ def main() -> int:
     parser.add_argument("--database-url", help="an existing, migrated, empty database instead of a fresh server")
     parser.add_argument("--postgres-bin", type=Path,
                         help="the fresh server's bin directory (initdb, pg_ctl; default: the embedded PostgreSQL 18)")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="do not give autovacuum its time between runs (naptime 1 s and a wait for it)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
+    args.settle = args.settle and not args.database_url
     if args.database_url:
         stages = run(args.database_url, args)
     else:

@@ -196,3 +196,32 @@ def test_a_role_that_may_not_create_the_extension_is_told_who_must_before_anythi
             admin.execute(f'DROP OWNED BY "{role}"')
         with psycopg.connect(empty_database_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
             admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_028_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_database(empty_database_url, tmp_path):
+    """028 (issue 40): the tables holding a row a dataset are vacuumed at 2% dead rows, not 20%, so
+    the room a run's changes free is reused by the next runs; an upgrade keeps every row."""
+    import shutil
+
+    earlier = tmp_path / "sql"
+    earlier.mkdir()
+    for version, path in migrations.migration_files():
+        if version < 28:
+            shutil.copy(path, earlier / path.name)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrations.migrate(conn, earlier)
+        conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+                     " first_seen_at, updated_at, last_seen_at, raw) VALUES ('https://p.example', 'a', 'u', 'h', 'c',"
+                     " 'm', 't', now(), now(), now(), '{\"notes\": \"kept\"}')")
+        assert migrations.migrate(conn)[0].startswith("028_")
+        options = dict(conn.execute(
+            "SELECT c.relname, array_to_string(c.reloptions, ',') FROM pg_class c"
+            " WHERE c.relname IN ('datasets', 'dataset_search', 'dataset_versions', 'dataset_keys', 'dataset_vectors')"
+        ).fetchall())
+        assert all("autovacuum_vacuum_scale_factor=0.02" in options[t] for t in options), options
+        assert "fillfactor=70" in options["datasets"]  # (009's, kept)
+        toast = dict(conn.execute(
+            "SELECT c.relname, array_to_string(t.reloptions, ',') FROM pg_class c JOIN pg_class t ON t.oid = c.reltoastrelid"
+            " WHERE c.relname IN ('datasets', 'dataset_search', 'dataset_versions')").fetchall())
+        assert all(v == "autovacuum_vacuum_scale_factor=0.02" for v in toast.values()), toast
+        assert conn.execute("SELECT raw ->> 'notes' FROM datasets").fetchone()[0] == "kept"
