@@ -226,11 +226,14 @@ class HttpFetcher:
         self.bytes_received += int(n)
 
     def get(self, url: str, *, params: dict | None = None, headers: dict | None = None, stream: bool = False,
-            parse: Callable[[requests.Response], Any] | None = None, what: str | None = None) -> Any:
+            parse: Callable[[requests.Response], Any] | None = None, what: str | None = None,
+            capped_whole: bool = False) -> Any:
         """GET ``url`` (with query ``params``), retrying transient failures. Returns the answer, or
         what ``parse(answer)`` returns when ``parse`` is given (it may raise ``Retryable`` to have
         the answer retried like a 5xx; any other exception goes to the caller, unretried).
-        ``stream``: the body is left unread (the caller reads it and adds its bytes). ``what``
+        ``stream``: the body is left unread (the caller reads it and adds its bytes), capped by the
+        policy's ``max_stream_bytes``, or by ``max_bytes`` like a body read whole with ``capped_whole``
+        (a page of a paged API that the caller parses as it streams, record by record). ``what``
         names the request in log lines and in the ``RetriesExhausted`` message (default ``GET
         <url>``, after ``<label>: `` when the URL is not under the label's: each URL once)."""
         shown = scrub_url(url)
@@ -243,7 +246,7 @@ class HttpFetcher:
             self.requests_made += 1
             retry_after = status = None
             try:
-                resp = self._send(url, params, headers, stream)
+                resp = self._send(url, params, headers, stream and not capped_whole)
                 if not stream:
                     try:
                         read_whole(resp)

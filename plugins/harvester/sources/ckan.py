@@ -50,14 +50,17 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
+import ijson
 import requests
+import urllib3
 
 from harvester.config.portals import CKAN
 from harvester.domain.dataset import DatasetRecord, normalize, parse_timestamp
-from harvester.http import HttpFetcher, RetriesExhausted, Retryable, scrub_url, split_userinfo
+from harvester.http import (HttpFetcher, RetriesExhausted, Retryable, failure_text, scrub_url, split_userinfo,
+                            streamed_bytes, wire_bytes)
 from harvester.sources.base import Capabilities, IdPage, Listing, SourceError, SourceUnavailable, to_ms
 from harvester.sources.base import FilterRejected as SourceFilterRejected
-from harvester.sources.json_stream import answer_json
+from harvester.sources.json_stream import StandIns, answer_json, build, skip
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,9 @@ LISTING_FIELDS = ("id", "metadata_modified")  # what a reconciliation lists of e
 ROWS_MAX = 1000  # CKAN's default ckan.search.rows_max: larger `rows` are silently cut to it
 _MAX_KEY = datetime.max.replace(tzinfo=timezone.utc)  # records without a timestamp: Solr sorts them last
 _MAX_STEPBACKS = 100
+# A listing hands its records on in slices of at most this many bytes of the answer (and at most a
+# page): a page of 1,000 real records is tens of MB of JSON and several times that as objects.
+SLICE_BYTES = 2 * 2**20
 
 
 class CkanError(SourceError):
@@ -157,6 +163,180 @@ def _snippet(resp: requests.Response) -> str:
     return text[:120] or "(empty body)"
 
 
+class _Whole:
+    """A listing page's answer that was read whole after all (see ``CkanClient._open_page``), as a
+    ``_Streamed`` is read."""
+
+    success = True
+
+    def __init__(self, result: Any):
+        if not isinstance(result, dict) or not isinstance(result.get("results"), list):
+            raise CkanError("package_search: unexpected result shape (read whole)", action="package_search")
+        self.result, self.count = result, result.get("count")
+        self.body = _Counted(None)
+
+    def records(self) -> Iterator[Any]:
+        results, self.result = self.result["results"], None
+        yield from results
+
+    def close(self) -> None:
+        pass
+
+
+class _PageRead:
+    """What the listing learns of a page as it reads it: the answer's ``count`` and how many bytes
+    of it were read (what slices it)."""
+
+    def __init__(self):
+        self.count: Any = None
+        self.stream: _Streamed | None = None
+
+    def bytes_read(self) -> int:
+        return self.stream.body.read_bytes if self.stream is not None else 0
+
+
+class _Counted:
+    """A streamed body (urllib3, decoded as it comes) that counts the bytes read of it."""
+
+    def __init__(self, raw):
+        self.raw, self.read_bytes = raw, 0
+        self.kept: list[bytes] | None = []  # what was read before the first record (then None)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.read_bytes += len(data)
+        if self.kept is not None:
+            self.kept.append(data)
+        return data
+
+
+class _Streamed:
+    """One ``package_search`` answer read as it streams (ijson's basic events through ``StandIns``,
+    each record built alone, ``json_stream.build``): opening it (``open``) reads the envelope up to
+    the first record (``success``, ``count`` when they come first); ``records()`` then yields the
+    records one at a time and reads the rest of the answer; ``count`` and ``success`` are known at
+    the latest once ``records()`` is spent. Never the whole body as one bytes object, nor the page as
+    one tree. ``close()`` releases the connection and counts the bytes received."""
+
+    def __init__(self, client: "CkanClient", resp: requests.Response):
+        self.client, self.resp = client, resp
+        raw = resp.raw
+        raw.decode_content = True  # a gzip / deflate Content-Encoding undone as the body streams
+        self.body = _Counted(raw)
+        self.stand_ins = StandIns(self.body)
+        self.events = ijson.basic_parse(self.stand_ins, use_float=True)
+        self.count: Any = None
+        self.success: Any = None
+        self.has_results = False
+        self.read = 0  # records read
+        self._closed = False
+
+    def _value(self, event: str, value: Any) -> Any:
+        if event in ("start_map", "start_array"):
+            value = build(self.events, event, stand_ins=self.stand_ins)
+        return self.stand_ins.restore(value) if self.stand_ins.pending else value
+
+    def open(self) -> None:
+        """Reads up to the first record of ``result.results`` (or to the end of a document that has
+        none). ValueError for what is not JSON or not an answer with a ``result`` object."""
+        events = self.events
+        try:
+            event, _ = next(events)
+            if event != "start_map":
+                raise ValueError("the answer is not a JSON object")
+            for event, value in events:
+                if event == "end_map":
+                    return  # (no result: the caller says what the envelope lacks)
+                key = value
+                event, value = next(events)
+                if key == "success":
+                    self.success = self._value(event, value)
+                elif key == "result":
+                    if event != "start_map":
+                        self.result_shape = False
+                        self._value(event, value)
+                        continue
+                    if self._into_result():
+                        return
+                elif event in ("start_map", "start_array"):
+                    skip(events, self.stand_ins)
+        except StopIteration:
+            raise ValueError("the document ends before its answer does") from None
+        except ijson.JSONError as exc:
+            raise ValueError(_json_reason(exc)) from None
+
+    result_shape = True
+
+    def _into_result(self) -> bool:
+        """Inside ``result``: True at the first record of ``results``, False at the result's end."""
+        events = self.events
+        for event, value in events:
+            if event == "end_map":
+                return False
+            key = value
+            event, value = next(events)
+            if key == "results" and event == "start_array":
+                self.has_results = True
+                self.body.kept = None
+                return True
+            if key == "count":
+                self.count = self._value(event, value)
+            elif event in ("start_map", "start_array"):
+                skip(events, self.stand_ins)
+        raise StopIteration
+
+    def records(self) -> Iterator[Any]:
+        """The records, then the rest of the answer read (ValueError: it breaks off or is not JSON;
+        the guard's TooLarge and FetchTimeout as they are)."""
+        events = self.events
+        try:
+            if self.has_results:
+                for event, value in events:
+                    if event == "end_array":
+                        break
+                    yield self._value(event, value)
+                    self.read += 1
+                else:
+                    raise StopIteration
+                for event, value in events:  # the rest of result, then of the envelope
+                    if event == "end_map":
+                        break
+                    key = value
+                    event, value = next(events)
+                    if key == "count":
+                        self.count = self._value(event, value)
+                    elif event in ("start_map", "start_array"):
+                        skip(events, self.stand_ins)
+                for event, value in events:  # the rest of the envelope
+                    if event == "end_map":
+                        break
+                    key = value
+                    event, value = next(events)
+                    if key == "success":
+                        self.success = self._value(event, value)
+                    elif event in ("start_map", "start_array"):
+                        skip(events, self.stand_ins)
+                for _ in events:  # (anything after the envelope is the parser's error)
+                    pass
+        except StopIteration:
+            raise ValueError("the answer breaks off (the document ends inside it)") from None
+        except ijson.JSONError as exc:
+            raise ValueError(_json_reason(exc)) from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.client.http.add_bytes(streamed_bytes(self.resp.raw))
+            self.resp.close()
+
+
+def _json_reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
 # -- the client ---------------------------------------------------------------------------------
 class CkanClient:
     """One CKAN portal's Action API (``<base_url>/api/3/action/...``), over ``http`` (an
@@ -190,6 +370,7 @@ class CkanClient:
                                 basic_auth=None if api_key else basic_auth)
         self.total: int | None = None
         self.cut: str | None = None
+        self.slice_bytes = SLICE_BYTES  # a listing's slices: at most this many bytes of its answer
         self._fq_rejected = False
         self._ids_fq_rejected = False
 
@@ -214,7 +395,16 @@ class CkanClient:
 
     def package_search(self, *, fq: str | None = None, start: int = 0, rows: int = 1000,
                        sort: str = LISTING_SORT, q: str = "*:*", fl: str | None = None) -> dict:
-        """One raw ``package_search`` (``{"count", "results", ...}``)."""
+        """One raw ``package_search`` (``{"count", "results", ...}``), read whole."""
+        params = self._search_params(fq=fq, start=start, rows=rows, sort=sort, q=q, fl=fl)
+        result = self._call("package_search", params, fq=fq)
+        if not isinstance(result, dict) or not isinstance(result.get("results"), list):
+            raise CkanError(f"{self.portal} package_search: unexpected result shape",
+                            portal=self.portal, action="package_search")
+        return result
+
+    def _search_params(self, *, fq: str | None = None, start: int = 0, rows: int = 1000,
+                       sort: str = LISTING_SORT, q: str = "*:*", fl: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"q": q, "sort": sort, "rows": rows, "start": start}
         if self.include_private:
             params["include_private"] = "true"
@@ -222,11 +412,97 @@ class CkanClient:
             params["fq"] = fq
         if fl:
             params["fl"] = fl
-        result = self._call("package_search", params, fq=fq)
-        if not isinstance(result, dict) or not isinstance(result.get("results"), list):
-            raise CkanError(f"{self.portal} package_search: unexpected result shape",
-                            portal=self.portal, action="package_search")
-        return result
+        return params
+
+    def _page_name(self, start: int, rows: int, fq: str | None) -> str:
+        return f"{self.portal} package_search start={start} rows={rows}" + (f" fq={fq!r}" if fq else "")
+
+    def _page_records(self, answer: _PageRead, *, fq: str | None, start: int, rows: int,
+                      fl: str | None) -> Iterator[Any]:
+        """The records of one listing page, read as the answer streams (``_Streamed``), ``answer``
+        told its count. An answer that breaks off or turns out not to be CKAN's once records of it
+        were handed on (a connection cut, a body that is not JSON past some point, no ``success:
+        true``) is asked again and read whole, through the retrying path, and its records after
+        those already handed on come from there (its first ones must be the same records): what
+        was handed on stays, nothing is handed on twice, and a page that never reads whole fails
+        with an error naming it. The guard's size cap and deadline stop the page as they are."""
+        params = self._search_params(fq=fq, start=start, rows=rows, fl=fl)
+        what = f"{self.portal} package_search"
+        try:
+            stream = self.http.get(f"{self.base_url}/api/3/action/package_search", params=params, what=what,
+                                   stream=True, capped_whole=True, parse=lambda resp: self._open_page(resp, fq))
+        except RetriesExhausted as exc:
+            raise PortalUnavailable(f"{what}: portal unavailable after {exc.attempts} attempts (last: {exc.last})",
+                                    portal=self.portal, action="package_search", status=exc.status) from None
+        answer.stream = stream
+        read_ids: list = []
+        try:
+            for rec in stream.records():
+                read_ids.append(_identity(rec))
+                yield rec
+            if stream.success is not True:
+                raise ValueError(f"the answer has no success: true (success: {stream.success!r})")
+            answer.count = stream.count
+            return
+        except SourceError:
+            raise  # (the guard's TooLarge, FetchTimeout)
+        except (ValueError, OSError, urllib3.exceptions.HTTPError, requests.RequestException) as exc:
+            reason = failure_text(exc) if not isinstance(exc, ValueError) else str(exc)
+        finally:
+            stream.close()
+        name = self._page_name(start, rows, fq)
+        done = len(read_ids)
+        log.warning("%s: the answer broke off after %d of its records (%s); reading the page again, whole",
+                    name, done, _shorten(reason, 200))
+        try:
+            result = self.package_search(fq=fq, start=start, rows=rows, fl=fl)
+        except CkanError as exc:
+            raise type(exc)(f"{name}: the answer broke off after {done} records ({_shorten(reason, 200)}), which "
+                            f"were kept; read again: {exc}", portal=self.portal, action="package_search",
+                            status=exc.status, error_type=exc.error_type) from None
+        page = result["results"]
+        if [_identity(r) for r in page[:done]] != read_ids:
+            raise PortalUnavailable(f"{name}: the answer broke off after {done} records ({_shorten(reason, 200)}), "
+                                    "which were kept, and read again it no longer begins with them",
+                                    portal=self.portal, action="package_search")
+        answer.count = result.get("count")
+        answer.stream = None
+        del read_ids[:]
+        yield from page[done:]
+
+    def _open_page(self, resp: requests.Response, fq: str | None) -> "_Streamed":
+        """A listing page's answer opened (``_Streamed.open``): its records not read yet. What is
+        not a CKAN answer before its first record is retried (``_NotCkanAnswer``), as a page read
+        whole is; an error answer (not 2xx) is read whole and judged as ``_result`` does."""
+        status = resp.status_code
+        if not 200 <= status < 300:
+            try:
+                resp.content  # noqa: B018 - (an error answer: small, read whole, capped)
+            finally:
+                self.http.add_bytes(wire_bytes(resp))
+            return self._result("package_search", resp, fq)  # (raises)
+        stream = _Streamed(self, resp)
+        try:
+            stream.open()
+        except SourceError:
+            stream.close()
+            raise
+        except (OSError, urllib3.exceptions.HTTPError, requests.RequestException) as exc:
+            stream.close()
+            raise _NotCkanAnswer(f"HTTP {status}, the answer broke off: {failure_text(exc)}") from None
+        except ValueError:
+            pass
+        else:
+            if stream.has_results and stream.success is not False:
+                return stream
+        # Not a listing's answer, as far as it was read: read whole and judged as every answer is
+        # (the same retries and messages), or, if it reads whole after all, its records from there.
+        try:
+            kept, stream.body.kept = b"".join(stream.body.kept or ()), None
+            resp._content = kept + stream.body.raw.read()
+        finally:
+            stream.close()
+        return _Whole(self._result("package_search", resp, fq))
 
     def count(self) -> int:
         """How many datasets the portal lists (one ``package_search`` with ``rows=0``)."""
@@ -279,40 +555,80 @@ class CkanClient:
             rows = page_size + 1 if overlap and page_size < ROWS_MAX else page_size
             fq = fq_for(boundary)
             fq_boundary = boundary
+            # The page is read as it streams, a record at a time (``_page_records``), and handed on
+            # in slices of at most SLICE_BYTES of the answer: every check a record needs is made as
+            # it comes (fl, fq, sort order, the overlap); those that need the whole page (the count,
+            # a page repeating the one before) once it is read.
+            ids: list = []  # the page's identities, in order
+            n = missing = run_len = 0
+            prev_key = run_key = None
+            fresh: list = []
+            stepped_back = False
+            answer = _PageRead()
             try:
-                result = self.package_search(fq=fq, start=start, rows=rows, fl=fl)
-                page = result["results"]
-                if fl and any(not isinstance(r, dict) for r in page):
-                    raise CkanError(f"{self.portal} package_search: fl={fl!r} answered with something other "
-                                    "than records", portal=self.portal, action="package_search")
-                keys = [_record_key(r) for r in page]
-                self._check_order(keys, fq, fq_boundary)
+                read = self._page_records(answer, fq=fq, start=start, rows=rows, fl=fl)
+                try:
+                    mark = 0
+                    for rec in read:
+                        if fl and not isinstance(rec, dict):
+                            raise CkanError(f"{self.portal} package_search: fl={fl!r} answered with something "
+                                            "other than records", portal=self.portal, action="package_search")
+                        key = _record_key(rec)
+                        if fq is not None and (key < fq_boundary or key is _MAX_KEY):
+                            raise FilterRejected(f"{self.portal} package_search: the portal ignored fq {fq!r} "
+                                                 "(returned records outside it)", portal=self.portal,
+                                                 action="package_search")
+                        if prev_key is not None and key < prev_key:
+                            raise CkanError(f"{self.portal} package_search: the portal did not honour "
+                                            f"sort={LISTING_SORT!r}", portal=self.portal, action="package_search")
+                        prev_key = key
+                        run_key, run_len = (key, run_len + 1) if key == run_key else (key, 1)
+                        ident = _identity(rec)
+                        ids.append(ident)
+                        n += 1
+                        if key is _MAX_KEY:
+                            missing += 1
+                        if first and answer.count is not None:
+                            self.total = answer.count if isinstance(answer.count, int) else None
+                        received = boundary is not None and (key < boundary or (key == boundary and ident in seen))
+                        if n == 1 and overlap and not received:
+                            stepped_back = True  # (see below)
+                            break
+                        if received:
+                            continue
+                        fresh.append(rec)
+                        if boundary is None or key > boundary:
+                            boundary, seen = key, {ident}
+                        else:
+                            seen.add(ident)
+                        if answer.bytes_read() - mark >= self.slice_bytes:
+                            mark = answer.bytes_read()
+                            yielded += len(fresh)
+                            yield fresh
+                            fresh = []
+                finally:
+                    read.close()
             except FilterRejected as exc:
                 if fq is None:
                     raise
                 self._fq_rejected = True  # a full listing on this client will not try fq again
                 if since is not None:
                     raise
+                if fresh:
+                    yielded += len(fresh)
+                    yield fresh  # (records of the filter's range, before the one outside it)
                 log.warning("%s rejected the listing filter (%s); listing on without fq", self.portal, exc)
                 use_fq, pos, last_ids = False, 0, None
                 continue
-            ids = tuple(_identity(r) for r in page)
-            if page and ids == last_ids:
-                self.cut = (f"{self.portal} package_search: the answer at start={start} repeats the page "
-                            f"before it; the listing stops there, incomplete ({yielded} records)")
-                log.warning("%s", self.cut)
-                break
-            last_ids = ids
-            count = result.get("count")
+            if fresh:
+                yielded += len(fresh)
+                yield fresh
+                fresh = []
+            count = answer.count
             if first:
                 self.total = count if isinstance(count, int) else None
                 first = False
-
-            def received(i: int) -> bool:
-                return boundary is not None and (keys[i] < boundary or (keys[i] == boundary
-                                                                        and _identity(page[i]) in seen))
-
-            if overlap and (not page or not received(0)):
+            if stepped_back or (overlap and not n):
                 # the record just before `pos` is not one we have: records before it vanished
                 # (modified, so moved to the end) and shifted the rest; never skip, step back
                 stepbacks += 1
@@ -323,42 +639,37 @@ class CkanClient:
                 log.info("%s: listing shifted at start=%s; stepping back", self.portal, start)
                 pos, last_ids = max(0, pos - page_size), None  # (the page stepped back to may be this one)
                 continue
-
-            fresh = []
-            for i, rec in enumerate(page):
-                if received(i):
-                    continue
-                fresh.append(rec)
-                if boundary is None or keys[i] > boundary:
-                    boundary, seen = keys[i], {_identity(rec)}
-                else:
-                    seen.add(_identity(rec))
-            missing = sum(1 for k in keys if k is _MAX_KEY)
+            page_ids = tuple(ids)
+            if n and page_ids == last_ids:
+                # (its records were all received before: none of it was handed on again)
+                self.cut = (f"{self.portal} package_search: the answer at start={start} repeats the page "
+                            f"before it; the listing stops there, incomplete ({yielded} records)")
+                log.warning("%s", self.cut)
+                break
+            last_ids = page_ids
+            del ids, page_ids
             if missing:
                 log.warning("%s: %d record(s) without a usable metadata_modified", self.portal, missing)
-            log.debug("%s package_search start=%s rows=%s fq=%s: %s records, %s new, count=%s",
-                      self.portal, start, rows, fq, len(page), len(fresh), count)
-            if fresh:
-                yielded += len(fresh)
-                yield fresh
-            if not page:
+            log.debug("%s package_search start=%s rows=%s fq=%s: %s records, count=%s",
+                      self.portal, start, rows, fq, n, count)
+            if not n:
                 break
             if isinstance(count, int):
-                if start + len(page) >= count:
+                if start + n >= count:
                     break  # CKAN's count (Solr's numFound) is exact: all were listed
-            elif overlap and len(page) == 1:
+            elif overlap and n == 1:
                 break  # no count: nothing after the record we stood on (the empty page's equivalent)
             # No count (not CKAN's own answer): a short page is no proof of the end, since
             # ckan.search.rows_max may cut pages below ``rows`` (issue 36); an empty one is.
             if fq_for(boundary) != fq:
                 # keyset step: the next result list starts with this page's records at the new
                 # boundary (all seen), so go on right after them
-                pos = sum(1 for k in keys if k == boundary)
+                pos = run_len if run_key == boundary else 0
             else:
-                new_pos = start + len(page)
+                new_pos = start + n
                 if new_pos <= pos:
                     raise CkanError(f"{self.portal} package_search: listing made no progress at "
-                                    f"start={start} (pages of {len(page)} records)",
+                                    f"start={start} (pages of {n} records)",
                                     portal=self.portal, action="package_search")
                 pos = new_pos
         made = self.requests_made - requests_before
@@ -486,6 +797,8 @@ class CkanSource:
 
     def iter_records(self, since: datetime | None, page_size: int, listing: Listing,
                      validators: dict | None = None) -> Iterator[list[DatasetRecord]]:
+        """The listing's records normalized, in the slices the client reads them in (at most
+        ``CkanClient.slice_bytes`` of the answer each, never more than a page)."""
         for page in self.client.iter_pages(since, page_size=page_size):
             yield self.records(page)
         listing.complete = since is None and self.client.cut is None
