@@ -75,6 +75,28 @@ def load_base(directory=None) -> list[dict]:
     return base
 
 
+# The "real" shape (issue 40): the records of real size, each with its real resources list: the US
+# portal's datasets (its harvest-source records left out: they are small and have none), the UK
+# portal's and the Brazilian portal's (large resources lists: median 13 KB, up to 200 KB). A page of
+# 1,000 of them is about 13 MB of JSON, as real pages of data.gov are.
+REAL_FILES = ("catalog-data-gov.jsonl", "data-gov-uk.jsonl", "dados-gov-br.jsonl")
+SHAPES = ("mixed", "real")
+
+
+def load_real_base(directory=None) -> list[dict]:
+    """The records of the "real" shape (REAL_FILES), in their files' order."""
+    folder = samples_dir() if directory is None else directory
+    base: list[dict] = []
+    for name in REAL_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"CKAN sample {path} is missing (set HARVESTER_SAMPLES_DIR or put "
+                                    "../shared/ckan-samples beside the repository)")
+        with path.open(encoding="utf-8") as fh:
+            base += [rec for rec in map(json.loads, filter(str.strip, fh)) if rec.get("type") != "harvest"]
+    return base
+
+
 def ms_text(ms: int) -> str:
     """Epoch milliseconds as CKAN writes metadata_modified: ``2020-01-01T00:00:07.000000`` (UTC, no zone)."""
     dt = _NAIVE_EPOCH + timedelta(milliseconds=ms)
@@ -106,13 +128,18 @@ class ScalePortal(ServedPortal):
     ``edit``, ``remove`` and ``add`` may be called while it serves (thread-safe)."""
 
     def __init__(self, datasets: int, *, seed: int = 1, host: str = "127.0.0.1", port: int = 0,
-                 base: list[dict] | None = None):
+                 base: list[dict] | None = None, shape: str = "mixed"):
+        """``shape``: "mixed" (harvest_bench.synthetic's records) or "real" (REAL_FILES: records of
+        real size with their real resources lists, their text varied by ``i``)."""
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
+        self.shape = shape
         if datasets < 0:
             raise ValueError(f"datasets must be >= 0, not {datasets}")
         self.datasets = datasets
         self.seed = seed  # (harvest_bench's seed only varies the seconds ScalePortal replaces)
         self.host, self.port = host, port
-        self._base = base if base is not None else load_base()
+        self._base = base if base is not None else load_real_base() if shape == "real" else load_base()
         if not self._base:
             raise ValueError("no base records to derive datasets from")
         self._lock = threading.Lock()
@@ -130,6 +157,8 @@ class ScalePortal(ServedPortal):
         rec["id"] = bench_id(i)
         rec["name"] = f"{rec.get('name') or 'dataset'}-{i}"
         rec["title"] = f"{rec.get('title') or rec['name']} #{i}"
+        if self.shape == "real":  # varied text, so that no two records embed or hash alike
+            rec["notes"] = f"{rec.get('notes') or ''} (copy {i} of {rec['title']})"
         return rec
 
     def _build(self, st: _State, i: int) -> dict:
