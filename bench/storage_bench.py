@@ -204,6 +204,10 @@ def run(url: str, args) -> list[tuple[str, dict]]:
             if conn.execute("SELECT count(*) FROM datasets").fetchone()[0]:
                 raise SystemExit(f"the database {url} already holds datasets: give an empty one")
             autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
+            if args.autovacuum_defaults:  # what sql/028 changes, measured: its settings undone
+                for table in ("datasets", "dataset_search", "dataset_versions", "dataset_keys", "dataset_vectors"):
+                    conn.execute(f"ALTER TABLE {table} RESET (autovacuum_vacuum_scale_factor,"
+                                 " toast.autovacuum_vacuum_scale_factor)")
             if args.settle:  # (the bench's own server: a test database's server is shared)
                 conn.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
                 conn.execute("SELECT pg_reload_conf()")
@@ -243,6 +247,8 @@ def main() -> int:
                         help="the fresh server's bin directory (initdb, pg_ctl; default: the embedded PostgreSQL 18)")
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="do not give autovacuum its time between runs (naptime 1 s and a wait for it)")
+    parser.add_argument("--autovacuum-defaults", action="store_true",
+                        help="undo sql/028 (the tables' autovacuum scale factors) first: what it changes, measured")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     args.settle = args.settle and not args.database_url

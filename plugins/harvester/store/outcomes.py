@@ -16,11 +16,12 @@ Which rows a run writes:
 - ``removal-withheld`` for a dataset the portal no longer lists when the removal guard tripped.
 
 A step that runs again (a retried task) replaces its own rows: nothing is counted twice. Rows are
-kept ``HARVESTER_OUTCOMES_KEEP_DAYS`` and pruned by ``harvester purge`` (``prune``).
+kept ``HARVESTER_OUTCOMES_KEEP_DAYS``: each run deletes its portal's older rows (``expire``, in
+``record_warnings``), and so does ``harvester purge`` (``prune``).
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 from harvester.config.secrets import redact_url
@@ -41,12 +42,27 @@ def record_errors(conn, run_id: int, portal_url: str) -> int:
     return _record_staged(conn, run_id, portal_url, "error", "s.error IS NOT NULL")
 
 
-def record_warnings(conn, run_id: int, portal_url: str) -> int:
+def record_warnings(conn, run_id: int, portal_url: str, keep: timedelta | None = None) -> int:
     """Once the staged records are classified (hash_compare): the warnings of those the run takes
     in (created, updated, re-identified), replacing the warnings this run wrote before; returns
-    how many."""
-    return _record_staged(conn, run_id, portal_url, "warning",
-                          "s.error IS NULL AND s.outcome IN ('created', 'updated', 'reidentified')")
+    how many. The portal's rows older than ``keep`` (default: HARVESTER_OUTCOMES_KEEP_DAYS) go
+    (``expire``)."""
+    written = _record_staged(conn, run_id, portal_url, "warning",
+                             "s.error IS NULL AND s.outcome IN ('created', 'updated', 'reidentified')")
+    expire(conn, portal_url, keep)
+    return written
+
+
+def expire(conn, portal_url: str, keep: timedelta | None = None) -> int:
+    """Delete the portal's rows recorded more than ``keep`` ago (default: HARVESTER_OUTCOMES_KEEP_DAYS);
+    returns how many. Every run does it (record_warnings), so the table holds the retention's runs
+    and no more: a full sync records its failed records' errors again each time, and without this
+    only `harvester purge` deleted them (issue 40: no table that grows without bound)."""
+    if keep is None:
+        from harvester.config.settings import report_settings
+
+        keep = report_settings().keep
+    return prune(conn, portal_url, datetime.now(timezone.utc) - keep)
 
 
 def _record_staged(conn, run_id: int, portal_url: str, severity: str, records: str) -> int:
