@@ -7,7 +7,8 @@ A run's history is written in two steps, like its datasets:
    Python with the pure ``harvester.domain.changes`` and stages the result in ``staging_changes``.
 2. ``write_history`` and, after a clean full sync, ``apply_removals``: inside the upsert's
    transaction, after ``datasets.merge``, with set-based SQL: versions closed and opened,
-   ``dataset_changes`` rows written, last_seen_at moved, the staged changes dropped.
+   ``dataset_changes`` rows written, last_seen_at moved; the staged changes are dropped with the
+   run's other staging at the end of the commit (``staging.clear``).
 
 Rules
     A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
@@ -124,12 +125,15 @@ def _write_staged(conn, rows: list[tuple]) -> None:
 
 
 def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.SignificanceConfig = ch.DEFAULT, *,
-                    batch_size: int = 1000) -> dict[str, int]:
+                    batch_size: int = 200) -> dict[str, int]:
     """Work out the run's changes into ``staging_changes``; run after hash_compare, before upsert.
 
     ``reader`` is a connection of its own: it streams the records through a server-side cursor
-    while ``conn`` writes each batch with binary COPY. A retry starts over (the run's staged
-    changes are deleted first), and staged changes of runs no longer running are swept away.
+    while ``conn`` writes each batch with binary COPY (``batch_size`` records; three batches are held
+    at once, each record's raw JSON and snapshot, twice for an update: batches of 1,000 real records
+    with their resources lists were 120 MB of a 10,000-dataset first sync's 405 MB peak, issue 40).
+    A retry starts over (the run's staged changes are deleted first), and staged changes of runs no
+    longer running are swept away.
 
     Returns the changes to be recorded per change type (``new``, ``content_updated``,
     ``title_changed``, ``date_changed``, ``metadata_updated``, ``restored``), ``review``: how many
@@ -239,7 +243,8 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
         WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
           AND v.dataset_id = d.id AND v.is_current AND v.last_seen_at < %(seen)s
         """, params).rowcount
-    clear(conn, run_id)
+    # The staged changes go with the run's other staging at the end of the commit (staging.clear):
+    # the table truncated there, its lock held for the commit's last statements only.
     return {"versions": versions, "changes": changes, "refreshed": refreshed, "seen_unchanged": seen_unchanged}
 
 

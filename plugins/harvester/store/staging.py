@@ -63,8 +63,10 @@ def release(conn, table: str, run_id: int) -> int:
 
 def clear(conn, run_id: int) -> None:
     """Forget what this run staged: what an earlier attempt staged (a retried fetch starts over),
-    or, at commit, the whole run's records (``release``: truncated when no other run's are there)."""
+    or, at commit, the whole run's records and the changes history worked out from them
+    (``release``: each table truncated when no other run's rows are there)."""
     release(conn, "staging_records", run_id)
+    release(conn, "staging_changes", run_id)
 
 
 def _strip_nul(value):
