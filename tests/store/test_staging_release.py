@@ -89,3 +89,15 @@ def test_release_keeps_other_runs_rows_and_never_waits(db, database_url):
 def test_release_names_only_staging_tables(db):
     with pytest.raises(ValueError, match="'datasets' is not a staging table"):
         staging.release(db, "datasets", 1)
+
+
+def test_an_emptied_index_is_handed_back_even_when_a_vacuum_truncated_the_heap(db):
+    """A vacuum truncates a table whose rows were all deleted, but never hands an index's pages
+    back: the next release truncates the table all the same."""
+    (run,) = _runs(db, 1)
+    _stage_changes(db, run, 2000)
+    db.execute("DELETE FROM staging_changes")
+    db.execute("VACUUM staging_changes")
+    assert heap_and_toast(db, "staging_changes") == 0 and pages(db, "staging_changes") > empty_size(db, "staging_changes")
+    assert staging.release(db, "staging_changes", run) == 0
+    assert pages(db, "staging_changes") == empty_size(db, "staging_changes")

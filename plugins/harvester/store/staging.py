@@ -22,6 +22,15 @@ _TYPES = ("int8", "int8", "text", "text", "text", "text", "text", "text", "text"
 RUN_TABLES = ("staging_records", "staging_changes", "staging_deleted", "staging_listing", "embedding_claims")
 
 
+# A table with nothing to hand back: no heap page (none written, or a vacuum truncated them all)
+# and no index of more than its metapage and root (a vacuum never hands an index's pages back).
+_EMPTY = """
+    SELECT pg_relation_size(%(table)s::regclass) = 0
+       AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = %(table)s::regclass
+                         AND pg_relation_size(i.indexrelid) > 2 * current_setting('block_size')::int)
+"""
+
+
 def release(conn, table: str, run_id: int) -> int:
     """Forget the rows ``run_id`` holds in the staging table ``table`` (one of ``RUN_TABLES``);
     returns how many there were.
@@ -35,7 +44,7 @@ def release(conn, table: str, run_id: int) -> int:
     once, it is truncated: its heap, TOAST and indexes go back to empty files. Otherwise (another
     run's rows are there, or a COPY, a scan or a vacuum of the table is under way: NOWAIT, never a
     wait) the run's rows are deleted, and the next run that finds the table alone truncates it.
-    Nothing is done when the table has no pages (a run that staged nothing there).
+    Nothing is done when the table has nothing to hand back (a run that staged nothing there).
 
     The ACCESS EXCLUSIVE lock is held to the end of the caller's transaction: at commit, the
     upsert's last statements, during which another portal's run that writes to the table waits.
@@ -44,7 +53,7 @@ def release(conn, table: str, run_id: int) -> int:
     if table not in RUN_TABLES:
         raise ValueError(f"{table!r} is not a staging table (one of {', '.join(RUN_TABLES)})")
     params = {"run": run_id, "table": table}
-    if conn.execute("SELECT pg_relation_size(%(table)s::regclass) = 0", params).fetchone()[0]:
+    if conn.execute(_EMPTY, params).fetchone()[0]:
         return 0
     try:
         with conn.transaction():
