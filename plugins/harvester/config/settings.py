@@ -349,10 +349,11 @@ _ALL = (
             "matches", "search", 1, 10**9),
     Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 20000, "Filters that leave at most this many datasets rank "
             "them exactly (0: never)", "search", 0, 10**7),
-    Setting("HARVESTER_SEARCH_RARE_MATCHES", "int", 5, "Hybrid puts first the datasets holding every word of "
-            "the query when at most this many do (a code, a rare name; 0: never)", "search", 0, 1000),
-    Setting("HARVESTER_SEARCH_RARE_SHARE", "float", 0.01, "... and when they are at most this share of the "
-            "datasets the filters leave", "search", 0, 1),
+    Setting("HARVESTER_SEARCH_RARE_MATCHES", "int", 5, "Hybrid puts first text's best this many datasets "
+            "holding every word of the query when at most this many do, or the query is a code (0: never)",
+            "search", 0, 1000),
+    Setting("HARVESTER_SEARCH_RARE_SHARE", "float", 0.01, "... and when the datasets holding every word are at "
+            "most this share of those the filters leave", "search", 0, 1),
     # -- record reports and validation ------------------------------------------------------------
     Setting("HARVESTER_OUTCOMES_KEEP_DAYS", "int", 90, "How long a run's per-record outcomes (errors and warnings "
             "of its records) are kept; `harvester purge` deletes older ones", "reports", 1, 100000),

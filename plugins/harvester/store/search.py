@@ -22,18 +22,28 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
   list, one whose title holds the query's words in a row as ranked second: a pasted title finds
   its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone.
 - Rare exact matches (``hybrid``): when every word of the query is found together in few datasets
-  (the text side's strict stage, under the filters, finds at least one and at most ``rare_matches``
-  datasets, and at most ``rare_share`` of the datasets the filters leave, PostgreSQL's estimate),
-  that evidence is specific (an agency's or programme's code, a name, a rare word: "prouni",
-  "sneep") and the vector side's for the same query is mostly noise (a model has no meaning for a
-  code, so its nearest datasets are near by chance). Each such dataset then counts as ranked first
-  by two more lists (2 / (rrf_k + 1) more), which puts it ahead of every dataset that is not one
-  (at most 1 / (rrf_k + 1) from the vector side, a relaxed text stage ranked after it and one title
-  boost). RRF alone interleaves the sides (text 1, vector 1, text 2, vector 2, text 3, ...): a code
-  found in four or five datasets lost the fourth and fifth from the top 5 to vector-only neighbours
-  near by chance. Order among them stays the fused one (the vector side still decides
-  between two datasets holding the code). A query whose words are together in many datasets, or in
-  none, is fused as before. bench/search_bench.py's generated ``code`` queries measure it.
+  (the text side's strict stage, under the filters, finds at least one and at most ``rare_share``
+  of the datasets the filters leave, PostgreSQL's estimate of those), and either in at most
+  ``rare_matches`` datasets or the query is a code, that evidence is specific (an agency's or
+  programme's code, a name, a rare word: "prouni", "sneep") and the vector side's for the same
+  query is mostly noise (a model has no meaning for a code, so its nearest datasets are near by
+  chance). A code: one or two words, not only numbers, each written as a code in at least one of
+  text's best datasets for the query (two capitals or more, "IFPA", "CBSAs", in a field that is not
+  shouted in capitals, or letters and digits together, "sp500"); a common word found in 1% of a
+  catalogue is not one, and is fused as any query. Text's best ``rare_matches`` (at most
+  ``limit``) of the strict stage, as text mode orders them, then count as ranked first by two more
+  lists (2 / (rrf_k + 1) more), which puts them ahead of every other dataset (at most
+  1 / (rrf_k + 1) from the vector side, a relaxed text stage ranked after them and one title
+  boost): whatever text has in its top 5 for such a query, hybrid has in its top 5. RRF alone
+  interleaves the sides (text 1, vector 1, text 2, vector 2, text 3, ...): a code found in four
+  datasets or more lost the fourth and fifth from the top 5 to vector-only neighbours near by
+  chance. Order among them stays the fused one (the vector side still decides between two datasets
+  holding the code). When the strict stage filled its ``candidates`` (more matches than fetched),
+  a count capped at the share's bound + 1 (through the GIN index, never every match) decides, and
+  only for a query already read as a code. A query whose words are together in many datasets, or
+  in none, is fused as before. bench/search_bench.py's generated ``code`` (1-5 datasets) and
+  ``code-wide`` (6 to 1% of the corpus) queries measure it; tests/store/test_search_codes.py checks
+  it on the Brazilian, Canadian and US samples.
 
 One dataset on several portals (a duplicate group, store/duplicates.py) is one result: each
 side's hits are collapsed by group before the ranks are taken (a group's rank on a side is its
@@ -92,10 +102,11 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
-    # Rare exact matches (module docstring): the strict text stage's datasets are put first in hybrid
-    # when there are at most rare_matches of them (0: never; at most candidates) and they are at most
-    # rare_share of the datasets the filters leave (a portal filter leaving 12 datasets makes no
-    # match rare).
+    # Rare exact matches (module docstring): text's best rare_matches (0: never; at most limit) of
+    # the strict text stage are put first in hybrid when that stage's datasets are at most
+    # rare_share of those the filters leave (a portal filter leaving 12 datasets makes no match
+    # rare) and either at most rare_matches or the query is a code (issue 40: codes in up to 1% of
+    # a catalogue, not only in up to 5 datasets).
     rare_matches: int = 5
     rare_share: float = 0.01
 
@@ -489,17 +500,78 @@ def _fuse(vector_hits: list[tuple], text_hits: list[tuple], groups: dict[int, di
     return fused
 
 
-def _rare_entries(conn, strict: set[int] | None, fused: dict, where: str, params: dict,
-                  settings: SearchSettings) -> list[dict]:
-    """The fused entries holding a rare exact match (module docstring), or none: the strict text
-    stage found at least one and at most ``rare_matches`` entries (a duplicate group once), at most
-    ``rare_share`` of the datasets passing the filters."""
-    if not strict or not settings.rare_matches:
+# A query word written in the records as a code: two capitals or more ("IFPA", "ProUni", "CBSAs")
+# in a field that is not itself shouted (more lower-case letters than capitals), or letters and
+# digits together ("sp500", "3w").
+_CODE_QUERY_WORDS = 2
+_HAS_DIGIT_AND_LETTER = re.compile(r"(?=.*\d)(?=.*[^\W\d_])")
+
+
+def _written_as_code(word: str, texts: list[str]) -> bool:
+    if _HAS_DIGIT_AND_LETTER.match(word) or not re.search(r"[^\W\d_]", word):
+        return True  # a code with digits, or a number (a year beside a code: "ustr foia 2009")
+    # the word, or it with an ending of one or two letters ("CBSAs" for "cbsa"), between non-letters
+    pattern = re.compile(rf"(?<![^\W_]){re.escape(word)}[^\W\d_]{{0,2}}(?![^\W_])", re.IGNORECASE)
+    for text in texts:
+        if sum(c.islower() for c in text) <= sum(c.isupper() for c in text):
+            continue  # a shouted field: capitals say nothing there
+        if any(sum(c.isupper() for c in m.group()) >= 2 for m in pattern.finditer(text)):
+            return True
+    return False
+
+
+def _looks_like_code(conn, query: str, dataset_ids: list[int]) -> bool:
+    """Whether ``query`` is one or two codes or acronyms (module docstring): at most _CODE_QUERY_WORDS
+    words, not only numbers, each written as a code (_written_as_code) in the title, description,
+    tags or organization of at least one of ``dataset_ids`` (text's best: a handful of rows read)."""
+    words, phrases, negated = _split_query(query)
+    words = [w for w in words if re.search(r"\w", w)]
+    if phrases or not words or len(words) > _CODE_QUERY_WORDS or not any(re.search(r"[^\W\d_]", w) for w in words):
+        return False
+    rows = conn.execute(
+        """
+        SELECT harvester_fold(coalesce(d.title, '')), harvester_fold(left(coalesce(d.description, ''), 20000)),
+               harvester_fold(coalesce(d.organization, '')), harvester_fold(coalesce(d.tags::text, ''))
+        FROM datasets d WHERE d.id = ANY(%s)
+        """, (dataset_ids,)).fetchall()
+    texts = [text for row in rows for text in row if text]
+    return all(_written_as_code(fold(w), texts) for w in words)
+
+
+def _strict_count(conn, tsquery: str, where: str, params: dict, bound: int) -> int:
+    """How many datasets passing the filters hold every word, counted up to ``bound`` + 1 (a capped
+    count through the GIN index: never every match of a common word)."""
+    return conn.execute(
+        f"""
+        SELECT count(*) FROM (SELECT 1 FROM dataset_search s
+                              WHERE s.document @@ %(tsq)s::tsquery AND {where} LIMIT %(cap)s) m
+        """, {**params, "tsq": tsquery, "cap": bound + 1}).fetchone()[0]
+
+
+def _rare_entries(conn, query: str, tsquery: str | None, strict: list[int], complete: bool, fused: dict,
+                  where: str, params: dict, settings: SearchSettings, limit: int) -> list[dict]:
+    """The fused entries to put first as rare exact matches (module docstring), or none: text's best
+    ``min(rare_matches, limit)`` entries of the strict stage (``strict``: its datasets, best first;
+    ``complete``: all of them), ordered as text mode orders them (text rank and title boost), when
+    the strict stage's datasets are at least one and at most ``rare_share`` of the datasets passing
+    the filters (PostgreSQL's estimate) and either at most ``rare_matches`` or the query is a code."""
+    top = min(settings.rare_matches, limit)
+    if not strict or not top or tsquery is None:
         return []
-    entries = [entry for entry in fused.values() if strict & entry["members"].keys()]
-    if not entries or len(entries) > settings.rare_matches:
+    bound = int(settings.rare_share * _estimated_matches(conn, where, params))
+    few = complete and len(strict) <= settings.rare_matches
+    if len(strict) > bound:
         return []
-    if len(entries) > settings.rare_share * _estimated_matches(conn, where, params):
+    strict_set = set(strict)
+    k = settings.rrf_k
+    entries = [e for e in fused.values() if "text" in e["ranks"] and strict_set & e["members"].keys()]
+    entries.sort(key=lambda e: (-(1.0 / (k + e["ranks"]["text"]) + e.get("title_bonus", 0.0)), e["ranks"]["text"]))
+    entries = entries[:top]
+    if not entries or few:
+        return entries
+    if not _looks_like_code(conn, query, [m for e in entries for m in e["members"] if m in strict_set]):
+        return []
+    if not complete and _strict_count(conn, tsquery, where, params, bound) > bound:
         return []
     return entries
 
@@ -564,13 +636,14 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     started = time.perf_counter()
     tq = text_query(conn, query)
     text_hits: list[tuple] = []
-    strict: set[int] | None = None  # the datasets of the strict (every word) text stage, when all fetched
+    strict: list[int] = []  # the datasets of the strict (every word) text stage, best first
+    strict_complete = False  # whether that is all of them
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
         for number, stage in enumerate(tq.stages):
             hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits])
             if number == 0:
-                strict = {i for i, _ in hits} if len(hits) < fetch else None  # None: more than fetch
+                strict, strict_complete = [i for i, _ in hits], len(hits) < fetch
             text_hits += hits
             if len(text_hits) >= limit:
                 break
@@ -592,12 +665,13 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             key, entry = _title_key(title), entry_of[dataset_id]
             if key == wanted and entry.get("title_match") != "exact":
                 entry["score"] += 1.0 / (k + 1) - (1.0 / (k + 2) if entry.get("title_match") == "words" else 0.0)
-                entry["title_match"] = "exact"
+                entry["title_match"], entry["title_bonus"] = "exact", 1.0 / (k + 1)
             elif " " in wanted and f" {wanted} " in f" {key} " and not entry.get("title_match"):
                 entry["score"] += 1.0 / (k + 2)
-                entry["title_match"] = "words"
+                entry["title_match"], entry["title_bonus"] = "words", 1.0 / (k + 2)
     if mode == "hybrid":
-        for entry in _rare_entries(conn, strict, fused, where, params, settings):
+        for entry in _rare_entries(conn, query, tq.all_words, strict, strict_complete, fused, where, params,
+                                   settings, limit):
             entry["score"] += 2.0 / (k + 1)
             entry["rare_match"] = True
     order = sorted(fused.values(), key=lambda e: (-e["score"], e["ranks"].get("text", n + 1),
