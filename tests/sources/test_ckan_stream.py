@@ -42,8 +42,8 @@ def test_a_page_of_real_records_comes_in_slices(us_portal, us_records):
     assert requests == 3  # 1,235 records: three pages...
     assert len(slices) > 2 * requests  # ...each handed on in several slices, none a whole page
     assert max(len(part) for part in slices) < PAGE
-    # a slice holds about SLICE bytes of the answer (the parser reads 64 KB at a time)
-    assert max(len(json.dumps(part)) for part in slices) < SLICE + 256 * 1024
+    # a slice holds about SLICE bytes of the answer (read half a slice at a time)
+    assert max(len(json.dumps(part)) for part in slices) < 2 * SLICE
     assert client.total == len(us_records)
 
 

@@ -4,7 +4,10 @@ A listing is IO (the portal answers), parsing and normalizing (CPU, in the sourc
 (the database): read one after the other, the portal waits while we COPY and PostgreSQL waits
 while we fetch. ``read_ahead`` iterates a source's pages in a background thread, at most ``depth``
 pages ahead of the caller, so the next page is on its way while the current one is staged; what
-the caller holds stays bounded (the page it stages, ``depth`` queued, the one being read).
+the caller holds stays bounded (the page it stages, ``depth`` queued, the one being read). The
+bound is in the items the source yields: a source whose pages can be large yields them in bounded
+slices (a CKAN listing: at most ``CkanClient.slice_bytes`` of its answer each, whatever the page
+size, issue 40), so what is held stays a few MB however large the portal's pages are.
 
 * Pages come in the source's order; an exception of the source reaches the caller as it is (the
   same object), after the pages before it, and nothing after it.
