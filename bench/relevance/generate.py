@@ -37,6 +37,10 @@ Kinds of query:
   lower-cased, as a user types it; expected: the datasets holding it; language: theirs (the
   portal's). A seeded sample of at most ``CODES_PER_LANGUAGE`` per language. (Full-text search
   stems the query, so it may match more datasets than counted here: "paa" is read as "pa".)
+- ``code-wide``: the same codes, held by more than ``CODE_MAX_DATASETS`` datasets and at most
+  ``CODE_WIDE_SHARE`` (1%) of the corpus's datasets (issue 40: hybrid keeps in its top 5 what text
+  has there for codes up to 1% of the catalogue). A seeded sample of at most ``CODES_PER_LANGUAGE``
+  per language, from a generator of its own (the other kinds' queries stay as they were).
 
     .venv/bin/python bench/relevance/generate.py          # counts per kind and language
     .venv/bin/python bench/relevance/generate.py --show   # and every query
@@ -65,6 +69,7 @@ SEED = 20261125
 TITLES_PER_LANGUAGE = 40
 CODES_PER_LANGUAGE = 30
 CODE_MAX_DATASETS = 5
+CODE_WIDE_SHARE = 0.01
 LANGUAGES = ("pt", "de", "fr", "es", "en")
 
 # The language of each portal's titles; None: read from each title (portals mixing languages).
@@ -252,7 +257,9 @@ def _codes_in(text: str) -> set[str]:
     return found
 
 
-def code_queries(docs: list[Doc], rng: random.Random) -> list[dict]:
+def _code_pools(docs: list[Doc], fewest: int, most: int) -> dict[str, list[tuple[str, list[Doc]]]]:
+    """Per language, (token, the datasets holding it) of the CODE tokens (rules above) held by
+    ``fewest`` to ``most`` datasets of the corpus, all of that language."""
     ordinary: set[str] = set()   # words written otherwise than all upper case somewhere
     holders: dict[str, set[str]] = defaultdict(set)  # folded word -> dataset ids holding it
     by_id: dict[str, list[Doc]] = defaultdict(list)
@@ -272,27 +279,40 @@ def code_queries(docs: list[Doc], rng: random.Random) -> list[dict]:
         if ROMAN.fullmatch(token) or sum(c.isalpha() for c in token) < 2 or key in ordinary:
             continue
         ids = sorted(holders.get(key, ()))
-        if not 1 <= len(ids) <= CODE_MAX_DATASETS:
+        if not fewest <= len(ids) <= most:
             continue
         holding = [d for i in ids for d in by_id[i]]
         languages = {_doc_language(d) for d in holding}
         if len(languages) == 1:
             pools[languages.pop()].append((token, holding))
+    return pools
+
+
+def code_queries(docs: list[Doc], rng: random.Random, kind: str = "code") -> list[dict]:
+    """``code``: codes held by 1 to CODE_MAX_DATASETS datasets; ``code-wide``: by more, up to
+    CODE_WIDE_SHARE of the corpus's datasets (the range issue 40 asks hybrid to keep in its top 5)."""
+    if kind == "code":
+        fewest, most = 1, CODE_MAX_DATASETS
+    else:
+        fewest, most = CODE_MAX_DATASETS + 1, int(CODE_WIDE_SHARE * len({d.id for d in docs}))
+    pools = _code_pools(docs, fewest, most)
     out = []
     for language in LANGUAGES:
         pool = pools.get(language, [])
         for token, holding in rng.sample(pool, min(CODES_PER_LANGUAGE, len(pool))):
-            out.append(_entry(token.lower(), language, "code", holding,
+            out.append(_entry(token.lower(), language, kind, holding,
                               f"{token} in {len({d.id for d in holding})} dataset(s)"))
     return out
 
 
 def generate(docs: list[Doc] | None = None) -> list[dict]:
-    """The generated queries: titles (by language), cross-language titles, codes."""
+    """The generated queries: titles (by language), cross-language titles, codes (in 1-5 datasets,
+    then in more, up to 1% of the corpus)."""
     docs = load_corpus() if docs is None else docs
     rng = random.Random(SEED)
     titles = title_queries(docs, rng)
-    return titles + code_queries(docs, rng)
+    # code-wide from a generator of its own: the earlier kinds' queries stay what they were
+    return titles + code_queries(docs, rng) + code_queries(docs, random.Random(SEED + 1), "code-wide")
 
 
 def counts(entries: list[dict]) -> dict[tuple[str, str], int]:

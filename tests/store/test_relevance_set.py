@@ -113,6 +113,8 @@ def test_the_generated_set_is_deterministic_and_large_enough(generated):
     assert titles["de"] >= 5, counts  # all the German titles the samples have
     codes = {lang: counts.get(("code", lang), 0) for lang in module.LANGUAGES}
     assert sum(codes.values()) >= 18 and all(codes[lang] >= 18 for lang in ("pt", "es", "en")), counts
+    wide = {lang: counts.get(("code-wide", lang), 0) for lang in module.LANGUAGES}
+    assert wide["en"] >= 20 and wide["pt"] >= 10 and wide["es"] >= 3, counts  # codes in 6 to 1% of the corpus
     assert all(set(e) == {"query", "language", "expected", "note", "kind", "set"} for e in entries)
     queries = [(e["kind"], _plain(e["query"])) for e in entries]
     assert len(set(queries)) == len(queries)
@@ -131,8 +133,11 @@ def test_generated_queries_hold_what_they_claim(generated):
         elif e["kind"] == "title-xl":  # a French title of an English-indexed dataset
             assert answers[0].title_fra == e["query"] and _plain(answers[0].title) != _plain(e["query"]), e
         else:  # a code: lower case, a whole word of every answer's text and of no other dataset's
-            assert e["query"] == e["query"].lower() and 1 <= len(e["expected"]) <= module.CODE_MAX_DATASETS
+            fewest, most = (1, module.CODE_MAX_DATASETS) if e["kind"] == "code" else \
+                (module.CODE_MAX_DATASETS + 1, module.CODE_WIDE_SHARE * len(by_id))
+            assert e["query"] == e["query"].lower() and fewest <= len(e["expected"]) <= most, e
             assert all(e["query"] in _plain(d.text).split() for d in answers), e
-    code = next(e for e in entries if e["kind"] == "code")
-    holders = {d.id for d in docs if code["query"] in _plain(d.text).split()}
-    assert holders == {x["id"] for x in code["expected"]}
+    for kind in ("code", "code-wide"):
+        code = next(e for e in entries if e["kind"] == kind)
+        holders = {d.id for d in docs if code["query"] in _plain(d.text).split()}
+        assert holders == {x["id"] for x in code["expected"]}
