@@ -22,6 +22,18 @@ caller falls back to a full sync; no other error may make it do so); a full list
 with the same overlap check and de-duplication (and later full listings on the same client start
 that way).
 
+A listing page is read as it streams (``_Streamed``: Python's json decoder reads one record at a
+time from a window of a MB of the body) and its records are handed on in slices of at most
+``slice_bytes`` (SLICE_BYTES, 2 MB) of the answer, never the whole body nor the whole page as
+objects: a page of 1,000 real records with their resources lists is tens of MB of JSON and several
+times that as objects (issue 40). Each record is checked as it comes (fl, the fq's range, the sort
+order, the overlap); a page repeating the one before and the count are judged once it is read. The
+page keeps the size cap of a body read whole (``HARVESTER_FETCH_MAX_BYTES``) and the request's
+deadline. An answer that is not CKAN's before its first record is retried like any; one that
+breaks off after records of it were handed on is asked again and read whole (its first records
+must be those already handed on), and fails naming the page when it never reads whole: what was
+handed on (staged) stays.
+
 Reconciliation uses two more calls: ``iter_pages(fields=("id", "metadata_modified"))`` lists only
 those fields (``fl``; about 80 bytes a dataset instead of several KB), keyset-paged the same way,
 and ``fetch_by_ids`` fetches chosen records in full, ``package_search`` with ``fq=id:("a" OR ...)``
