@@ -518,6 +518,7 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
         late = _start_index_build(conn, run_id, model, open_connection, settings)
         if late is not None:
             late.wait(_build_wait(settings, wait_deadline))
+    _settle(conn, out)
     group_duplicates(conn, wait_deadline)
     return out
 
@@ -553,10 +554,13 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
         runs.lock_portal(conn, portal.url)
         reuse = vectors.reuse(conn, run_id, model, run.started_at)
         reuse["embedding_calls_saved"] = math.ceil(reuse["embeddings_reused"] / max(1, max_batch))
-        merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language)
-        # Search's copies of the vectors (sql/010): merge wrote those of the datasets it linked; a
-        # run that listed the whole portal, or the first of a model, checks every dataset's.
-        if run.lists_whole_portal or not vectors.copies_checked(conn, portal.url, model):
+        # Search's copies of the vectors (sql/010): merge writes those of the datasets it links; a
+        # run that listed the whole portal, or the first of a model, checks every dataset's after it
+        # (and then the merge inserts new datasets already linked: ``prelink``).
+        check_copies = run.lists_whole_portal or not vectors.copies_checked(conn, portal.url, model)
+        merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language,
+                                prelink=check_copies)
+        if check_copies:
             vectors.copy_for_search(conn, portal.url, model)
         written = history.write_history(conn, run_id, portal.url, run.started_at)
         removals = {"removed": 0}
@@ -586,7 +590,8 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
             stats["removals_withheld"] = removals.get("would_remove", 0)
         unusable = stats.get("reconcile_unusable", 0) if run.mode != FULL else stats.get("failed", 0)
         # datasets_synced: the live datasets held for the portal now (after the merge and removals).
-        runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable)
+        runs.commit(conn, run, stats, datasets_synced=datasets.live_count(conn, portal.url), listing_unusable=unusable,
+                    search_config=portal.language)
         staging.clear(conn, run_id)
         deletions.clear(conn, run_id)
         listing.drop(conn, run_id)
@@ -600,15 +605,24 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
     log.debug("upsert committed run %s of %s (%s%s): %s", run_id, portal.name, run.mode,
              ", reconciled" if run.reconcile_reason else "",
              summary(final, keys + (RECONCILE_KEYS if run.reconcile_reason else ())))
-    changed = sum(int(final.get(k) or 0) for k in ("created", "updated", "removed", "reidentified"))
+    _log_report(conn, run_id)
+    return {"run_id": run_id, **final}
+
+
+def _settle(conn, stats: dict) -> None:
+    """After a large run's commit, and after the index build that ran beside its merge (whose
+    snapshot would keep a vacuum from marking the new rows visible to all): fresh statistics of the
+    tables it wrote and the visibility map of datasets (datasets.analyze_after_bulk), so that the
+    next run's lookups are planned for their size and its counts read indexes only."""
+    changed = sum(int(stats.get(k) or 0) for k in ("created", "updated", "removed", "reidentified"))
     started = time.perf_counter()
     analyzed = datasets.analyze_after_bulk(conn, changed)
     if analyzed:
-        log.info("fresh statistics after %d changed datasets: analyzed %s in %.1fs (without them the next "
-                 "statements are planned for the tables' size before this run)", changed, ", ".join(analyzed),
+        log.info("fresh statistics after %d changed datasets: analyzed %s (vacuumed: %s) in %.1fs (without them "
+                 "the next run's statements are planned for the tables' size before this run, and its counts read "
+                 "every row)",
+                 changed, ", ".join(analyzed), ", ".join(t for t in analyzed if t in datasets.VACUUMED_AFTER_BULK),
                  time.perf_counter() - started)
-    _log_report(conn, run_id)
-    return {"run_id": run_id, **final}
 
 
 def _log_report(conn, run_id: int) -> None:

@@ -99,16 +99,24 @@ def _reidentify(conn, params: dict) -> None:
         """, params)
 
 
-def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple") -> dict[str, int]:
+def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config: str = "simple", *,
+          prelink: bool = False) -> dict[str, int]:
     """Inside the caller's transaction: created and updated records into datasets, unchanged ones
     only marked seen, and every dataset of the portal linked to its vector where one exists for
     ``model`` (search's copy of each vector linked now written beside it: dataset_vectors).
     ``search_config`` (the portal's language) is the text-search configuration its datasets are
     indexed with (dataset_search, kept by triggers), but for those whose record declares a language
     PostgreSQL stems (staged ``language``, kept in datasets.language): theirs. Returns ``skipped``:
-    changed datasets left without a vector (embedding deferred)."""
+    changed datasets left without a vector (embedding deferred).
+
+    ``prelink``: the caller writes search's copies of the portal's vectors after the merge
+    (vectors.copy_for_search over every dataset: a run that listed the whole portal, or the first
+    of a model). New datasets are then inserted already linked to their vector instead of inserted
+    and then updated by vectors.link: on a first sync, every row of datasets written once, not
+    twice, and no dead row version left for the next run's lookups to skip until a vacuum (the
+    link's update of 1,000,000 datasets took 51 s, issue 40)."""
     params = {"run": run_id, "portal": portal_url, "seen": seen_at, "model": model, "config": search_config,
-              "text": SEARCH_TEXT}
+              "text": SEARCH_TEXT, "prelink": prelink}
     # Re-identified datasets take their new id first; the upsert below then updates them in place.
     conn.execute(
         """
@@ -117,6 +125,17 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
         WHERE s.run_id = %(run)s AND s.outcome = 'reidentified'
           AND d.portal_url = %(portal)s AND d.source_id = s.previous_source_id
         """, params)
+    # The portal's language changed: its other datasets without a language of their own are
+    # indexed again (once, set-based). They are looked at only when the configuration the last run
+    # noted (sql/013; runs.commit notes it from the first commit on) is not this one; before the
+    # insert below, so that a first sync has none to look at.
+    conn.execute(
+        """
+        UPDATE datasets SET search_config = %(config)s::regconfig
+        WHERE portal_url = %(portal)s AND language IS NULL AND search_config <> %(config)s::regconfig
+          AND NOT EXISTS (SELECT 1 FROM portal_sync_status p
+                          WHERE p.portal_url = %(portal)s AND p.search_config = %(config)s::regconfig)
+        """, params)
     conn.execute(
         """
         INSERT INTO datasets AS d (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
@@ -124,7 +143,11 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             removed_at, embedded_content_hash, raw, language, search_config)
         SELECT %(portal)s, s.source_id, s.name, s.url, s.url_hash, s.content_hash, s.metadata_hash, s.title,
             s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
-            NULL, NULL, s.raw, s.language::regconfig, coalesce(s.language::regconfig, %(config)s::regconfig)
+            NULL,
+            -- a new dataset whose vector is there is linked as it is written (see ``prelink``)
+            CASE WHEN %(prelink)s AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash
+                                                AND e.model = %(model)s) THEN s.content_hash END,
+            s.raw, s.language::regconfig, coalesce(s.language::regconfig, %(config)s::regconfig)
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
         ON CONFLICT (portal_url, source_id) DO UPDATE SET
@@ -138,16 +161,6 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             -- a dataset back from removal is linked again below, to a vector of this run's model:
             -- its old link may be to a model the portal has since left (see vectors._pending)
             embedded_content_hash = CASE WHEN d.removed_at IS NULL THEN d.embedded_content_hash END
-        """, params)
-    # The portal's language changed: its other datasets without a language of their own are
-    # indexed again (once, set-based). They are looked at only when the configuration the last run
-    # noted (sql/013) is not this one.
-    conn.execute(
-        """
-        UPDATE datasets SET search_config = %(config)s::regconfig
-        WHERE portal_url = %(portal)s AND language IS NULL AND search_config <> %(config)s::regconfig
-          AND NOT EXISTS (SELECT 1 FROM portal_sync_status p
-                          WHERE p.portal_url = %(portal)s AND p.search_config = %(config)s::regconfig)
         """, params)
     # Datasets indexed before the search text held their other languages' titles (sql/025) are
     # indexed again, once per portal, by its first run since: those with translations.
@@ -224,11 +237,20 @@ ANALYZE_MIN_ROWS = 10_000
 ANALYZE_SHARE = 0.1   # as autovacuum_analyze_scale_factor's default
 
 
+# Vacuumed, not only analyzed: the table whose counts (a portal's live datasets, several a run)
+# are index-only scans, which read the heap for every row of a page the visibility map does not
+# mark all-visible. Until autovacuum came by (minutes after a first sync of 1,000,000), each count
+# of the next run read every row: 0.5 s each at 1,000,000 (issue 40). Its TOAST table (the
+# records, written once) is left to autovacuum: the counts never read it.
+VACUUMED_AFTER_BULK = ("datasets",)
+
+
 def analyze_after_bulk(conn, changed: int) -> list[str]:
     """After a run's commit (``conn`` in autocommit): ANALYZE the tables the run wrote when it
     changed at least ANALYZE_MIN_ROWS datasets and at least ANALYZE_SHARE of what ``datasets``
-    held by the last statistics (always when it has none). SKIP_LOCKED: a table someone vacuums,
-    analyzes or indexes concurrently (the HNSW build) is left to them. Returns the tables analyzed."""
+    held by the last statistics (always when it has none), VACUUM (ANALYZE) those of
+    VACUUMED_AFTER_BULK. SKIP_LOCKED: a table someone vacuums, analyzes or indexes concurrently
+    (the HNSW build) is left to them. Returns the tables analyzed (and vacuumed)."""
     if changed < ANALYZE_MIN_ROWS:
         return []
     estimated = conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'datasets'::regclass").fetchone()[0]
@@ -240,14 +262,33 @@ def analyze_after_bulk(conn, changed: int) -> list[str]:
         if "skipping analyze" in (diag.message_primary or ""):
             skipped.append(diag.message_primary)
 
+    _wait_for_wal_flush(conn)
     conn.add_notice_handler(notice)
     done = []
     try:
         for table in ANALYZED_AFTER_BULK:
             del skipped[:]
-            conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
+            if table in VACUUMED_AFTER_BULK:
+                conn.execute(f"VACUUM (ANALYZE, SKIP_LOCKED, PROCESS_TOAST FALSE) {table}")
+            else:
+                conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
             if not skipped:
                 done.append(table)
     finally:
         conn.remove_notice_handler(notice)
     return done
+
+
+def _wait_for_wal_flush(conn, timeout: float = 2.0) -> None:
+    """Wait (at most ``timeout`` seconds) until the WAL written so far is flushed. Until the run's
+    commit is flushed, no row it wrote can be hinted committed and a vacuum marks no page
+    all-visible: with synchronous_commit off (the embedded server's setting), a vacuum right after
+    the commit marked none, one 0.6 s later every page. The WAL writer flushes every 200 ms."""
+    import time
+
+    target = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    deadline = time.monotonic() + timeout
+    while not conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)

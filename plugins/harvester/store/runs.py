@@ -277,29 +277,36 @@ def add_counts(conn, run_id: int, counts: dict[str, int]) -> None:
                  (*params, run_id))
 
 
-def commit(conn, run: RunRow, stats: dict, datasets_synced: int, listing_unusable: int | None = None) -> None:
+def commit(conn, run: RunRow, stats: dict, datasets_synced: int, listing_unusable: int | None = None,
+           search_config: str | None = None) -> None:
     """Inside the caller's transaction: the run committed and the watermark moved to its start; a
     run that listed the whole portal also records when (and ``listing_unusable``: records it listed
-    that cannot be used)."""
+    that cannot be used). ``search_config``: the text-search configuration the merge indexed the
+    portal's datasets with, noted from the portal's first commit on (without it, the second run
+    found none noted and looked at every dataset of the portal for one indexed otherwise: 0.8 s
+    at 1,000,000, issue 40)."""
     conn.execute("UPDATE sync_runs SET status = 'committed', finished_at = now(), stats = %s WHERE run_id = %s",
                  (Jsonb(complete_stats(stats)), run.run_id))
     whole = run.lists_whole_portal
     conn.execute(
         "INSERT INTO portal_sync_status AS p (portal_url, portal_name, last_successful_sync, last_sync_mode,"
         " sync_status, datasets_synced, last_full_sync, last_reconciliation, listing_unusable, updated_at,"
-        " source_validators)"
+        " source_validators, search_config)"
         " VALUES (%(url)s, %(name)s, %(start)s, %(mode)s, 'completed', %(synced)s, %(full)s, %(whole)s,"
-        " coalesce(%(unusable)s, 0), now(), (SELECT r.source_validators FROM sync_runs r WHERE r.run_id = %(run)s))"
+        " coalesce(%(unusable)s, 0), now(), (SELECT r.source_validators FROM sync_runs r WHERE r.run_id = %(run)s),"
+        " %(config)s::regconfig)"
         " ON CONFLICT (portal_url) DO UPDATE SET portal_name = EXCLUDED.portal_name,"
         " last_successful_sync = EXCLUDED.last_successful_sync, last_sync_mode = EXCLUDED.last_sync_mode,"
         " sync_status = 'completed', datasets_synced = EXCLUDED.datasets_synced,"
         " last_full_sync = coalesce(EXCLUDED.last_full_sync, p.last_full_sync),"
         " last_reconciliation = coalesce(EXCLUDED.last_reconciliation, p.last_reconciliation),"
         " listing_unusable = coalesce(%(unusable)s, p.listing_unusable), updated_at = now(),"
-        " source_validators = coalesce(EXCLUDED.source_validators, p.source_validators)",
+        " source_validators = coalesce(EXCLUDED.source_validators, p.source_validators),"
+        " search_config = coalesce(EXCLUDED.search_config, p.search_config)",
         {"url": run.portal_url, "name": run.portal_name, "start": run.started_at, "mode": run.mode, "run": run.run_id,
          "synced": datasets_synced, "full": run.started_at if run.mode == "full" else None,
-         "whole": run.started_at if whole else None, "unusable": listing_unusable if whole else None})
+         "whole": run.started_at if whole else None, "unusable": listing_unusable if whole else None,
+         "config": search_config})
 
 
 def abort(conn, run_id: int, status: str, error: str, *, resumable: bool = False) -> bool:
