@@ -75,7 +75,9 @@ K = 10
 MB = 1024 * 1024
 
 # The issue's targets ("First sync at scale"), at 100,000 datasets on a 2-core machine.
-TARGET_FULL_SECS = 180.0        # (b) a full sync of 100k, at most
+# (b): issue 40 raised it from 180 s to 120 s, on a 2-core machine without AVX-512 1.3-1.9 times
+# slower than the bench's.
+TARGET_FULL_SECS = 120.0        # (b) a full sync of 100k, at most
 TARGET_CACHED_RATE = 3000.0     # (c) datasets/s, at least (or half of (a))
 TARGET_ABOVE_FLOOR = 1.0        # (d) seconds above (e), at most
 SERIAL_RATE = 250.0             # texts/s of one request of 100 texts at a time with 0.4 s latency
@@ -333,6 +335,7 @@ class Bench:
         self.server = None  # the embedded PostgreSQL
         self.pg_pid: int | None = None
         self.recall_figures: dict | None = None
+        self.visibility: dict | None = None
         self.portal: LocalServer | None = None
         self.gemini: list[LocalServer] = []
 
@@ -357,6 +360,8 @@ class Bench:
             # The pool start() creates (unset, embed_changed would run in Airflow's default_pool).
             "HARVESTER_EMBEDDING_POOL": os.environ.get("HARVESTER_EMBEDDING_POOL") or "embedding_api",
             "HF_HUB_OFFLINE": "1",
+            # this checkout's code, before any other an editable install puts on the path
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])]),
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         })
         return env
@@ -392,6 +397,13 @@ class Bench:
         self.pg_pid = int((self.server.pgdata / "postmaster.pid").read_text().split()[0])
         for name in ("bench", "bench_latency", "bench_limit"):
             self.create_database(name)
+        if self.args.log_statements is not None:
+            import psycopg
+
+            with psycopg.connect(self.db_url("postgres"), autocommit=True) as conn:
+                conn.execute(f"ALTER SYSTEM SET log_min_duration_statement = {int(self.args.log_statements)}")
+                conn.execute("SELECT pg_reload_conf()")
+            print(f"statements of {self.args.log_statements} ms or more logged in {self.server.logfile}")
         print(f"embedded PostgreSQL started ({time.perf_counter() - t0:.1f}s)")
 
         dags = self.home / "dags"
@@ -408,6 +420,9 @@ class Bench:
         t0 = time.perf_counter()
         portal_url = self.portal.wait_ready()
         self.gemini[0].wait_ready()
+        print(f"the portal (pid {self.portal.process.pid}) and the embedding server (pid "
+              f"{self.gemini[0].process.pid}) run in processes of their own, apart from this bench (pid {os.getpid()}) "
+              "and from each `airflow dags test` run, whose exact peak RSS is its own")
         print(f"local portal serving {n:,} records at {portal_url} (ready after {time.perf_counter() - t0:.1f}s more)")
         # Portal settings are the defaults (page_size 1000, ...) but the politeness delay: the portal is local.
         entry = {"name": PORTAL, "url": portal_url, "schedule": None, "enabled": True,
@@ -633,6 +648,8 @@ class Bench:
             say("(b) full sync through `airflow dags test`, zero-latency embedding server")
             self.record(self.dag_test("b", "full sync, zero-latency provider", f"harvest_{PORTAL}", "bench",
                                       zero, full))
+            self.visibility = visibility(self.db_url("bench"))
+            print_visibility(self.visibility)
             say(f"recall@{K} of the HNSW index the full sync built, against exact search")
             self.recall_figures = self.recall()
             print_recall(self.recall_figures)
@@ -664,6 +681,23 @@ class Bench:
     def record(self, stage: Stage) -> None:
         self.stages[stage.key] = stage
         print_stage(stage)
+
+
+def visibility(url: str) -> dict:
+    """How much of datasets the visibility map marks all-visible (its counts then read the index
+    alone), and whether its statistics exist, right after a first sync."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pages, visible, tuples = conn.execute(
+            "SELECT relpages, relallvisible, reltuples FROM pg_class WHERE oid = 'datasets'::regclass").fetchone()
+    return {"datasets_pages": pages, "datasets_all_visible_pct": round(100.0 * visible / pages, 1) if pages else 0.0,
+            "datasets_reltuples": tuples}
+
+
+def print_visibility(v: dict) -> None:
+    print(f"datasets after the first sync: {v['datasets_all_visible_pct']:.1f}% of its {v['datasets_pages']:,} pages "
+          f"all-visible (the next run's counts read the index alone), statistics for {v['datasets_reltuples']:,.0f} rows")
 
 
 # -- reporting --------------------------------------------------------------------------------------
@@ -767,6 +801,11 @@ def summary(bench: Bench) -> None:
             rate.append(f"{s.text_rate:,.0f} texts/s")
         when = seconds(s.wall) + (f" (fastest of {len(s.walls)})" if len(s.walls) > 1 else "")
         print(f"| ({s.key}) {s.label} | {when} | {', '.join(rate) or '-'} | {s.requests} | {s.exact_rss:.0f} / {s.peak_rss:.0f} MB |")
+    if "b" in st and st["b"].tasks:
+        took = ", ".join(f"{t} {st['b'].tasks[t][0]:.1f} s" for t in TASK_ORDER if t in st["b"].tasks)
+        print(f"\n(b)'s stages: {took}; outside tasks {st['b'].wall - sum(v[0] for v in st['b'].tasks.values()):.1f} s")
+    if bench.visibility:
+        print_visibility(bench.visibility)
     if bench.recall_figures:
         r = bench.recall_figures
         print(f"\nrecall@{K} of the HNSW index built by (b), ef_search={r['ef_search']}: {r['recall']:.3f} "
@@ -777,8 +816,8 @@ def summary(bench: Bench) -> None:
     scale = n / 100_000
     if "b" in st:
         limit = TARGET_FULL_SECS * scale
-        note = ("" if n == 100_000 else
-                f" (180 s at 100k, scaled to {n:,}; Airflow's fixed cost weighs more in small runs)")
+        note = (" (issue 40: on a 2-core machine 1.3-1.9x slower than the bench's)" if n == 100_000 else
+                f" (120 s at 100k, scaled to {n:,}; Airflow's fixed cost weighs more in small runs)")
         print(f"| (b) full sync at most {limit:.0f} s{note} | {st['b'].wall:.1f} s | "
               f"{verdict(st['b'].wall <= limit)} |")
     if "c" in st:
@@ -823,6 +862,9 @@ def main() -> int:
                              "intrinsic dimension, as real embeddings) or random (random directions: the hardest "
                              "case for an HNSW index, which no real model produces)")
     parser.add_argument("--latency", type=float, default=0.4, help="seconds of provider latency per request in (f)")
+    parser.add_argument("--log-statements", type=int, metavar="MS", default=None,
+                        help="log PostgreSQL statements that take MS ms or more (log_min_duration_statement), "
+                             "in the embedded server's postgres.log: where a stage's time goes")
     parser.add_argument("--queries", type=int, default=50, help="query vectors for recall@10")
     parser.add_argument("--politeness-delay", type=float, default=0.0,
                         help="the portal's politeness_delay (default 0: the portal is local)")

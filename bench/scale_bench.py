@@ -70,7 +70,10 @@ DIMENSION = 768
 K = fsb.K
 
 # The issue's goals.
-GOAL_FULL_SECS_PER_DATASET = 1800.0 / 1_000_000   # 30 min at 1M (and 180 s at 100k: the same rate)
+# Issue 40 raised the first sync's goal: 15 min at 1M on the bench's machine, and 120 s at 100k on
+# a 2-core machine without AVX-512 1.3-1.9 times slower than the bench's (shown beside, not scaled).
+GOAL_FULL_SECS = {1_000_000: 900.0, 100_000: 120.0}
+GOAL_FULL_SECS_PER_DATASET = 900.0 / 1_000_000   # other sizes: 15 min at 1M, scaled
 GOAL_RSS_MB = 400.0
 GOAL_NOCHANGE_ABOVE = 1.0
 GOAL_CHANGES_ABOVE = 15.0
@@ -320,6 +323,8 @@ class ScaleBench(Bench):
         out = {**stage_figures(stage), **pg, "hnsw_build_s": hnsw, "datasets": stage.datasets,
                "rate": round(stage.datasets / stage.wall, 1) if stage.wall else 0.0}
         out["checks"] = [self.check(n, "datasets held", self.live_datasets(), n)]
+        out.update(fsb.visibility(self.db_url("bench")))
+        fsb.print_visibility(out)
         return out
 
     def stage_nochange(self, n: int) -> dict:
@@ -569,7 +574,8 @@ ROWS = {  # stage -> (label, path in its figures, format)
              ("CPU Gemini server (s)", "cpu.embedding server", "{:,.1f}"), ("CPU run (s)", "cpu.run", "{:,.1f}"),
              *[(f"task {t} (s)", f"tasks.{t}", "{:,.1f}") for t in fsb.TASK_ORDER],
              ("HNSW build (s)", "hnsw_build_s", "{:,.1f}"), ("portal requests", "stats.portal_requests", "{:,}"),
-             ("embedding requests", "stats.embedding_requests", "{:,}")],
+             ("embedding requests", "stats.embedding_requests", "{:,}"),
+             ("datasets pages all-visible after it (%)", "datasets_all_visible_pct", "{:,.1f}")],
     "nochange": [("no-change, fastest (s)", "wall", "{:,.1f}"), ("floor, fastest (s)", "floor.wall", "{:,.1f}"),
                  ("above floor (s)", "above_floor", "{:+,.1f}"), ("run peak RSS exact (MB)", "exact_rss_mb", "{:,.0f}"),
                  ("portal requests", "stats.portal_requests", "{:,}")],
@@ -637,9 +643,10 @@ def goals(state: State, sizes: list[int]) -> list[dict]:
     for n in sizes:
         st = state.size(n)["stages"]
         if "full" in st:
-            limit = GOAL_FULL_SECS_PER_DATASET * n
-            note = {1_000_000: " (30 min)", 100_000: " (180 s)"}.get(
-                n, " (30 min at 1M, scaled" + ("; Airflow's fixed cost weighs more in small runs)" if n < 100_000 else ")"))
+            limit = GOAL_FULL_SECS.get(n, GOAL_FULL_SECS_PER_DATASET * n)
+            note = {1_000_000: " (15 min, issue 40)",
+                    100_000: " (issue 40: on a 2-core machine 1.3-1.9x slower than the bench's)"}.get(
+                n, " (15 min at 1M, scaled" + ("; Airflow's fixed cost weighs more in small runs)" if n < 100_000 else ")"))
             goal(f"{n:,}: full sync <= {seconds(limit)}{note}", seconds(st["full"]["wall"]), st["full"]["wall"] <= limit)
         if "nochange" in st:
             a = st["nochange"]["above_floor"]
