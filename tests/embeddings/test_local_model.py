@@ -9,7 +9,7 @@ import pytest
 
 from harvester.cli.main import main
 from harvester.embeddings import TerminalEmbeddingError, provider_for_model
-from harvester.embeddings.local import MODEL_NAME, LocalProvider, bundled_path, model_identity
+from harvester.embeddings.local import FULL_NAME, MODEL_NAME, LocalProvider, bundled_path, model_identity
 from harvester.store import vectors
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
@@ -44,8 +44,9 @@ def last_run(db):
 
 
 def test_the_identity_comes_from_what_is_loaded(tmp_path, models, local):
-    assert LocalProvider().model == MODEL_NAME
-    assert model_identity(bundled_path()) == MODEL_NAME
+    assert LocalProvider().model == MODEL_NAME == "sentence-transformers/all-MiniLM-L6-v2@max_seq_128"
+    assert model_identity(bundled_path()) == FULL_NAME == "sentence-transformers/all-MiniLM-L6-v2"
+    assert model_identity(bundled_path(), 128) == MODEL_NAME
     snapshot = tmp_path / "hub" / "models--BAAI--bge-small-en-v1.5" / "snapshots" / "5c38ec7c"
     snapshot.mkdir(parents=True)
     assert model_identity(str(snapshot)) == "BAAI/bge-small-en-v1.5"
@@ -87,6 +88,37 @@ def test_search_finds_the_local_model_that_made_the_vectors(models, local):
     assert (default.model, default.dimension, len(default.embed_query("rivers"))) == (MODEL_NAME, 384, 384)
     with pytest.raises(TerminalEmbeddingError, match="HARVESTER_LOCAL_MODEL loads 'local/custom-model'"):
         provider_for_model("local/another-model")
+
+
+def test_the_default_reads_128_tokens_under_a_name_of_its_own_and_the_256_token_version_stays_searchable(local):
+    """Issue 40: the default all-MiniLM-L6-v2 reads 128 tokens (its training length, 1.4-1.7 times
+    faster); a longer text then gets another vector than with 256, so its vectors are stored under a
+    name of their own and the model switch embeds them anew, while search keeps embedding queries for
+    the vectors stored before (sentence-transformers/all-MiniLM-L6-v2) with the 256-token version."""
+    import numpy as np
+
+    short = "Preço de medicamentos no Brasil"
+    long = ("Open government data portal listing datasets from federal agencies: budgets, health, transport, "
+            "environment, education and more, in machine-readable formats. ") * 8  # about 300 tokens
+    default, full = LocalProvider(), LocalProvider("all-MiniLM-L6-v2")
+    assert (default.model, default.max_tokens, default._encoder().max_tokens) == (MODEL_NAME, 128, 128)
+    assert (full.model, full.max_tokens, full._encoder().max_tokens) == (FULL_NAME, None, 256)
+    assert default._encoder().directory == full._encoder().directory  # one export serves both
+    ours, theirs = np.asarray(default.embed_documents([short, long])), np.asarray(full.embed_documents([short, long]))
+    assert np.array_equal(ours[0], theirs[0])  # a text within 128 tokens: the same vector
+    assert float(ours[1] @ theirs[1]) < 0.999  # a longer one: another vector, hence another name
+    local.setenv("HARVESTER_LOCAL_MODEL", "all-MiniLM-L6-v2")
+    assert LocalProvider().model == FULL_NAME  # the 256-token version, by its name
+    for model, vectors in ((MODEL_NAME, ours), (FULL_NAME, theirs)):  # search: the model of the stored vectors
+        found = provider_for_model(model)
+        assert found.model == model and np.allclose(found.embed_documents([short, long]), vectors, atol=1e-6)
+    # PyTorch reads as many tokens as ONNX Runtime, per provider, from one shared model
+    slow_short = LocalProvider("all-MiniLM-L6-v2-128", runtime="torch")
+    slow_full = LocalProvider("all-MiniLM-L6-v2", runtime="torch")
+    assert slow_short.model == MODEL_NAME and slow_full.model == FULL_NAME
+    for _ in range(2):
+        assert float(np.asarray(slow_short.embed_documents([long]))[0] @ ours[1]) >= 0.99
+        assert float(np.asarray(slow_full.embed_documents([long]))[0] @ theirs[1]) >= 0.99
 
 
 def test_a_dimension_that_no_longer_matches_fails_at_once_then_invalidate_fixes_it(

@@ -28,7 +28,7 @@ from harvester.testing.samples import edited
 HDX = "data-humdata-org.jsonl"
 PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-2", "editor": "editor-pw-3"}
 RETITLED = 4  # datasets retitled in the second run: changes that require review
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MODEL = "sentence-transformers/all-MiniLM-L6-v2@max_seq_128"  # the default local model (issue 40)
 NOT_A_DATE = "31/02/2020 25:61"
 NO_NOTES, NO_LICENSE = 20, 21  # records served without a description, without a licence
 

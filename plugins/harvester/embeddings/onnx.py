@@ -17,11 +17,12 @@ ONNX Runtime refuses, is never used: it is removed with a warning that says why,
 Two processes needing the same export at once take turns on a file lock (bounded by the export's
 time limit); the second finds the first one's export.
 
-Threads: ONNX Runtime's intra-op pool gets HARVESTER_LOCAL_THREADS, by default the CPUs this process
-may run on: its CPU affinity, lowered to the CPU quota of its cgroup (a Kubernetes CPU limit, a
-Celery worker's container), so a pod limited to 2 CPUs on a 64-core node runs 2 threads, not 64.
+Threads: HARVESTER_LOCAL_THREADS texts run at once, each on one thread (OnnxEncoder says why), by
+default as many as the CPUs this process may run on: its CPU affinity, lowered to the CPU quota of
+its cgroup (a Kubernetes CPU limit, a Celery worker's container), so a pod limited to 2 CPUs on a
+64-core node runs 2 threads, not 64.
 
-Texts are tokenized together (truncated at the model's token limit), run one at a time (no padding;
+Texts are tokenized together (truncated at the model's token limit), run one per call (no padding;
 OnnxEncoder.encode says why), mean- (or CLS-) pooled and L2-normalized as sentence-transformers does:
 the vectors are equivalent to the PyTorch path's (tests/embeddings/test_onnx_runtime.py compares them
 on the demo's records).
@@ -292,19 +293,30 @@ def discard(directory: Path, identity: str, why: str) -> None:
 
 # -- running an export ---------------------------------------------------------------------------
 class OnnxEncoder:
-    """A checked export, loaded: ``encode(texts, query=False)`` gives L2-normalized float32 vectors."""
+    """A checked export, loaded: ``encode(texts, query=False)`` gives L2-normalized float32 vectors.
 
-    def __init__(self, directory: Path, manifest: dict, threads: int | None = None, model: Path | None = None):
+    ``max_tokens``: read at most that many tokens of a text (at most the export's own limit): a
+    model version of its own (embeddings/local.py: all-MiniLM-L6-v2 read up to 128 tokens, its
+    training length), from the same export.
+
+    ``threads`` texts run at once, each on one thread (a session's intra-op pool of one): the
+    operators of one text of a few hundred tokens are too small to split between cores without
+    waiting at every one of its ~90 steps (and, on a busy machine, spinning threads waiting for
+    each other): two texts side by side, each alone, do the same work with no waiting. A text's
+    vector is the same either way (one text per call, one thread per call)."""
+
+    def __init__(self, directory: Path, manifest: dict, threads: int | None = None, model: Path | None = None,
+                 max_tokens: int | None = None):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         self.directory, self.manifest = directory, manifest
         self.dimension = int(manifest["dimension"])
         self.inputs = list(manifest["inputs"])
-        self.max_tokens = int(manifest["max_tokens"])
+        self.max_tokens = min(int(manifest["max_tokens"]), int(max_tokens or manifest["max_tokens"]))
         self.threads = threads or cpu_budget()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
+        options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
@@ -317,13 +329,14 @@ class OnnxEncoder:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_tokens)
         self._lock = threading.Lock()
+        self._pool = None  # the threads that run texts side by side, started on the first batch
 
     def encode(self, texts: Sequence[str], query: bool = False):
         """One text per ONNX Runtime call: no padding, and a text's vector never depends on the texts
         it came with (each call quantizes its activations with one scale: batched, the demo's lowest
         cosine to PyTorch moved between 0.988 and 0.992 with the batches' make-up; alone it is 0.993,
         at the same speed for texts of a few hundred tokens, whose matrices already fill the CPU's
-        vector units)."""
+        vector units). ``threads`` calls run at once (the class's docstring says why)."""
         import numpy as np
 
         prefix = self.manifest["query_prefix" if query else "document_prefix"]
@@ -333,8 +346,18 @@ class OnnxEncoder:
             return out
         encodings = self.tokenizer.encode_batch(texts)
         with self._lock:  # one session per process, already using every thread it may
-            for row, encoding in enumerate(encodings):
-                out[row] = self._run(encoding)
+            if self.threads == 1 or len(encodings) == 1:
+                for row, encoding in enumerate(encodings):
+                    out[row] = self._run(encoding)
+                return out
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="harvester-onnx")
+            # longest first: the last text to start is a short one, so no thread idles long at the end
+            order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
+            for row, vector in zip(order, self._pool.map(self._run, [encodings[i] for i in order])):
+                out[row] = vector
         return out
 
     def _run(self, encoding):
@@ -350,13 +373,14 @@ class OnnxEncoder:
         return vector
 
 
-def load(kind: str, path: str, identity: str) -> OnnxEncoder:
+def load(kind: str, path: str, identity: str, max_tokens: int | None = None) -> OnnxEncoder:
     """The model's encoder: its export checked (or made), then loaded; an export that ONNX Runtime
-    refuses is discarded and made again, once."""
+    refuses is discarded and made again, once. ``identity``: the model's own (the export's
+    directory), whatever ``max_tokens`` the encoder reads."""
     directory, manifest = prepare(kind, path, identity)
     try:
-        return OnnxEncoder(directory, manifest)
+        return OnnxEncoder(directory, manifest, max_tokens=max_tokens)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         discard(directory, identity, f"ONNX Runtime could not load it ({type(exc).__name__}: {str(exc)[:200]})")
     directory, manifest = prepare(kind, path, identity)
-    return OnnxEncoder(directory, manifest)
+    return OnnxEncoder(directory, manifest, max_tokens=max_tokens)
