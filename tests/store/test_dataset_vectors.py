@@ -77,7 +77,7 @@ def test_runs_copy_what_they_link_and_check_everything_when_the_model_changes(
     assert not vectors.copies_checked(db, portal.url, second.model)
     pipeline.harvest(db, reader, portal, pipeline.source_for(portal), second)
     assert {m for m, _ in copies(db).values()} == {second.model}
-    assert db.execute("SELECT DISTINCT length(bits) FROM dataset_vectors").fetchall() == [(256,)]
+    assert db.execute("SELECT DISTINCT vector_dims(embedding) FROM dataset_vectors").fetchall() == [(256,)]
     assert db.execute(DRIFT, {"model": second.model}).fetchone()[0] == 0
     assert vectors.copies_checked(db, portal.url, second.model)
     assert not vectors.copies_checked(db, portal.url, first.model)

@@ -22,9 +22,7 @@ from harvester.testing.samples import distinct_records
 
 # what the migrations since 018 changed: vectors in half precision (019), a version's text kept once (020)
 # (023 gives databases that applied 020's first text, on PostgreSQL 18, the same schema: here a no-op)
-# (027 turns dataset_vectors' copies into bit vectors: applied after 019, as on a real upgrade)
-MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql", "023_version_text_functions.sql",
-              "027_binary_search_vectors.sql"]
+MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql", "023_version_text_functions.sql"]
 
 
 def column_types(conn) -> dict[str, str]:
@@ -53,25 +51,6 @@ BEGIN
 END $$;
 CREATE TRIGGER test_version_text BEFORE INSERT OR UPDATE ON dataset_versions
     FOR EACH ROW EXECUTE FUNCTION test_version_text();
-"""
-
-# Before 027 the writer copied each dataset's vector itself into dataset_vectors.embedding; today's
-# writes its bit vector (sql/027). Done here as it was, on the schema it wrote to.
-OLD_COPY_WRITER = """
-ALTER TABLE dataset_vectors ADD COLUMN bits varbit, ALTER COLUMN embedding DROP NOT NULL;
-CREATE FUNCTION test_vector_copy() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.embedding := (SELECT e.embedding FROM embeddings e WHERE e.content_hash = NEW.content_hash
-                      AND e.model = NEW.model);
-    NEW.bits := NULL;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER test_vector_copy BEFORE INSERT OR UPDATE ON dataset_vectors
-    FOR EACH ROW EXECUTE FUNCTION test_vector_copy();
-"""
-OLD_COPY_WRITER_GONE = """
-DROP TRIGGER test_vector_copy ON dataset_vectors; DROP FUNCTION test_vector_copy();
-ALTER TABLE dataset_vectors DROP COLUMN bits, ALTER COLUMN embedding SET NOT NULL;
 """
 
 
@@ -114,7 +93,7 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
         # before 019, and the later ones that leave 019 and 020's tables alone but that today's
         # code (writing the old database here) reads: sql/021's embedding_failures, 024's staging_attempt
         # (023 follows 020)
-        if version < 19 or (version > 20 and version not in (23, 27)):
+        if version < 19 or (version > 20 and version != 23):
             shutil.copy(path, before_019 / path.name)
     assert all((migrations.SQL_DIR / name).exists() for name in MIGRATIONS)
 
@@ -131,7 +110,6 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
         # strings its snapshot holds (store/history.write_history); today's writer leaves them to
         # 020's generated columns. Filled here as it filled them, on the schema it wrote to.
         conn.execute(OLD_VERSION_WRITER)
-        conn.execute(OLD_COPY_WRITER)
         pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider)
         for rec in records[:5]:
             edited = copy.deepcopy(rec)
@@ -155,10 +133,9 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     # -- the migration -----------------------------------------------------------------------------
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TRIGGER test_version_text ON dataset_versions; DROP FUNCTION test_version_text()")
-        conn.execute(OLD_COPY_WRITER_GONE)
         assert migrations.migrate(conn) == MIGRATIONS
     with store_db.prepare(store_db.connect_url(url)) as conn, store_db.prepare(store_db.connect_url(url)) as reader:
-        assert column_types(conn) == {"embeddings": "halfvec"}  # dataset_vectors holds bits (027)
+        assert column_types(conn) == {"embeddings": "halfvec", "dataset_vectors": "halfvec"}
         # no columns: functions of the row compute them from the snapshot when read
         assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'dataset_versions'::regclass"
                             " AND attname IN ('title', 'description') AND NOT attisdropped").fetchone()[0] == 0

@@ -49,7 +49,7 @@ def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
 
 def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
     # A database made by an earlier version: BASE's index holds the name LARGE would have had.
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((binary_quantize(embedding)::bit(8)) bit_hamming_ops)"
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
                        " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)), sql.Literal(BASE)))
     oid = db.execute("SELECT %s::regclass::oid", (legacy_name(BASE),)).fetchone()[0]
 
@@ -81,46 +81,41 @@ def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invali
     definitions = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
                              " AND strpos(indexdef, %s) > 0", (f"'{model}'",)).fetchall()
     assert len(definitions) == 1 and definitions[0][0] == vectors.index_name(model)
-    assert "bit(24)" in definitions[0][1]
+    assert "halfvec(24)" in definitions[0][1]
 
 
-@pytest.mark.parametrize("kind", ["vector", "halfvec"])
-def test_an_index_of_an_earlier_kind_is_rebuilt_as_binary(db, kind):
-    """Earlier versions indexed models as vector (up to 2000 dimensions), then as halfvec; searches
-    now ask for the binary index (issue 40: pre-ranking by Hamming distance, re-ranked exactly): the
-    next run's upsert (restore_index) or embed step (ensure_index) builds it, then drops the old one,
-    and searches use it."""
+def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
+    """Earlier versions indexed models of up to 2000 dimensions as vector; searches now ask for the
+    halfvec index (half the size, built in about half the time): the next run's upsert (restore_index)
+    or embed step (ensure_index) replaces it, and searches use it again."""
     model = "older-model"
     db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
     vectors.write(db, model, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::{}(8)) {})"
-                       " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)), sql.SQL(kind),
-                                                   sql.SQL(f"{kind}_cosine_ops"), sql.Literal(model)))
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+                       " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)), sql.Literal(model)))
     probe = unit_vectors(1, 8, seed=3)[0]
-    # the old index (of the same name) does not serve the Hamming ordering searches use
+    # the old index (of the same name) does not serve the halfvec ordering searches use
     assert f"Index Scan using {vectors.index_name(model)}" not in vectors.explain_search(db, model, 8, probe)
 
     assert vectors.restore_index(db, model) is True
     definition = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                             (vectors.index_name(model),)).fetchone()[0]
-    assert "binary_quantize(embedding)" in definition and "bit(8)" in definition and "bit_hamming_ops" in definition
-    assert indexes(db) == {vectors.index_name(model): model}  # the old one, renamed while it was built, dropped
+    assert "halfvec(8)" in definition and "halfvec_cosine_ops" in definition
     assert f"Index Scan using {vectors.index_name(model)}" in vectors.explain_search(db, model, 8, probe)
     assert vectors.restore_index(db, model) is False  # nothing left to do
 
     db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(vectors.index_name(model))))
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::{}(8)) {})"
-                       " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"), sql.SQL(kind),
-                                                   sql.SQL(f"{kind}_cosine_ops"), sql.Literal(model)))
+    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
+                       " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"), sql.Literal(model)))
     vectors.ensure_index(db, model, 8)
     assert indexes(db) == {vectors.index_name(model): model}
-    assert "bit_hamming_ops" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+    assert "halfvec" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                                    (vectors.index_name(model),)).fetchone()[0]
 
 
 def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
-    """3,000 vectors of 384 dimensions: a graph of 3,000 x (48 + 720) bytes (binary quantization:
-    a bit a dimension), 2.2 MB; a tenth more is 3MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does pgvector."""
+    """3,000 vectors of 384 dimensions: a graph of 3,000 x (768 + 720) bytes, 4.3 MB; a tenth more
+    is 5MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does pgvector."""
     model, other = "sizing/model-a", "sizing/model-b"
     for m in (model, other):
         vectors.write(db, m, 384, [f"{m}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=len(m)))
@@ -128,11 +123,11 @@ def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
     caplog.set_level("INFO", logger="harvester.store.vectors")
     assert vectors.ensure_index(db, model, 384, roomy)
     said = [r.getMessage() for r in caplog.records]
-    assert any("3000 vectors of 384 dimensions (bit), a graph of about 2 MB; maintenance_work_mem 3MB" in m
+    assert any("3000 vectors of 384 dimensions (halfvec), a graph of about 4 MB; maintenance_work_mem 5MB" in m
                for m in said), said
     assert not [m for m in said if "does not fit" in m or "no longer fits" in m]
     # the session's own setting is back as it was
-    assert db.execute("SELECT current_setting('maintenance_work_mem')").fetchone()[0] != "3MB"
+    assert db.execute("SELECT current_setting('maintenance_work_mem')").fetchone()[0] != "5MB"
 
     caplog.clear()
     tight = vectors.IndexSettings(build_memory="1MB", build_memory_max="1MB")

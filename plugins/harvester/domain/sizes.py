@@ -38,14 +38,13 @@ def format_size(size: int) -> str:
 # from its notice "hnsw graph no longer fits into maintenance_work_mem after N tuples" with
 # maintenance_work_mem = 16MB (384 and 768 dimensions, halfvec and vector: 715-718 bytes each).
 HNSW_ELEMENT_OVERHEAD = 720
-_BYTES_PER_DIMENSION = {"halfvec": 2, "vector": 4, "bit": 0.125}  # bit: binary quantization, issue 40
+_BYTES_PER_DIMENSION = {"halfvec": 2, "vector": 4}
 
 
 def hnsw_graph_bytes(vectors: int, dimension: int, kind: str = "halfvec") -> int:
     """The memory an HNSW build of ``vectors`` vectors of ``dimension`` (stored as ``kind``) needs
-    to hold its whole graph: 1,000,000 of 768 halfvec dimensions, about 2.2 GB; as bits (binary
-    quantization), about 0.8 GB."""
-    return int(max(0, vectors) * (_BYTES_PER_DIMENSION[kind] * dimension + HNSW_ELEMENT_OVERHEAD))
+    to hold its whole graph: 1,000,000 of 768 halfvec dimensions, about 2.2 GB."""
+    return max(0, vectors) * (_BYTES_PER_DIMENSION[kind] * dimension + HNSW_ELEMENT_OVERHEAD)
 
 
 def build_memory(graph: int, floor: int, cap: int) -> int:

@@ -89,9 +89,7 @@ class SearchSettings:
     """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
     ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
-    filters that leave at most this many datasets rank them exactly instead (0: never); ``rerank``:
-    the vector side's pre-ranked candidates ranked exactly; ``text_cap``: the most matches of a text
-    stage ranked;
+    filters that leave at most this many datasets rank them exactly instead (0: never);
     ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
     puts those datasets first (module docstring)."""
     ef_search: int = 150
@@ -104,14 +102,6 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
-    # The vector side pre-ranks by the vectors' binary quantization (the HNSW index, or the bit
-    # copies of dataset_vectors on the exact path) and ranks its best ``rerank`` exactly by the cosine
-    # of the stored vectors (0: every dataset passing the filters ranked exactly, no pre-ranking; for
-    # measurements). ``text_cap``: the text side ranks at most this many of a stage's matches (0: all):
-    # a common word matches hundreds of thousands of datasets at a million, each ranked by ts_rank
-    # (100-700 ms, bench/million_search_bench.py).
-    rerank: int = 400
-    text_cap: int = 10000
     # Rare exact matches (module docstring): text's best rare_matches (0: never; at most limit) of
     # the strict text stage are put first in hybrid when that stage's datasets are at most
     # rare_share of those the filters leave (a portal filter leaving 12 datasets makes no match
@@ -335,99 +325,67 @@ def _title_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", fold(text or "").lower()))
 
 
-def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = (),
-               cap: int = 0) -> list[tuple]:
-    """(dataset id, ts_rank) of the best matches, best first. ``cap`` (SearchSettings.text_cap; 0:
-    none): at most that many matches are ranked, the first the GIN index's bitmap gives (in table
-    order): a query whose words match fewer is ranked exactly as without a cap; one of very common
-    words (hundreds of thousands of matches at a million datasets) is ranked within a bounded set,
-    its exact best left to the vector side and the fusion."""
+def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = ()) -> list[tuple]:
+    """(dataset id, ts_rank) of the best matches, best first."""
     rows = conn.execute(
         f"""
-        SELECT m.dataset_id, ts_rank(m.document, %(tsq)s::tsquery, 1) AS rank
-        FROM (SELECT s.dataset_id, s.document FROM dataset_search s
-              WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
-              LIMIT %(cap)s) m
-        ORDER BY rank DESC, m.dataset_id
+        SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank
+        FROM dataset_search s
+        WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+        ORDER BY rank DESC, s.dataset_id
         LIMIT %(n)s
-        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude), "cap": cap or None}).fetchall()
+        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude)}).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
 # -- the vector side -------------------------------------------------------------------------------
 def _vector_statements(dimension: int, where: str):
-    """(HNSW statement, exact statement, truth statement) of the vector side: the nearest vectors of
-    live datasets that pass the filters, as (dataset id, cosine similarity).
-
-    Two stages (issue 40): the candidates are pre-ranked by Hamming distance between binary
-    quantizations (one bit a dimension, the sign), ``%(rerank)s`` of them, then ranked exactly by
-    the cosine between the stored half-precision vectors (sql/019) and the query cast as they are.
-    The HNSW statement pre-ranks through the model's index (store/vectors.py), the exact one over
-    the bit copies of dataset_vectors (sql/027: 96 bytes a dataset at 768 dimensions instead of a
-    1.5 KB halfvec) of every dataset the filters leave; the truth statement compares every one
-    exactly (``rerank`` 0)."""
+    """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
+    that pass the filters, as (dataset id, cosine similarity)."""
     from psycopg import sql
 
     from harvester.store import vectors
 
-    expr, bits = vectors.index_expression(dimension, "e.embedding"), vectors.query_cast(dimension)
-    cosine = sql.SQL("%(query)s::halfvec({})").format(sql.Literal(int(dimension)))
+    expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
     hnsw = sql.SQL(
         """
         WITH nn AS MATERIALIZED (
-            SELECT e.content_hash, e.embedding <=> {cosine} AS distance
+            SELECT e.content_hash, {expr} <=> {q} AS distance
             FROM embeddings e
             WHERE e.model = %(model)s
               AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})
-            ORDER BY {expr} <~> {bits}
-            LIMIT %(rerank)s
+            ORDER BY {expr} <=> {q}
+            LIMIT %(n)s
         )
         SELECT s.dataset_id, 1 - nn.distance
         FROM nn JOIN dataset_search s ON s.content_hash = nn.content_hash
         WHERE {where}
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
-        """).format(expr=expr, bits=bits, cosine=cosine, where=sql.SQL(where))
-    # Every Hamming distance computed first (materialized CTEs), then sorted: an ORDER BY on the
-    # distance itself would be planned as an HNSW scan, which without the iterative scan stops at
-    # ef_search and may find nothing that passes the filters. The copies come from dataset_vectors
-    # (sql/010, sql/027), fetched as one sorted list of ids: rows in dataset order, read in that
-    # order. Datasets without a current copy of the model (a run not committed yet, a model switch)
-    # are candidates whatever their distance, ranked by their vector in embeddings: a copy missing
-    # or behind makes a query slower, never wrong.
+        """).format(expr=expr, q=q, where=sql.SQL(where))
+    # Every distance computed first (materialized CTEs), between the stored half-precision vectors
+    # (sql/019) and the query cast as the index casts it, so both paths rank alike, then sorted: an ORDER BY on the distance itself would be planned as
+    # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
+    # passes the filters. The vectors come from dataset_vectors (sql/010), fetched as one sorted
+    # list of ids: rows in dataset order, read in that order. Datasets without a current copy of
+    # the model (a run not committed yet, a model switch) are looked up in embeddings.
     exact = sql.SQL(
         """
         WITH f AS MATERIALIZED (
             SELECT s.dataset_id, s.content_hash FROM dataset_search s WHERE {where}
         ), c AS MATERIALIZED (
-            SELECT v.dataset_id, v.content_hash, v.bits <~> {bits} AS hamming
+            SELECT v.dataset_id, v.content_hash, v.embedding <=> %(query)s::halfvec({dim}) AS distance
             FROM dataset_vectors v
             WHERE v.dataset_id = ANY(ARRAY(SELECT f.dataset_id FROM f)) AND v.model = %(model)s
-        ), j AS MATERIALIZED (
-            SELECT f.dataset_id, f.content_hash, c.hamming
-            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
-        ), candidates AS (
-            (SELECT dataset_id, content_hash FROM j WHERE hamming IS NOT NULL
-             ORDER BY hamming, dataset_id LIMIT %(rerank)s)
-            UNION ALL
-            SELECT dataset_id, content_hash FROM j WHERE hamming IS NULL
         ), d AS (
-            SELECT x.dataset_id, (SELECT e.embedding <=> {cosine} FROM embeddings e
-                                  WHERE e.content_hash = x.content_hash AND e.model = %(model)s) AS distance
-            FROM candidates x
+            SELECT f.dataset_id, coalesce(c.distance, (
+                       SELECT e.embedding <=> %(query)s::halfvec({dim}) FROM embeddings e
+                       WHERE e.content_hash = f.content_hash AND e.model = %(model)s)) AS distance
+            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
         )
         SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
-        """).format(bits=bits, cosine=cosine, where=sql.SQL(where))
-    truth = sql.SQL(
-        """
-        WITH d AS MATERIALIZED (
-            SELECT s.dataset_id, e.embedding <=> {cosine} AS distance
-            FROM dataset_search s JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
-            WHERE {where}
-        )
-        SELECT dataset_id, 1 - distance FROM d ORDER BY distance, dataset_id LIMIT %(n)s
-        """).format(cosine=cosine, where=sql.SQL(where))
-    return hnsw, exact, truth
+        """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
+    return hnsw, exact
 
 
 def _estimated_matches(conn, where: str, params: dict) -> float:
@@ -442,29 +400,23 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
                  settings: SearchSettings, limit: int, narrowing: bool = True) -> list[tuple]:
     """(dataset id, cosine similarity) of the nearest datasets passing the filters, best first.
     The filters are checked inside the HNSW index scan (an EXISTS on dataset_search per vector),
-    which pgvector's iterative scan continues until ``settings.rerank`` vectors pass (or
-    max_scan_tuples); those are ranked exactly (_vector_statements). Filters that PostgreSQL
-    expects to leave at most ``settings.exact_limit`` datasets pre-rank all of them by their bit
-    copies instead (no index); so does a filtered scan that ended short of ``limit``: whenever
-    ``limit`` datasets pass the filters, ``limit`` come back. ``settings.rerank`` 0: every dataset
-    passing the filters ranked exactly (the truth the bench measures recall against)."""
+    which pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples).
+    Filters that PostgreSQL expects to leave at most ``settings.exact_limit`` datasets rank those
+    exactly instead (every one compared, no index); so does a filtered scan that ended short of
+    ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back."""
     import numpy as np
 
-    hnsw, exact, truth = _vector_statements(dimension, where)
-    rerank = max(settings.rerank, limit)
-    values = {**params, "model": model, "n": limit, "rerank": rerank,
-              "query": np.asarray(query_vector, dtype=np.float32)}
-    if not settings.rerank:
-        return [(r[0], float(r[1])) for r in conn.execute(truth, values).fetchall()]
+    hnsw, exact = _vector_statements(dimension, where)
+    values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
     if narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit:
         return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
     with conn.transaction():
         # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
-        # outer ORDER BY ranks what it found exactly.
+        # outer ORDER BY restores the exact order of what it found.
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true),"
                      " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
                      " set_config('hnsw.max_scan_tuples', %s, true)",
-                     (str(min(1000, max(settings.ef_search, rerank))), str(max(settings.max_scan_tuples, rerank))))
+                     (str(settings.ef_search), str(settings.max_scan_tuples)))
         rows = conn.execute(hnsw, values).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
         rows = conn.execute(exact, values).fetchall()
@@ -479,11 +431,11 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
 
     settings = settings or SearchSettings.from_env()
     where, params = filter_sql(filters or SearchFilters())
-    hnsw, _, _ = _vector_statements(dimension, where)
+    hnsw, _ = _vector_statements(dimension, where)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         plan = conn.execute(sql.SQL("EXPLAIN ") + hnsw, {
-            **params, "model": model, "n": settings.candidates, "rerank": max(settings.rerank, settings.candidates),
+            **params, "model": model, "n": settings.candidates,
             "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(r[0] for r in plan)
 
@@ -689,8 +641,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
         for number, stage in enumerate(tq.stages):
-            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits],
-                              cap=max(settings.text_cap, fetch) if settings.text_cap else 0)
+            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits])
             if number == 0:
                 strict, strict_complete = [i for i, _ in hits], len(hits) < fetch
             text_hits += hits

@@ -1,16 +1,10 @@
 """Vectors, content-addressed: one per (content_hash, model), shared by every dataset with that text.
 
-Each model gets a partial HNSW index over its rows, of its dimension, so models of different
-sizes live side by side and one can replace another without dropping data. Vectors are stored in
-half precision (``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values are rounded
-once, as they are stored). The index holds their binary quantization (``binary_quantize``: one bit
-a dimension, the sign; Hamming distance, pgvector's ``bit_hamming_ops``), a pre-ranking only:
-search takes the index's nearest few hundred and ranks them exactly by the cosine of the stored
-halfvec vectors (store/search.py). At a million vectors of 768 dimensions that index is built
-several times faster than a halfvec one and is a sixth of its size, with a higher recall@10 after
-re-ranking (bench/million_search_bench.py, issue 40). Every stored vector stays as it is: only the
-index changed (an earlier version's halfvec index is replaced by ensure_index, after the new one
-is built).
+Each model gets a partial HNSW cosine index over its rows, cast to its dimension, so models of
+different sizes live side by side and one can replace another without dropping data. Vectors
+are stored in half precision (``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values
+are rounded once, as they are stored) and so is the index (up to 4000 dimensions): half the size of
+full precision, built in about half the time, with the same recall (bench/).
 """
 from __future__ import annotations
 
@@ -31,7 +25,7 @@ from harvester.config.settings import fields_from_env
 from harvester.domain.run import format_duration
 from harvester.domain.sizes import build_memory, format_size, hnsw_graph_bytes, parse_size
 
-INDEX_KIND = "bit"
+INDEX_KIND = "halfvec"
 
 log = logging.getLogger(__name__)
 
@@ -98,35 +92,23 @@ class DimensionMismatch(ValueError):
 
 
 def index_kind(dimension: int) -> str:
-    """The type the model's index holds its vectors as: ``bit``, their binary quantization, whatever
-    the dimension (up to 64,000)."""
+    """The type the model's index holds its vectors as (halfvec whatever the dimension)."""
     return INDEX_KIND
 
 
-def index_expression(dimension: int, column: str = "embedding") -> sql.Composable:
-    """The indexed expression (the stored vector's binary quantization); a query's ORDER BY must
-    use it with ``<~>`` (Hamming distance) and query_cast to use the index."""
-    return sql.SQL("(binary_quantize({})::bit({}))").format(sql.SQL(column), sql.Literal(int(dimension)))
+def index_expression(dimension: int) -> sql.Composable:
+    """The indexed expression; a query's ORDER BY must use it (and query_cast) to use the index."""
+    return sql.SQL("(embedding::{}({}))").format(sql.SQL(index_kind(dimension)), sql.Literal(int(dimension)))
 
 
 def query_cast(dimension: int, placeholder: str = "query") -> sql.Composable:
-    """``%(placeholder)s`` (a vector) as the index holds it: rounded to halfvec as stored vectors
-    are, then quantized."""
-    return sql.SQL("binary_quantize(%({})s::halfvec({}))::bit({})").format(
-        sql.SQL(placeholder), sql.Literal(int(dimension)), sql.Literal(int(dimension)))
-
-
-DISTANCE = "<~>"  # the index's operator: Hamming distance between the bit vectors
+    """``%(placeholder)s`` cast to what the index holds."""
+    return sql.SQL("%({})s::{}({})").format(sql.SQL(placeholder), sql.SQL(index_kind(dimension)),
+                                            sql.Literal(int(dimension)))
 
 
 def opclass(dimension: int) -> str:
-    return "bit_hamming_ops"
-
-
-def _retired_name(model: str) -> str:
-    """The name an earlier version's index of the model (another kind) takes while the new one is
-    built under index_name: it keeps serving nothing, and is dropped once the new one is valid."""
-    return f"embeddings_retired_{hashlib.sha256(model.encode('utf-8')).hexdigest()[:10]}"
+    return f"{index_kind(dimension)}_cosine_ops"
 
 
 def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
@@ -240,7 +222,7 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
     settings = settings or IndexSettings.from_env()
     check_dimension(conn, model, dimension)
     name = index_name(model)
-    fitting, retired = None, []
+    fitting = None
     for schema, index, size, kind, state in _model_indexes(conn, model):
         if state == "building":
             log.info("the HNSW index %s of %s is being built by another connection: leaving it to that one", index,
@@ -249,26 +231,16 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
         if state == "dead":
             log.warning("dropping the invalid HNSW index %s of %s, left by a build that did not finish", index, model)
             _drop_concurrently(conn, schema, index)
-        elif size != dimension:
-            # no vector of that size is left (check_dimension): the index would refuse new ones
+        elif size != dimension or kind != index_kind(dimension):
+            # no vector of that size is left (check_dimension): the index would refuse new ones; or an
+            # index of full-precision vectors made by an earlier version: searches ask for the halfvec one
             _drop_concurrently(conn, schema, index)
-        elif kind != index_kind(dimension):
-            # an earlier version's index (full-precision or halfvec vectors): searches ask for the
-            # binary one. Dropped once that one is built (a failed build leaves it to the next try).
-            retired.append((schema, index))
         elif fitting is None:
             fitting = (schema, index)
     if fitting is not None:
         if fitting[1] != name:  # the name an earlier version gave it
             conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting), sql.Identifier(name)))
-        for schema, index in retired:
-            _drop_concurrently(conn, schema, index)
         return False
-    for number, (schema, index) in enumerate(retired):
-        if index == name:  # the new index takes the name
-            retired[number] = (schema, _retired_name(model))
-            conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(schema, index),
-                                                                      sql.Identifier(_retired_name(model))))
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
     ).format(name=sql.Identifier(name), expr=index_expression(dimension),
@@ -316,11 +288,7 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
         if not conn.closed:
             with contextlib.suppress(psycopg.Error):
                 conn.execute(settings_sql, before)
-    ready = index_state(conn, model) == "ready"
-    if ready:
-        for schema, index in retired:  # the earlier version's index: no search reads it now
-            _drop_concurrently(conn, schema, index)
-    return ready
+    return index_state(conn, model) == "ready"
 
 
 def _mb(size: float) -> str:
@@ -604,7 +572,7 @@ HALFVEC_MAX = 65504.0  # the largest finite half-precision value
 
 def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int] | None = None) -> int:
     """Inside the caller's transaction (a run's upsert): ``dataset_vectors`` (sql/010) brought up to
-    date, in one statement, with a copy (its binary quantization, sql/027) of the ``model`` vector of each dataset's current text where
+    date, in one statement, with a copy of the ``model`` vector of each dataset's current text where
     its copy is missing, of another model or of an older text: for ``dataset_ids``, or with None for
     every dataset of the portal. Written in dataset id order, the order search's exact path reads
     them in. After a pass over every dataset, the portal is marked checked for ``model`` when each
@@ -653,12 +621,12 @@ def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
     return conn.execute(
         f"""
         WITH {behind}, w AS (
-            INSERT INTO dataset_vectors AS v (dataset_id, model, content_hash, bits)
-            SELECT b.dataset_id, e.model, e.content_hash, binary_quantize(e.embedding)
+            INSERT INTO dataset_vectors AS v (dataset_id, model, content_hash, embedding)
+            SELECT b.dataset_id, e.model, e.content_hash, e.embedding
             FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
             ORDER BY b.dataset_id
             ON CONFLICT (dataset_id) DO UPDATE SET
-                model = EXCLUDED.model, content_hash = EXCLUDED.content_hash, bits = EXCLUDED.bits
+                model = EXCLUDED.model, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
             RETURNING v.dataset_id
         )
         SELECT (SELECT count(*) FROM w),
@@ -695,7 +663,7 @@ def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
 def explain_search(conn, model: str, dimension: int, query_vector) -> str:
     expr, q = index_expression(dimension), query_cast(dimension)
     plan = conn.execute(sql.SQL("EXPLAIN SELECT content_hash FROM embeddings e WHERE e.model = %(model)s"
-                                " ORDER BY {expr} <~> {q} LIMIT 10").format(expr=expr, q=q),
+                                " ORDER BY {expr} <=> {q} LIMIT 10").format(expr=expr, q=q),
                         {"model": model, "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(row[0] for row in plan)
 

@@ -15,7 +15,7 @@ COPY_DRIFT = """
     JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
     LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
     WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
-       OR v.bits <> binary_quantize(e.embedding)
+       OR v.embedding <> e.embedding
 """
 
 
