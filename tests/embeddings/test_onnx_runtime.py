@@ -43,7 +43,10 @@ def test_onnx_vectors_are_pytorchs_for_every_text_the_demo_embeds(shared_export)
     theirs = np.asarray(slow.embed_documents(texts))
     cosine = (ours * theirs).sum(1)
     worst = int(cosine.argmin())
-    assert cosine.min() >= 0.99, f"text {worst} ({texts[worst][:80]!r}...): cosine {cosine[worst]:.4f}"
+    # The default reads 128 tokens (issue 40): one text of the 895 (885, a German title with a long
+    # description) falls to 0.9892, the rest stay above 0.99 (mean 0.9963), as with 256 tokens.
+    assert cosine.min() >= 0.985, f"text {worst} ({texts[worst][:80]!r}...): cosine {cosine[worst]:.4f}"
+    assert (cosine < 0.99).sum() <= 1, f"{(cosine < 0.99).sum()} texts below a cosine of 0.99"
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
     # A text's vector does not depend on the texts it is embedded with, nor on being a query.
     assert np.array_equal(np.asarray(fast.embed_documents(texts[5:6]))[0], ours[5])
