@@ -446,17 +446,19 @@ def base_records() -> list[tuple[str, dict]]:
     return out
 
 
-def synthetic_rows(n: int, seed: int = 11):
+def synthetic_rows(n: int, seed: int = 11, first: int = 0, bases: list | None = None):
     """Deterministic synthetic datasets derived from the samples: one dict per dataset with the
-    columns the harvester stores, and the metadata the filters look at."""
+    columns the harvester stores, and the metadata the filters look at. ``first``: the number of
+    the first dataset (a slice of a larger catalogue, bench/million_search_bench.py: each slice
+    has a random sequence of its own, so slices can be made in any order)."""
     from harvester.domain.dataset import clean_text, content_hash, embedding_text, sha256_hex
 
-    bases = base_records()
-    rng = random.Random(seed)
+    bases = bases or base_records()
+    rng = random.Random(seed if not first else seed * 1_000_003 + first)
     start = datetime(2015, 1, 1, tzinfo=timezone.utc)
     now = datetime.now(timezone.utc)
     rows = []
-    for i in range(n):
+    for i in range(first, first + n):
         name, base = bases[i % len(bases)]
         variant = i // len(bases)
         other = bases[rng.randrange(len(bases))][1]

@@ -350,6 +350,8 @@ _ALL = (
             "matches", "search", 1, 10**9),
     Setting("HARVESTER_SEARCH_EXACT_LIMIT", "int", 20000, "Filters that leave at most this many datasets rank "
             "them exactly (0: never)", "search", 0, 10**7),
+    Setting("HARVESTER_SEARCH_TEXT_CAP", "int", 10000, "The most matches of a text stage ranked by ts_rank (a "
+            "query of very common words matches hundreds of thousands; 0: all)", "search", 0, 10**7),
     Setting("HARVESTER_SEARCH_RARE_MATCHES", "int", 5, "Hybrid puts first text's best this many datasets "
             "holding every word of the query when at most this many do, or the query is a code (0: never)",
             "search", 0, 1000),

@@ -90,6 +90,7 @@ class SearchSettings:
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
     ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
     filters that leave at most this many datasets rank them exactly instead (0: never);
+    ``text_cap``: the most matches of a text stage ranked (0: all);
     ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
     puts those datasets first (module docstring)."""
     ef_search: int = 150
@@ -102,6 +103,10 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
+    # The text side ranks at most this many of a stage's matches (0: all): a common word matches
+    # hundreds of thousands of datasets at a million, each ranked by ts_rank (100-700 ms,
+    # bench/README.md "A million datasets"); a query whose words match fewer is ranked as before.
+    text_cap: int = 10000
     # Rare exact matches (module docstring): text's best rare_matches (0: never; at most limit) of
     # the strict text stage are put first in hybrid when that stage's datasets are at most
     # rare_share of those the filters leave (a portal filter leaving 12 datasets makes no match
@@ -325,16 +330,22 @@ def _title_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", fold(text or "").lower()))
 
 
-def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = ()) -> list[tuple]:
-    """(dataset id, ts_rank) of the best matches, best first."""
+def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = (),
+               cap: int = 0) -> list[tuple]:
+    """(dataset id, ts_rank) of the best matches, best first. ``cap`` (SearchSettings.text_cap; 0:
+    none): at most that many matches are ranked, the first the full-text index gives (in table
+    order): a query whose words match fewer is ranked exactly as without a cap; one of very common
+    words (hundreds of thousands of matches at a million datasets) is ranked within a bounded set,
+    the datasets nearest in meaning left to the vector side and the fusion."""
     rows = conn.execute(
         f"""
-        SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank
-        FROM dataset_search s
-        WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
-        ORDER BY rank DESC, s.dataset_id
+        SELECT m.dataset_id, ts_rank(m.document, %(tsq)s::tsquery, 1) AS rank
+        FROM (SELECT s.dataset_id, s.document FROM dataset_search s
+              WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+              LIMIT %(cap)s) m
+        ORDER BY rank DESC, m.dataset_id
         LIMIT %(n)s
-        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude)}).fetchall()
+        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude), "cap": cap or None}).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
@@ -641,7 +652,8 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
         for number, stage in enumerate(tq.stages):
-            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits])
+            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits],
+                              cap=max(settings.text_cap, fetch) if settings.text_cap else 0)
             if number == 0:
                 strict, strict_complete = [i for i, _ in hits], len(hits) < fetch
             text_hits += hits
