@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from harvester.embeddings import onnx
-from harvester.embeddings.local import MODEL_NAME, ST_KIND, LocalProvider, bundled_path
+from harvester.embeddings.local import FULL_NAME, MODEL_NAME, ST_KIND, LocalProvider, bundled_path
 from harvester.testing.demo import embedded_texts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,9 +84,10 @@ def test_an_export_is_made_once_shared_reused_and_a_corrupt_one_made_again(tmp_p
     assert sorted(p.name for p in directory.iterdir()) == ["manifest.json", "model.onnx", "tokenizer.json"]
     written = (directory / "model.onnx").stat().st_mtime_ns
 
-    # The next load checks it and uses it: nothing exported.
+    # The next load checks it and uses it: nothing exported. (The export is the model's own,
+    # FULL_NAME: the default, MODEL_NAME, reads 128 tokens of it.)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        encoder = onnx.load(ST_KIND, bundled_path(), MODEL_NAME)
+        encoder = onnx.load(ST_KIND, bundled_path(), FULL_NAME)
     assert encoder.directory == directory and not caplog.records
     assert (directory / "model.onnx").stat().st_mtime_ns == written
     before = encoder.encode(["Purchase card transactions", "Preço de medicamentos"])
@@ -98,11 +99,11 @@ def test_an_export_is_made_once_shared_reused_and_a_corrupt_one_made_again(tmp_p
         fh.write(b"\0" * 64)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        rebuilt = onnx.load(ST_KIND, bundled_path(), MODEL_NAME)
+        rebuilt = onnx.load(ST_KIND, bundled_path(), FULL_NAME)
     messages = [r.getMessage() for r in caplog.records]
     assert any(r.levelno == logging.WARNING and "is not used: model.onnx is not the file the export wrote" in
                r.getMessage() and "exporting it again" in r.getMessage() for r in caplog.records), messages
-    assert any(m.startswith(f"exported local model {MODEL_NAME}") for m in messages), messages
+    assert any(m.startswith(f"exported local model {FULL_NAME}") for m in messages), messages
     assert onnx.check(directory)[0] is not None
     assert np.allclose(rebuilt.encode(["Purchase card transactions", "Preço de medicamentos"]), before, atol=1e-5)
 
