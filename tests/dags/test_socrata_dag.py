@@ -245,8 +245,12 @@ def big_first_sync(harvest, portal, db):
     assert stats["portal_requests"] == len(portal.catalog_requests()) == BIG // 1000 + 1
 
 
-def test_twelve_thousand_datasets_past_the_capped_count_sync_whole_and_nothing_live_is_removed(
+def test_twelve_thousand_datasets_past_the_capped_count_sync_whole_and_lose_exactly_the_removed(
         harvest, big_portal, db, gemini, caplog):
+    """One first sync of 12,000 (the costly part: once, not once a test), then: nothing changed
+    (nothing removed, no reconciliation from the capped count), a reconciliation removing nothing,
+    then edits and removals on both sides of the 10,000th: a reconciling incremental, then a full
+    sync, each losing exactly the removed."""
     portal = big_portal
     big_first_sync(harvest, portal, db)
     everything = set(portal.records)
@@ -267,10 +271,7 @@ def test_twelve_thousand_datasets_past_the_capped_count_sync_whole_and_nothing_l
     assert (mode, status, stats["removed"], stats["reconcile_listed"]) == ("incremental", "committed", 0, BIG)
     assert live_ids(db) == everything
 
-
-def test_twelve_thousand_datasets_after_edits_and_removals_lose_exactly_the_removed(harvest, big_portal, db, gemini):
-    portal = big_portal
-    big_first_sync(harvest, portal, db)
+    # -- edits and removals on both sides of the 10,000th -------------------------------------------
     ids = sorted(portal.records)
     stamp = (datetime.now(timezone.utc) + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     edited = [ids[5], ids[5_000], ids[11_990]]
