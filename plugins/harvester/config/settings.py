@@ -359,7 +359,8 @@ _ALL = (
             "most this share of those the filters leave", "search", 0, 1),
     # -- record reports and validation ------------------------------------------------------------
     Setting("HARVESTER_OUTCOMES_KEEP_DAYS", "int", 90, "How long a run's per-record outcomes (errors and warnings "
-            "of its records) are kept; `harvester purge` deletes older ones", "reports", 1, 100000),
+            "of its records) are kept: every run of a portal deletes that portal's older ones, and so does "
+            "`harvester purge`", "reports", 1, 100000),
     Setting("HARVESTER_VALIDATE_MAX_BYTES", "size", "100MB", "The largest document `POST /harvester/api/validate` "
             "takes, uploaded or fetched", "reports"),
     Setting("HARVESTER_VALIDATE_ALLOW_PRIVATE", "bool", False, "Whether `POST /harvester/api/validate` may fetch "
