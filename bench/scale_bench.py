@@ -518,7 +518,7 @@ class ScaleBench(Bench):
             conn.execute("VACUUM ANALYZE")
             vacuum = time.perf_counter() - t0
             report = measure(conn)
-        print_report(report)
+        print_report([(f"{n:,} datasets, after VACUUM ANALYZE", report)])
         report["vacuum_s"] = round(vacuum, 1)
         return report
 
