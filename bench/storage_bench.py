@@ -11,7 +11,7 @@ provider talking to the local Gemini-protocol server (--dimension 768 by default
    nothing vacuumed by hand between them, but autovacuum is given the time it has between real
    runs, hours apart: its naptime is 1 s on the bench's server and each run is followed by a wait
    until no table is over its autovacuum threshold (the server's defaults, the tables' own
-   settings: sql/028) and no autovacuum worker is busy (--no-settle: no wait, naptime unchanged);
+   settings: sql/027) and no autovacuum worker is busy (--no-settle: no wait, naptime unchanged);
 3. after a plain VACUUM (not FULL: what autovacuum gets to, without taking the tables away).
 
 Each time it prints every table of the schema with its heap (with its free-space and visibility
@@ -204,7 +204,7 @@ def run(url: str, args) -> list[tuple[str, dict]]:
             if conn.execute("SELECT count(*) FROM datasets").fetchone()[0]:
                 raise SystemExit(f"the database {url} already holds datasets: give an empty one")
             autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
-            if args.autovacuum_defaults:  # what sql/028 changes, measured: its settings undone
+            if args.autovacuum_defaults:  # what sql/027 changes, measured: its settings undone
                 for table in ("datasets", "dataset_search", "dataset_versions", "dataset_keys", "dataset_vectors"):
                     conn.execute(f"ALTER TABLE {table} RESET (autovacuum_vacuum_scale_factor,"
                                  " toast.autovacuum_vacuum_scale_factor)")
@@ -248,7 +248,7 @@ def main() -> int:
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="do not give autovacuum its time between runs (naptime 1 s and a wait for it)")
     parser.add_argument("--autovacuum-defaults", action="store_true",
-                        help="undo sql/028 (the tables' autovacuum scale factors) first: what it changes, measured")
+                        help="undo sql/027 (the tables' autovacuum scale factors) first: what it changes, measured")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     args.settle = args.settle and not args.database_url
