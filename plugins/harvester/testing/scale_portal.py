@@ -61,11 +61,11 @@ _ID_RE = re.compile(r"bench-(\d{7,})")
 log = logging.getLogger(__name__)
 
 
-def load_base(directory=None) -> list[dict]:
-    """The real CKAN records every synthetic record is derived from (harvest_bench.synthetic's)."""
+def _read_samples(names, directory=None) -> list[dict]:
+    """The records of the CKAN sample files ``names``, in order; a missing file names itself."""
     folder = samples_dir() if directory is None else directory
     base: list[dict] = []
-    for name in BASE_FILES:
+    for name in names:
         path = folder / name
         if not path.is_file():
             raise FileNotFoundError(f"CKAN sample {path} is missing (set HARVESTER_SAMPLES_DIR or put "
@@ -73,6 +73,11 @@ def load_base(directory=None) -> list[dict]:
         with path.open(encoding="utf-8") as fh:
             base += [json.loads(line) for line in fh if line.strip()]
     return base
+
+
+def load_base(directory=None) -> list[dict]:
+    """The real CKAN records every synthetic record is derived from (harvest_bench.synthetic's)."""
+    return _read_samples(BASE_FILES, directory)
 
 
 # The "real" shape (issue 40): the records of real size, each with its real resources list: the US
@@ -85,16 +90,7 @@ SHAPES = ("mixed", "real")
 
 def load_real_base(directory=None) -> list[dict]:
     """The records of the "real" shape (REAL_FILES), in their files' order."""
-    folder = samples_dir() if directory is None else directory
-    base: list[dict] = []
-    for name in REAL_FILES:
-        path = folder / name
-        if not path.is_file():
-            raise FileNotFoundError(f"CKAN sample {path} is missing (set HARVESTER_SAMPLES_DIR or put "
-                                    "../shared/ckan-samples beside the repository)")
-        with path.open(encoding="utf-8") as fh:
-            base += [rec for rec in map(json.loads, filter(str.strip, fh)) if rec.get("type") != "harvest"]
-    return base
+    return [rec for rec in _read_samples(REAL_FILES, directory) if rec.get("type") != "harvest"]
 
 
 def ms_text(ms: int) -> str:
