@@ -89,8 +89,9 @@ def _stage_listing(conn, portal: Portal, run_id: int, source: Source, since, lis
     """Stage the source's listing page by page, as the run's only writer of staging (an earlier
     attempt of the task still running stops at its next page: runs.claim_staging). The source
     reads (fetches, parses, normalizes) the next page in a thread of its own while this one is
-    staged (sources/readahead.py): one page queued at most; its errors reach the caller as they
-    are; the thread has ended on return.
+    staged (pipeline/readahead.py): one item queued at most, a page or, for a source whose pages
+    can be large (CKAN), a slice of a few MB of one; its errors reach the caller as they are; the
+    thread has ended on return.
 
     What an earlier attempt of this listing staged is cleared (the listing starts over), unless
     the source can resume (``Capabilities.resumable``, a kind fetched one record a request) and
