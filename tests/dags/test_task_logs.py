@@ -58,7 +58,7 @@ def assert_aligned(rows: list[str]) -> None:
 
 
 def test_each_task_log_opens_with_its_intent_and_ends_with_a_table_linking_the_run(
-        harvest, portal_server, db, samples, caplog, monkeypatch, tmp_path):
+        harvest, portal_server, db, samples, caplog, monkeypatch, tmp_path, request):
     from harvester.store import vector_check
 
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", BASE_URL)
@@ -68,6 +68,8 @@ def test_each_task_log_opens_with_its_intent_and_ends_with_a_table_linking_the_r
 
     # An earlier test of this session may have loaded the model in this process; a task's process has not.
     local_model._onnx_encoder.cache_clear()
+    # and the model it loads here, from a cache in tmp_path, is not left to the session's later tests
+    request.addfinalizer(local_model._onnx_encoder.cache_clear)
     records = samples("data-birmingham-gov-uk.jsonl")[:30]
     portal_server.set_records(records)
     harvest.configure(portal_server.base_url)

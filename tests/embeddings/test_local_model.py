@@ -97,6 +97,11 @@ def test_the_default_reads_128_tokens_under_a_name_of_its_own_and_the_256_token_
     the vectors stored before (sentence-transformers/all-MiniLM-L6-v2) with the 256-token version."""
     import numpy as np
 
+    from harvester.embeddings import local as local_module
+
+    # An earlier test of the session may have loaded the export from a cache of its own
+    # (HARVESTER_MODEL_CACHE in a temporary directory): both versions are loaded here, from one cache.
+    local_module._onnx_encoder.cache_clear()
     short = "Preço de medicamentos no Brasil"
     long = ("Open government data portal listing datasets from federal agencies: budgets, health, transport, "
             "environment, education and more, in machine-readable formats. ") * 8  # about 300 tokens
