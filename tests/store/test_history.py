@@ -166,6 +166,29 @@ def test_an_unchanged_run_only_moves_last_seen(db, reader, portal, portal_server
         (first["seen_at"], second["seen_at"])]
 
 
+def test_a_new_datasets_snapshot_from_its_decoded_record_is_the_canonical_one(db, samples):
+    """compute_changes takes a new dataset's snapshot as made from its record decoded from staging's
+    jsonb, without the JSON round trip (ch.snapshot(decoded=True), issue 40): the same snapshot,
+    type for type, for the first 300 records of every CKAN sample file, read back from PostgreSQL
+    as the step reads it. (Fails on the code before: snapshot took no ``decoded``.)"""
+    from harvester.store.staging import as_jsonb
+    from harvester.testing.samples import samples_dir
+
+    files = sorted(p.name for p in samples_dir().glob("*.jsonl"))
+    records = [r for name in files for r in samples(name)[:300]]  # (every file's first 300: seconds)
+    assert len(files) >= 10 and len(records) > 1000
+    decoded = [row[0] for row in db.execute("SELECT jsonb_array_elements(%s)", (as_jsonb(records),))]
+    assert len(decoded) == len(records)
+    for raw in decoded:
+        title, description = raw.get("title"), raw.get("notes")
+        title = title if isinstance(title, str) else None
+        description = description if isinstance(description, str) else None
+        canonical = ch.snapshot(title, description, raw)
+        fast = ch.snapshot(title, description, raw, decoded=True)
+        assert json.dumps(fast, sort_keys=True) == json.dumps(canonical, sort_keys=True), raw.get("id")
+        assert fast == canonical
+
+
 def test_one_current_version_is_enforced_by_the_schema(db, reader, portal, portal_server, birmingham):
     portal_server.set_records(birmingham[:1])
     harvest_once(db, reader, portal)

@@ -56,6 +56,8 @@ RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED,
 
 _STAGED_COLUMNS = ("run_id", "source_id", "change_type", "changed_fields", "significance", "requires_review",
                    "snapshot", "new_version", "record_change")
+# The columns of staging_changes that the upsert's statements filter and join on (analyzed).
+_PLANNED_CHANGE_COLUMNS = ("run_id", "source_id", "new_version", "record_change")
 _STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool")
 
 # The run's created, updated and reidentified records (the latter with the dataset under its old
@@ -88,7 +90,9 @@ def clear(conn, run_id: int) -> None:
 def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
     source_id, title, description, raw, outcome, dataset_id, removed_at, current, old_title, old_description, \
         old_raw, previous_source_id = row
-    new = ch.snapshot(title, description, raw)
+    # A new dataset's snapshot is only stored (no comparison reads it): made of JSON types as
+    # decoded, without the round trip that would change nothing stored (ch.snapshot's ``decoded``).
+    new = ch.snapshot(title, description, raw, decoded=dataset_id is None)
     has_version = current is not None
     if has_version:
         old = current
@@ -165,7 +169,9 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
                             counts["baseline"] += 1
                         else:
                             counts["unchanged_snapshot"] += 1
-    conn.execute("ANALYZE staging_changes")  # the upsert joins it: plan on its real size
+    # The upsert joins it: plan on its real size. Only the columns its statements filter and join
+    # on: sampling the snapshots (KBs a dataset) took 0.2-0.4 s of a 20,000-dataset first sync for no plan.
+    conn.execute(f"ANALYZE staging_changes ({', '.join(_PLANNED_CHANGE_COLUMNS)})")
     out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
     # Only the kinds that occurred: a short line the log viewer does not cut (the full dict at DEBUG).
     log.info("changes of run %s: %s", run_id,
