@@ -435,17 +435,18 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
 
 
 def explain_vector_side(conn, model: str, dimension: int, query_vector, filters: SearchFilters | None = None,
-                        settings: SearchSettings | None = None) -> str:
-    """EXPLAIN of the HNSW statement of the vector side (tests and tuning)."""
+                        settings: SearchSettings | None = None, exact: bool = False) -> str:
+    """EXPLAIN of the HNSW statement of the vector side, or (``exact``) of its exact statement (tests
+    and tuning)."""
     import numpy as np
     from psycopg import sql
 
     settings = settings or SearchSettings.from_env()
     where, params = filter_sql(filters or SearchFilters())
-    hnsw, _ = _vector_statements(dimension, where)
+    hnsw, exact_statement = _vector_statements(dimension, where)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-        plan = conn.execute(sql.SQL("EXPLAIN ") + hnsw, {
+        plan = conn.execute(sql.SQL("EXPLAIN ") + (exact_statement if exact else hnsw), {
             **params, "model": model, "n": settings.candidates,
             "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(r[0] for r in plan)

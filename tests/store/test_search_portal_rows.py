@@ -1,0 +1,108 @@
+"""Search's exact path reads a portal filter's datasets from one index (sql/028, issue 40: search at
+a million datasets): the live datasets of the portal with their content hash, in id order, from
+an index-only scan instead of rows scattered over dataset_search. Results stay those of exact
+search: removed datasets, other portals and copies of an older text are left out. Real PostgreSQL
+and pgvector; 600 datasets and 3-dimension vectors written directly (no run, no embedding)."""
+from __future__ import annotations
+
+import math
+
+import psycopg
+
+from harvester.store import migrations, vectors
+from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, search
+
+MODEL = "test-portal-rows-3"
+PORTALS = ("https://a.example", "https://b.example", "https://c.example")
+N = 600
+
+
+class Provider:
+    """search() is given every query's vector: nothing is embedded."""
+    model = MODEL
+
+    def embed_query(self, text):  # pragma: no cover - never called
+        raise AssertionError("the test gives the query's vector")
+
+
+def _vector(n: int) -> list[float]:
+    angle = n * 0.37
+    return [math.cos(angle), math.sin(angle), 0.1 + (n % 11) / 10]
+
+
+def fill(conn) -> None:
+    """N datasets over three portals (interleaved, as a worst case: each portal's rows scattered),
+    each with its vector and its copy; then dataset 7 removed and dataset 10's text changed with
+    its new vector not written yet (its copy is of the older text)."""
+    conn.execute(
+        """
+        INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
+                              first_seen_at, updated_at, last_seen_at, raw)
+        SELECT (%(portals)s::text[])[1 + n %% 3], 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n),
+               md5('m' || n), 'dataset ' || n, now(), now(), now(), '{}'
+        FROM generate_series(0, %(n)s - 1) n ORDER BY n
+        """, {"portals": list(PORTALS), "n": N})
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
+                        " VALUES (md5('c' || %s), %s, 3, %s::halfvec)",
+                        [(str(n), MODEL, str(_vector(n))) for n in range(N)])
+    for portal in PORTALS:
+        vectors.copy_for_search(conn, portal, MODEL)
+    conn.execute("UPDATE datasets SET removed_at = now() WHERE source_id = 'ds-7'")
+    conn.execute("UPDATE datasets SET content_hash = md5('changed') WHERE source_id = 'ds-10'")
+    conn.execute("VACUUM ANALYZE dataset_search")  # the visibility map set, as autovacuum leaves it
+
+
+def _exact(conn, portal: str, query: list[float], k: int) -> list[str]:
+    """The truth: every live dataset of the portal whose current text has a vector, by distance."""
+    return [r[0] for r in conn.execute(
+        "SELECT d.source_id FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %s"
+        " WHERE d.portal_url = %s AND d.removed_at IS NULL"
+        " ORDER BY e.embedding <=> %s::halfvec, d.id LIMIT %s", (MODEL, portal, str(query), k)).fetchall()]
+
+
+def test_a_portal_filter_is_read_from_the_portals_index_and_ranked_exactly(db):
+    conn = db
+    if True:
+        fill(conn)
+        query = _vector(10)  # dataset 10's older text: its copy would be first, were it used
+        portal = PORTALS[10 % 3]
+        assert portal == PORTALS[7 % 3]  # the removed dataset is on that portal too
+        conn.execute("SET enable_seqscan = off")  # a small table: what a large one's plan is
+        conn.execute("SET enable_bitmapscan = off")
+        plan = explain_vector_side(conn, MODEL, 3, query, SearchFilters(portal_url=portal), exact=True)
+        assert "Index Only Scan using dataset_search_portal_rows" in plan, plan
+        found = search(conn, "x", mode="vector", filters=SearchFilters(portal_url=portal), limit=10,
+                       settings=SearchSettings(), query_vector=query, provider=Provider())
+        ids = [i["source_id"] for i in found.items]
+        assert ids == _exact(conn, portal, query, 10)
+        assert "ds-7" not in ids and "ds-10" not in ids and all(i["portal_url"] == portal for i in found.items)
+
+
+def test_028_indexes_the_live_datasets_of_an_existing_database(empty_database_url, tmp_path):
+    """The upgrade keeps every row and indexes what was already there, in place of 007's index."""
+    import shutil
+
+    earlier = tmp_path / "sql"
+    earlier.mkdir()
+    for version, path in migrations.migration_files():
+        if version < 28:
+            shutil.copy(path, earlier / path.name)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrations.migrate(conn, earlier)
+        conn.execute(
+            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+            " first_seen_at, updated_at, last_seen_at, removed_at, raw)"
+            " SELECT 'https://p.example', 's' || n, 'u', 'h' || n, 'c' || n, 'm', 't', now(), now(), now(),"
+            " CASE WHEN n = 2 THEN now() END, '{\"notes\": \"kept\"}' FROM generate_series(1, 3) n")
+        assert migrations.migrate(conn)[0].startswith("028_")
+        indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dataset_search'"
+                                    ).fetchall())
+        assert "(portal_url, dataset_id) INCLUDE (content_hash, removed_at)" in indexes["dataset_search_portal_rows"]
+        assert "dataset_search_portal" not in indexes  # replaced: portal_url leads the new one
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        rows = conn.execute("SELECT s.content_hash FROM dataset_search s WHERE s.portal_url = 'https://p.example'"
+                            " AND s.removed_at IS NULL ORDER BY s.dataset_id").fetchall()
+        assert [r[0] for r in rows] == ["c1", "c3"]
+        assert conn.execute("SELECT count(*) FROM datasets WHERE raw ->> 'notes' = 'kept'").fetchone()[0] == 3
