@@ -45,8 +45,9 @@ def harvest_once(db, reader, portal, *, full=True, max_share=0.2, force=False, c
     with db.transaction():
         run = runs.require_running(db, run_id)
         db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
-        merged = datasets.merge(db, run_id, portal.url, run.started_at, "none")
-        written = history.write_history(db, run_id, portal.url, run.started_at)
+        unchanged = run.stats.get("unchanged")  # as the upsert passes it (hash_compare's count)
+        merged = datasets.merge(db, run_id, portal.url, run.started_at, "none", unchanged=unchanged)
+        written = history.write_history(db, run_id, portal.url, run.started_at, unchanged=unchanged)
         removals = {}
         if run.mode == "full" and not classified["failed"]:
             removals = history.apply_removals(db, run_id, portal.url, run.started_at, max_share=max_share,
@@ -164,6 +165,26 @@ def test_an_unchanged_run_only_moves_last_seen(db, reader, portal, portal_server
     assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 10
     assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
         (first["seen_at"], second["seen_at"])]
+
+
+def test_the_upsert_marks_a_runs_unchanged_records_seen_and_skips_that_when_it_has_none(
+        db, reader, portal, portal_server, birmingham):
+    """The upsert's passes marking unchanged records seen (datasets and their current versions)
+    run only when hash_compare counted some (issue 40: a first sync has none to look for); a
+    second run of an unchanged portal, through the pipeline's own upsert, still marks every one."""
+    portal_server.set_records(birmingham)
+    seen = []
+    for unchanged, created in ((0, 10), (10, 0)):
+        run_id = pipeline.begin(db, portal, full_sync=True)["run_id"]
+        pipeline.fetch_modified(db, portal, run_id, CkanClient(portal.url, politeness_delay=0, max_retries=0))
+        classified = pipeline.hash_compare(db, reader, portal, run_id)
+        stats = pipeline.upsert(db, portal, run_id, "none")
+        assert runs.get(db, run_id).status == "committed"
+        assert (classified["unchanged"], stats["created"]) == (unchanged, created)
+        seen.append(runs.get(db, run_id).started_at)
+    assert db.execute("SELECT DISTINCT last_seen_at FROM datasets").fetchall() == [(seen[-1],)]
+    assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
+        (seen[0], seen[-1])]
 
 
 def test_a_new_datasets_snapshot_from_its_decoded_record_is_the_canonical_one(db, samples):

@@ -186,12 +186,16 @@ _STAGED_DATASETS = """
 """
 
 
-def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict[str, int]:
+def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
+                  unchanged: int | None = None) -> dict[str, int]:
     """Inside the upsert's transaction, after ``datasets.merge`` and before the run's staging
     records are dropped: the staged changes into ``dataset_versions`` and ``dataset_changes``, and
     the current version of every dataset seen unchanged marked seen. Set-based: a few statements
     for the whole run. Returns ``versions`` (new versions), ``changes`` (change rows),
     ``refreshed`` (versions updated in place) and ``seen_unchanged``.
+
+    ``unchanged``: as for ``datasets.merge``: 0 (classify found no unchanged record) skips the
+    pass over the run's staged records that would mark their versions seen.
 
     Raises RuntimeError when a created or updated record has no staged change: compute_changes
     did not run for this run (writing on would leave datasets without a current version)."""
@@ -241,7 +245,7 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND NOT c.new_version AND v.dataset_id = d.id AND v.is_current
         """, params).rowcount
-    seen_unchanged = conn.execute(
+    seen_unchanged = 0 if unchanged == 0 else conn.execute(
         """
         UPDATE dataset_versions v SET last_seen_at = %(seen)s
         FROM staging_records s
