@@ -377,7 +377,7 @@ def test_the_result_contract_and_a_precomputed_query_vector(conn, embed, monkeyp
 
 def test_settings_come_from_the_environment(monkeypatch, capsys, corpus):
     # the defaults docs/search.md documents, chosen by bench/search_bench.py
-    assert SearchSettings.from_env() == SearchSettings(ef_search=150, candidates=20, rrf_k=60,
+    assert SearchSettings.from_env() == SearchSettings(ef_search=800, candidates=20, rrf_k=60,
                                                        max_scan_tuples=10000, exact_limit=20000)
     monkeypatch.setenv("HARVESTER_SEARCH_EF_SEARCH", "200")
     monkeypatch.setenv("HARVESTER_SEARCH_CANDIDATES", "20")

@@ -106,3 +106,32 @@ def test_028_indexes_the_live_datasets_of_an_existing_database(empty_database_ur
                             " AND s.removed_at IS NULL ORDER BY s.dataset_id").fetchall()
         assert [r[0] for r in rows] == ["c1", "c3"]
         assert conn.execute("SELECT count(*) FROM datasets WHERE raw ->> 'notes' = 'kept'").fetchone()[0] == 3
+
+
+def test_the_text_side_of_a_small_filter_reads_its_rows_and_finds_what_the_index_finds(db):
+    """A filter leaving few datasets against a stage matching many (any word of the query): the
+    text side reads the filter's rows and checks each text (no bitmap of every dataset holding a
+    common word); same matches, same ranks, removed datasets left out as through the index."""
+    from harvester.store.search import _text_side, filter_sql, text_query
+
+    db.execute(
+        """
+        INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title, description,
+                              first_seen_at, updated_at, last_seen_at, raw)
+        SELECT CASE WHEN n % 40 = 0 THEN 'https://small.example' ELSE 'https://big.example' END, 'ds-' || n,
+               'https://x/' || n, md5('u' || n), md5('c' || n), md5('m' || n),
+               'county data ' || n, CASE WHEN n % 3 = 0 THEN 'water quality of the county' ELSE 'roads' END,
+               now(), now(), now(), '{}'
+        FROM generate_series(0, 1999) n
+        """)
+    db.execute("UPDATE datasets SET removed_at = now() WHERE source_id = 'ds-120'")
+    db.execute("ANALYZE dataset_search")
+    where, params = filter_sql(SearchFilters(portal_url="https://small.example"))
+    for stage in text_query(db, "water county data").stages:
+        through_index = _text_side(db, stage, where, params, 30, exclude=[], cap=10000, few=False)
+        through_rows = _text_side(db, stage, where, params, 30, exclude=[], cap=10000, few=True)
+        assert through_rows == through_index and through_rows
+        assert db.execute("SELECT id FROM datasets WHERE source_id = 'ds-120'").fetchone()[0] not in dict(through_rows)
+    found = search(db, "water county data", mode="text", filters=SearchFilters(portal_url="https://small.example"),
+                   limit=10, settings=SearchSettings())
+    assert len(found.items) == 10 and all(i["portal_url"] == "https://small.example" for i in found.items)

@@ -341,7 +341,7 @@ _ALL = (
     Setting("HARVESTER_INDEX_BUILD_WAIT_SECS", "float", 1800.0, "How long the upsert that started a build waits "
             "for it after its commit (the build goes on in the server)", "index", 0, 7 * _DAY),
     # -- search -----------------------------------------------------------------------------------
-    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 150, "hnsw.ef_search: the HNSW candidate list", "search",
+    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search: the HNSW candidate list", "search",
             1, 1000),
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",
             "search", 1, 1000),

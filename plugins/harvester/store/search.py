@@ -93,7 +93,13 @@ class SearchSettings:
     ``text_cap``: the most matches of a text stage ranked (0: all);
     ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
     puts those datasets first (module docstring)."""
-    ef_search: int = 150
+    # recall@10 of the HNSW side (no filter) against exact search at 1,000,000 datasets
+    # (bench/million_search_bench.py, pgvector's build defaults m 16, ef_construction 64), two sets
+    # of queries: 0.850 / 0.918 at 150, 0.895 / 0.950 at 300, 0.925 / 0.955 at 500, 0.965 / 0.972 at
+    # 800; at 100,000: 0.938 at 150, 0.972 at 300. A graph built with m 24, ef_construction 128
+    # reached at 150 what this one does at 300 (100,000: 0.972), in the same time a query, for 3.5
+    # times the build (285 s against 81 s): the first sync pays for the build, a query for ef_search.
+    ef_search: int = 800
     candidates: int = 20
     rrf_k: int = 60
     # A filtered HNSW scan costs about 8 µs per vector it visits (the vector's row and its
@@ -330,22 +336,52 @@ def _title_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", fold(text or "").lower()))
 
 
+# The text side reads a small filter's rows when the stage's matches (PostgreSQL's estimate) are
+# more than this many times the filter's datasets. At 1,000,000 datasets, portals of 1,000 and
+# 10,000 (bench/million_search_bench.py's catalogue, warm): a relaxed stage matching 44,000 to
+# 964,000 datasets took 92-2,339 ms through the full-text index and 4-90 ms through the rows; a
+# strict stage matching 99-7,660 took 5-123 ms through the index, 4-85 ms through the rows.
+_ROWS_PER_INDEX_ENTRY = 4
+
+
 def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude: list[int] = (),
-               cap: int = 0) -> list[tuple]:
+               cap: int = 0, few: bool = False) -> list[tuple]:
     """(dataset id, ts_rank) of the best matches, best first. ``cap`` (SearchSettings.text_cap; 0:
     none): at most that many matches are ranked, the first the full-text index gives (in table
     order): a query whose words match fewer is ranked exactly as without a cap; one of very common
     words (hundreds of thousands of matches at a million datasets) is ranked within a bounded set,
-    the datasets nearest in meaning left to the vector side and the fusion."""
-    rows = conn.execute(
-        f"""
+    the datasets nearest in meaning left to the vector side and the fusion.
+
+    ``few``: the filters leave few datasets (PostgreSQL expects at most exact_limit, and fewer than
+    a quarter of the stage's matches, _ROWS_PER_INDEX_ENTRY): their rows are read and each one's text
+    checked, not the full-text index. Through the index, a relaxed stage
+    (any word of "county water data") is a bitmap of every dataset holding a common word, a million
+    at a million datasets, built before the filter narrows it: 0.1-2.3 s for a portal of 1,000 or
+    10,000 (bench/million_search_bench.py), against 4-90 ms reading the portal's rows. The filter's rows come in dataset order (sql/028's index for a
+    portal), the same matches, ranked the same way."""
+    if few:
+        statement = f"""
+        SELECT m.dataset_id, ts_rank(m.document, %(tsq)s::tsquery, 1) AS rank
+        FROM (SELECT s.dataset_id, s.document FROM dataset_search s
+              WHERE s.dataset_id = ANY(ARRAY(SELECT s.dataset_id FROM dataset_search s WHERE {where}
+                                             ORDER BY s.dataset_id))
+                AND (s.document @@ %(tsq)s::tsquery) IS TRUE AND {where}
+                AND NOT (s.dataset_id = ANY(%(exclude)s))
+              LIMIT %(cap)s) m
+        ORDER BY rank DESC, m.dataset_id
+        LIMIT %(n)s
+        """
+    else:
+        statement = f"""
         SELECT m.dataset_id, ts_rank(m.document, %(tsq)s::tsquery, 1) AS rank
         FROM (SELECT s.dataset_id, s.document FROM dataset_search s
               WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
               LIMIT %(cap)s) m
         ORDER BY rank DESC, m.dataset_id
         LIMIT %(n)s
-        """, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude), "cap": cap or None}).fetchall()
+        """
+    rows = conn.execute(statement, {**params, "tsq": tsquery, "n": limit, "exclude": list(exclude),
+                                    "cap": cap or None}).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
@@ -408,7 +444,7 @@ def _estimated_matches(conn, where: str, params: dict) -> float:
 
 
 def _vector_side(conn, model: str, dimension: int, query_vector, where: str, params: dict,
-                 settings: SearchSettings, limit: int, narrowing: bool = True) -> list[tuple]:
+                 settings: SearchSettings, limit: int, narrowing: bool = True, few: bool | None = None) -> list[tuple]:
     """(dataset id, cosine similarity) of the nearest datasets passing the filters, best first.
     The filters are checked inside the HNSW index scan (an EXISTS on dataset_search per vector),
     which pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples).
@@ -419,7 +455,9 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
 
     hnsw, exact = _vector_statements(dimension, where)
     values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
-    if narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit:
+    if few is None:  # (``few``: search() has asked already)
+        few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
+    if few:
         return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
     with conn.transaction():
         # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
@@ -616,6 +654,10 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     timings = {"embed_ms": 0.0, "sql_ms": 0.0}
     where, params = filter_sql(filters)
     model, notes = None, []
+    # filters that leave few datasets: the vector side ranks them all (_vector_side), and the text
+    # side reads their rows where the full-text index would give many more (_text_side)
+    passing = _estimated_matches(conn, where, params) if _narrowing(filters) else None
+    few = passing is not None and passing <= settings.exact_limit
 
     vector_hits: list[tuple] = []
     if mode in ("hybrid", "vector"):
@@ -642,7 +684,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         if query_vector is not None:
             started = time.perf_counter()
             vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, fetch,
-                                       narrowing=_narrowing(filters))
+                                       narrowing=_narrowing(filters), few=few)
             timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
     started = time.perf_counter()
@@ -654,7 +696,9 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         # every word; while that finds fewer than limit: all words but one, then any word
         for number, stage in enumerate(tq.stages):
             hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits],
-                              cap=max(settings.text_cap, fetch) if settings.text_cap else 0)
+                              cap=max(settings.text_cap, fetch) if settings.text_cap else 0,
+                              few=few and passing * _ROWS_PER_INDEX_ENTRY < _estimated_matches(
+                                  conn, "s.document @@ %(tsq)s::tsquery", {"tsq": stage}))
             if number == 0:
                 strict, strict_complete = [i for i, _ in hits], len(hits) < fetch
             text_hits += hits
