@@ -24,9 +24,10 @@
 -- dataset's text and every removal, as 007's was.
 --
 -- Built here, in the migration's transaction: writes to dataset_search (runs' upserts) wait for
--- the build, reads do not. It reads the table once: about 0.4 s at 100,000 datasets and 10-20 s at
--- a million on the bench's machine. CREATE INDEX CONCURRENTLY cannot run in a migration's
--- transaction, and a run in the middle of its upsert holds the table for its duration anyway.
+-- the build, reads do not. It reads the table once: about 0.4 s at 100,000 datasets and 5.9 s at
+-- a million (bench/million_search_bench.py, machine loaded); 149 MB there (157 bytes a dataset).
+-- CREATE INDEX CONCURRENTLY cannot run in a migration's transaction, and a run in the middle of its
+-- upsert holds the table for its duration anyway.
 -- The same on PostgreSQL 15 to 18 (INCLUDE columns exist since 11).
 CREATE INDEX dataset_search_portal_rows ON dataset_search (portal_url, dataset_id) INCLUDE (content_hash, removed_at);
 DROP INDEX dataset_search_portal;
