@@ -1,7 +1,8 @@
 """Benchmark: search at a million datasets (issue 40): p50 / p95 latency and recall@10 against exact
 search, for the hybrid and vector modes, without a filter and with filters leaving 0.1%, 1%, 5%, 15%
-and 50% of the catalogue, near and far from the query; the latency / recall curve over the re-rank
-candidate set (``rerank``); the build time of the vector index.
+and 50% of the catalogue, near and far from the query; the latency / recall curve over
+hnsw.ef_search (over the re-rank candidate set, ``rerank``, in a search that has one); the build
+time of the vector index.
 
 The catalogue: bench/search_bench.py's synthetic datasets (titles and descriptions derived from the
 3,122 CKAN sample records, each repeated with variations) with 768-dimension stand-in vectors shaped
