@@ -144,14 +144,7 @@ def _serve_portal(offset: int, count: int, pipe) -> None:
     """Child process: a local CKAN portal serving portion(offset, count) until told to stop."""
     from harvester.testing.ckan_portal import DemoPortal
 
-    portal = DemoPortal(portion(offset, count))
-    portal.start()
-    pipe.send(portal.base_url)
-    try:
-        pipe.recv()
-    except EOFError:
-        pass
-    portal.stop()
+    first_sync_bench.serve_until_told(DemoPortal(portion(offset, count)), pipe)
 
 
 def _serve_gemini(vectors: str, pipe) -> None:

@@ -163,14 +163,19 @@ def _serve_portal(datasets: int, pipe) -> None:
 
     from harvester.testing.ckan_portal import DemoPortal
 
-    portal = DemoPortal(synthetic(datasets))
-    portal.start()
-    pipe.send(portal.base_url)
+    serve_until_told(DemoPortal(synthetic(datasets)), pipe)
+
+
+def serve_until_told(server, pipe) -> None:
+    """In a child process: start ``server`` (a local portal of plugins/harvester/testing/), send its
+    base URL up ``pipe`` and serve until any message, or the bench going away (EOFError), stops it."""
+    server.start()
+    pipe.send(server.base_url)
     try:
-        pipe.recv()  # any message, or the bench going away (EOFError), stops it
+        pipe.recv()
     except EOFError:
         pass
-    portal.stop()
+    server.stop()
 
 
 def _serve_gemini(delay: float, vectors: str, pipe) -> None:

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "bench")]
 
 from first_sync_bench import (FLOOR_DAG, PORTAL, Bench, BenchError, LocalServer,  # noqa: E402
-                              _serve_gemini, say)
+                              _serve_gemini, say, serve_until_told)
 
 GOAL_RSS_MIB = 400.0
 GOAL_FLAT_MIB = 40.0
@@ -47,14 +47,7 @@ def _serve_real_portal(datasets: int, pipe) -> None:
     """Child process: ScalePortal of ``datasets`` real-shaped records until told to stop."""
     from harvester.testing.scale_portal import ScalePortal
 
-    portal = ScalePortal(datasets, shape="real")
-    portal.start()
-    pipe.send(portal.base_url)
-    try:
-        pipe.recv()
-    except EOFError:
-        pass
-    portal.stop()
+    serve_until_told(ScalePortal(datasets, shape="real"), pipe)
 
 
 class MemoryBench(Bench):

@@ -67,14 +67,8 @@ def _serve_portal(offset: int, count: int, pipe) -> None:
     from harvester.testing.ckan_portal import DemoPortal
 
     half = count // 2
-    portal = DemoPortal(cb.portion(offset, half) + cb.portion(offset + half, count - half))
-    portal.start()
-    pipe.send(portal.base_url)
-    try:
-        pipe.recv()
-    except EOFError:
-        pass
-    portal.stop()
+    records = cb.portion(offset, half) + cb.portion(offset + half, count - half)
+    cb.first_sync_bench.serve_until_told(DemoPortal(records), pipe)
 
 
 def say(text: str) -> None:
