@@ -276,6 +276,23 @@ def empty_database_url(new_database):
 
 
 @pytest.fixture
+def migrate_before(tmp_path):
+    """``migrate_before(conn, version)``: applies every migration numbered below ``version`` (a
+    database as an earlier release left it), so that a test can put rows in it and then upgrade."""
+    from harvester.store import migrations
+
+    def apply(conn, version: int) -> list[str]:
+        earlier = tmp_path / f"sql-before-{version}"
+        earlier.mkdir()
+        for number, path in migrations.migration_files():
+            if number < version:
+                shutil.copy(path, earlier / path.name)
+        return migrations.migrate(conn, earlier)
+
+    return apply
+
+
+@pytest.fixture
 def db(database_url):
     from harvester.store import db as store_db
 

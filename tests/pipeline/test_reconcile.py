@@ -2,7 +2,6 @@
 the upgrade of an existing database, a retried step, a failed run's staging, a portal that changes
 between the listing and the fetch."""
 import copy
-import shutil
 from datetime import datetime, timedelta
 
 import psycopg
@@ -32,12 +31,9 @@ def provider():
     return LocalProvider()
 
 
-def test_the_migration_records_when_existing_portals_were_last_listed_whole(empty_database_url, tmp_path):
+def test_the_migration_records_when_existing_portals_were_last_listed_whole(empty_database_url, migrate_before):
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        for version, path in migrations.migration_files():
-            if version < 4:
-                shutil.copy(path, tmp_path / path.name)
-        migrations.migrate(conn, tmp_path)          # a database from before reconciliation
+        migrate_before(conn, 4)                     # a database from before reconciliation
         started = conn.execute(
             "INSERT INTO sync_runs (portal_url, portal_name, mode, status) VALUES ('https://p.org', 'p', 'full',"
             " 'committed'), ('https://p.org', 'p', 'incremental', 'committed') RETURNING started_at").fetchone()[0]

@@ -198,18 +198,12 @@ def test_a_role_that_may_not_create_the_extension_is_told_who_must_before_anythi
             admin.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
-def test_027_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_database(empty_database_url, tmp_path):
+def test_027_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_database(empty_database_url,
+                                                                                     migrate_before):
     """027 (issue 40): the tables holding a row a dataset are vacuumed at 2% dead rows, not 20%, so
     the room a run's changes free is reused by the next runs; an upgrade keeps every row."""
-    import shutil
-
-    earlier = tmp_path / "sql"
-    earlier.mkdir()
-    for version, path in migrations.migration_files():
-        if version < 27:
-            shutil.copy(path, earlier / path.name)
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        migrations.migrate(conn, earlier)
+        migrate_before(conn, 27)
         conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
                      " first_seen_at, updated_at, last_seen_at, raw) VALUES ('https://p.example', 'a', 'u', 'h', 'c',"
                      " 'm', 't', now(), now(), now(), '{\"notes\": \"kept\"}')")

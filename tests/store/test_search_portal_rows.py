@@ -79,17 +79,10 @@ def test_a_portal_filter_is_read_from_the_portals_index_and_ranked_exactly(db):
         assert "ds-7" not in ids and "ds-10" not in ids and all(i["portal_url"] == portal for i in found.items)
 
 
-def test_028_indexes_the_live_datasets_of_an_existing_database(empty_database_url, tmp_path):
+def test_028_indexes_the_live_datasets_of_an_existing_database(empty_database_url, migrate_before):
     """The upgrade keeps every row and indexes what was already there, in place of 007's index."""
-    import shutil
-
-    earlier = tmp_path / "sql"
-    earlier.mkdir()
-    for version, path in migrations.migration_files():
-        if version < 28:
-            shutil.copy(path, earlier / path.name)
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        migrations.migrate(conn, earlier)
+        migrate_before(conn, 28)
         conn.execute(
             "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
             " first_seen_at, updated_at, last_seen_at, removed_at, raw)"
