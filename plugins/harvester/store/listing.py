@@ -21,7 +21,7 @@ from harvester.domain.screening import escaped
 from harvester.store import staging
 
 # staging_records.seq of the records a reconciliation stages (fetch_modified counts up from 0).
-RECONCILE_SEQ = 1 << 40
+RECONCILE_SEQ = staging.RECONCILE_SEQ
 
 
 def clear(conn, run_id: int) -> None:

@@ -154,32 +154,32 @@ def write(conn, run_id: int, first_seq: int, records: Iterable[DatasetRecord]) -
 
 
 # -- a resumed listing (pipeline/steps.py _stage_listing, Capabilities.resumable) -----------------------
-# The records fetch_modified stages have seq below this (store/listing.py RECONCILE_SEQ: a
-# reconciliation's come after).
-_LISTING_SEQ_END = 1 << 40
+# staging_records.seq of the records a reconciliation stages (store/listing.py); fetch_modified's
+# count up from 0, below it.
+RECONCILE_SEQ = 1 << 40
 
 
 def staged_ids(conn, run_id: int) -> set[str]:
     """The source ids an earlier attempt of the run's listing staged (failed records included)."""
     rows = conn.execute("SELECT source_id FROM staging_records WHERE run_id = %s AND seq < %s"
-                        " AND source_id IS NOT NULL", (run_id, _LISTING_SEQ_END)).fetchall()
+                        " AND source_id IS NOT NULL", (run_id, RECONCILE_SEQ)).fetchall()
     return {r[0] for r in rows}
 
 
 def next_seq(conn, run_id: int) -> int:
     """Where the run's listing's next staged record goes (after an earlier attempt's)."""
     row = conn.execute("SELECT max(seq) FROM staging_records WHERE run_id = %s AND seq < %s",
-                       (run_id, _LISTING_SEQ_END)).fetchone()
+                       (run_id, RECONCILE_SEQ)).fetchone()
     return 0 if row[0] is None else row[0] + 1
 
 
 def staged_count(conn, run_id: int) -> int:
     """How many records the run's listing staged, in every attempt."""
     return conn.execute("SELECT count(*) FROM staging_records WHERE run_id = %s AND seq < %s",
-                        (run_id, _LISTING_SEQ_END)).fetchone()[0]
+                        (run_id, RECONCILE_SEQ)).fetchone()[0]
 
 
 def failed_count(conn, run_id: int) -> int:
     """How many of them failed."""
     return conn.execute("SELECT count(*) FROM staging_records WHERE run_id = %s AND seq < %s AND error IS NOT NULL",
-                        (run_id, _LISTING_SEQ_END)).fetchone()[0]
+                        (run_id, RECONCILE_SEQ)).fetchone()[0]
