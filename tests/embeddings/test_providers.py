@@ -94,6 +94,29 @@ def test_batches_of_at_most_100_one_request_each(gemini, fake):
     assert gemini.model == "gemini-embedding-001@768" and gemini.dimension == 768 and gemini.name == "gemini"
 
 
+@pytest.mark.parametrize("configured", [None, logging.INFO])
+def test_requests_are_not_lines_of_the_task_log_unless_an_operator_asks(fake, caplog, configured):
+    """The SDK's HTTP library logs every request at INFO: one line per 100 texts, 10,000 in a first
+    sync of a million. Quieted, unless a level was configured for its logger."""
+    loggers = [logging.getLogger(name) for name in ("httpx", "httpx2")]
+    saved = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(configured or logging.NOTSET)
+        caplog.set_level(logging.INFO)
+        gemini = GeminiProvider(api_key=KEY, base_url=fake.base_url, timeout=5)
+        for batch in range(2):
+            assert len(gemini.embed_documents([f"text {batch} {i}" for i in range(100)])) == 100
+        lines = [r.getMessage() for r in caplog.records if r.name in ("httpx", "httpx2")]
+        if configured is None:
+            assert lines == []
+        else:
+            assert len([line for line in lines if "batchEmbedContents" in line]) == 2, lines
+    finally:
+        for logger, level in zip(loggers, saved):
+            logger.setLevel(level)
+
+
 def test_the_sdk_neither_splits_nor_retries_and_the_api_refuses_101(fake):
     from google import genai
     from google.genai import errors, types

@@ -25,6 +25,7 @@ so they carry no ``__cause__`` or ``__context__``), or this object's ``repr``.
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Sequence
@@ -51,6 +52,18 @@ KEY_HELP = (f"set the password of the Airflow connection {CONNECTION_ID} "
 _CLIENT_LOCK = threading.Lock()
 _GOOGLE_KEY = re.compile(r"AIza[0-9A-Za-z_\-]{6,}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
+# The HTTP libraries the SDK may use log every request at INFO ("HTTP Request: POST .../
+# batchEmbedContents "HTTP/1.1 200 OK""): one line per 100 texts, 10,000 lines in the task logs of a
+# first sync of a million datasets (bench/scale_bench.py), telling an operator nothing the embed
+# step's progress lines do not. Quieted to WARNING unless a level was configured for them.
+_REQUEST_LOGGERS = ("httpx", "httpx2")
+
+
+def _quiet_request_logs() -> None:
+    for name in _REQUEST_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def api_key_from_settings() -> str | None:
@@ -134,6 +147,7 @@ class GeminiProvider:
         if self.base_url:
             options.base_url = self.base_url
         self._key = key
+        _quiet_request_logs()
         return genai.Client(api_key=key, vertexai=False, http_options=options)
 
     def _scrub(self, text: str) -> str:
