@@ -222,6 +222,7 @@ def _readers():
     from harvester.http.guard import FetchPolicy
     from harvester.store import db, duplicates
     from harvester.store.embedded import server
+    from harvester.store.portal_indexes import PortalIndexSettings
     from harvester.store.search import SearchSettings
     from harvester.store.vectors import IndexSettings
     from harvester.testing import demo
@@ -234,6 +235,7 @@ def _readers():
         (("HARVESTER_EMBED_",), EmbedSettings.from_env, ValueError),
         (("HARVESTER_INDEX_",), IndexSettings.from_env, ValueError),
         (("HARVESTER_SEARCH_",), SearchSettings.from_env, ValueError),
+        (("HARVESTER_PORTAL_INDEX_",), PortalIndexSettings.from_env, ValueError),
         (("HARVESTER_LOCK_TIMEOUT_SECS",), lambda: db.lock_timeout(), db.DatabaseConfigError),
         (("HARVESTER_GROUPING_WAIT_SECS",), lambda: duplicates.grouping_wait(), db.DatabaseConfigError),
         (("HARVESTER_EMBEDDED_DB",), db.embedded_allowed, db.DatabaseConfigError),

@@ -1,5 +1,5 @@
 """`harvester stats | embeddings`: the embedding cache, re-embedding (invalidate), dropping unused vectors
-(prune), building the models' missing HNSW indexes now (reindex)."""
+(prune), building the models' missing HNSW indexes now (reindex), the per-portal indexes (portal-indexes)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,8 @@ def cmd_embeddings(args) -> int:
             return 0
         if args.action == "reindex":
             return _reindex(conn, args.model)
+        if args.action == "portal-indexes":
+            return _portal_indexes(conn, getattr(args, "portal", None), getattr(args, "build", False))
         chosen = [x for x in (args.portal, args.dataset, args.model) if x]
         if len(chosen) != 1:
             return error("invalidate takes exactly one of --portal, --dataset, --model")
@@ -120,6 +122,41 @@ def _reindex(conn, model: str | None) -> int:
     return 0
 
 
+def _portal_indexes(conn, portal: str | None, build: bool) -> int:
+    """List the per-portal HNSW indexes (store/portal_indexes.py); with ``build``, first bring each
+    portal's (or ``portal``'s) in line with the rule as its next run would: built, kept or dropped."""
+    from harvester.embeddings import get_provider
+    from harvester.store import portal_indexes
+
+    if build:
+        url = portal if portal is None or "://" in portal else options.find_portal_url(conn, portal)
+        portals = [url] if url else [r[0] for r in conn.execute(
+            "SELECT DISTINCT portal_url FROM datasets WHERE removed_at IS NULL ORDER BY 1")]
+        model = get_provider().model
+        settings = portal_indexes.PortalIndexSettings.from_env()
+        for url in portals:
+            try:
+                done = portal_indexes.maintain(conn, url, model, settings=settings)
+            except Exception as exc:  # noqa: BLE001 - one portal's failure is reported, the others go on
+                print(f"{url}: failed: {type(exc).__name__}: {str(exc).strip()}")
+                continue
+            extra = f" in {done['seconds']:.1f}s over {done['datasets']} datasets" if done["action"] == "built" else ""
+            why = f" ({done['reason']})" if done.get("reason") else ""
+            dropped = f"; dropped {', '.join(done['dropped'])}" if done["dropped"] else ""
+            print(f"{url}: {done['action']}{extra}{why}{dropped}")
+        for name in portal_indexes.drop_orphans(conn, settings):
+            print(f"dropped {name} (its portal has no live dataset)")
+    rows = portal_indexes.listing(conn)
+    if not rows:
+        print("no per-portal HNSW index (a portal gets one when its live datasets exceed "
+              "HARVESTER_PORTAL_INDEX_MIN_DATASETS)")
+        return 0
+    table("per-portal HNSW indexes", ("portal", "model", "index", "datasets", "build s", "MB", "state", "searched"),
+          [(r["portal_url"], r["model"], r["index_name"], r["datasets"], f"{r['build_seconds']:.1f}",
+            f"{r['bytes'] / 2 ** 20:.1f}", r["state"], "yes" if r["searched"] else "no") for r in rows])
+    return 0
+
+
 def register(subparsers) -> None:
     """Add stats and embeddings to the ``harvester`` subparsers."""
     p = subparsers.add_parser("stats", help="the embedding cache: size, hit rate and savings per portal")
@@ -152,6 +189,13 @@ def register(subparsers) -> None:
     p = actions.add_parser("reindex", help="build the models' missing HNSW indexes now",
                            argument_default=argparse.SUPPRESS)
     p.add_argument("--model", help="only this model's index")
+    p.set_defaults(func=cmd_embeddings)
+
+    p = actions.add_parser("portal-indexes", help="list the per-portal HNSW indexes; --build: build, keep or drop "
+                                                  "each portal's now, as its next run would",
+                           argument_default=argparse.SUPPRESS)
+    p.add_argument("-p", "--portal", help="only this portal (its name in portals.yaml, or its URL)")
+    p.add_argument("--build", action="store_true", help="build the missing ones and drop the unwanted ones first")
     p.set_defaults(func=cmd_embeddings)
 
     p = actions.add_parser("local", help="the local model, its runtime and its ONNX export (made now if missing)")

@@ -340,9 +340,22 @@ _ALL = (
             "index", 1, 7 * _DAY),
     Setting("HARVESTER_INDEX_BUILD_WAIT_SECS", "float", 1800.0, "How long the upsert that started a build waits "
             "for it after its commit (the build goes on in the server)", "index", 0, 7 * _DAY),
+    Setting("HARVESTER_PORTAL_INDEX_MIN_DATASETS", "int", None, "A portal whose live datasets exceed this many "
+            "gets its own HNSW index of the active model's vectors after its run (search scans it under that "
+            "portal's filter; 0: never)", "index", 0, 10**9,
+            default_text="HARVESTER_SEARCH_EXACT_LIMIT (where search stops ranking a filter's datasets exactly)"),
+    Setting("HARVESTER_PORTAL_INDEX_MAX_SHARE", "float", 0.9, "... unless the portal holds more than this share of "
+            "the catalogue's live datasets (the shared index serves it as well)", "index", 0, 1),
+    Setting("HARVESTER_PORTAL_INDEX_BUILD_TIMEOUT_SECS", "float", 1800.0, "The longest a per-portal index build "
+            "may take (150,000 vectors: about 1.5 minutes on 2 cores)", "index", 1, 7 * _DAY),
+    Setting("HARVESTER_PORTAL_INDEX_LOCK_TIMEOUT_SECS", "float", 60.0, "How long a per-portal index build or drop "
+            "waits for the transactions that started before it (another portal's merge) before it gives up "
+            "until the next run", "index", 0, 7 * _DAY),
     # -- search -----------------------------------------------------------------------------------
     Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search: the HNSW candidate list", "search",
             1, 1000),
+    Setting("HARVESTER_SEARCH_PORTAL_EF_SEARCH", "int", 200, "hnsw.ef_search of a scan of a portal's own index "
+            "(HARVESTER_PORTAL_INDEX_MIN_DATASETS)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",
             "search", 1, 1000),
     Setting("HARVESTER_SEARCH_RRF_K", "int", 60, "The reciprocal rank fusion constant", "search", 0, 100000),

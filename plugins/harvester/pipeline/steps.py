@@ -22,8 +22,8 @@ from harvester.embeddings.base import EmbeddingProvider
 from harvester.config.portals import Portal
 from harvester.domain.run import (FULL, INCREMENTAL, RECONCILE_KEYS, SAVINGS_KEYS, STAT_KEYS, count_drift, plan_run, summary)
 from harvester.domain.tasklog import Progress
-from harvester.store import (claims, datasets, deletions, duplicates, history, listing, outcomes, review, runs, staging,
-                             vectors)
+from harvester.store import (claims, datasets, deletions, duplicates, history, listing, outcomes, portal_indexes, review,
+                             runs, staging, vectors)
 
 log = logging.getLogger(__name__)
 
@@ -521,6 +521,9 @@ def upsert(conn, portal: Portal, run_id: int, model: str, max_batch: int = 1, *,
             late.wait(_build_wait(settings, wait_deadline))
     _settle(conn, out)
     group_duplicates(conn, wait_deadline)
+    # the portal's own HNSW index when it is large (store/portal_indexes.py): built, kept or dropped;
+    # a failure is a warning (the run is committed)
+    portal_indexes.after_run(conn, portal.url, model, wait_deadline)
     return out
 
 

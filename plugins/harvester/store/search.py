@@ -109,6 +109,9 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
+    # hnsw.ef_search of a scan of a portal's own index (store/portal_indexes.py): every vector it
+    # holds passes the portal filter, so a short list finds the nearest (bench/million_search_bench.py)
+    portal_ef_search: int = 200
     # The text side ranks at most this many of a stage's matches (0: all): a common word matches
     # hundreds of thousands of datasets at a million, each ranked by ts_rank (100-700 ms,
     # bench/README.md "A million datasets"); a query whose words match fewer is ranked as before.
@@ -435,6 +438,42 @@ def _vector_statements(dimension: int, where: str):
     return hnsw, exact
 
 
+def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
+    """The vector side's statement over a portal's own HNSW index (sql/029, store/portal_indexes.py):
+    the portal and the model are literals, so that the planner matches the partial index's predicate
+    (a parameter would not match it, and psycopg prepares a statement run five times: a generic plan).
+    The other filters are checked per vector through dataset_search, as is that the copy is of the
+    dataset's current text: a filter of the index scan (the OFFSET 0 keeps PostgreSQL from turning
+    the EXISTS into a join, planned as a sort of every vector of the portal)."""
+    from psycopg import sql
+
+    from harvester.store import vectors
+
+    expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
+    return sql.SQL(
+        """
+        WITH nn AS MATERIALIZED (
+            SELECT v.dataset_id, {expr} <=> {q} AS distance
+            FROM dataset_vectors v
+            WHERE v.portal_url = {portal} AND v.model = {model}
+              AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.dataset_id = v.dataset_id
+                            AND s.content_hash = v.content_hash AND {where} OFFSET 0)
+            ORDER BY {expr} <=> {q}
+            LIMIT %(n)s
+        )
+        SELECT nn.dataset_id, 1 - nn.distance FROM nn ORDER BY nn.distance, nn.dataset_id LIMIT %(n)s
+        """).format(expr=expr, q=q, portal=sql.Literal(portal_url), model=sql.Literal(model), where=sql.SQL(where))
+
+
+def _scan_settings(conn, ef_search: int, max_scan_tuples: int) -> None:
+    """Inside a transaction: the HNSW scan's settings, for it only. Relaxed order: the scan goes on
+    past ef_search until enough rows pass the filters; the outer ORDER BY restores the exact order
+    of what it found."""
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true),"
+                 " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                 " set_config('hnsw.max_scan_tuples', %s, true)", (str(ef_search), str(max_scan_tuples)))
+
+
 def _estimated_matches(conn, where: str, params: dict) -> float:
     """PostgreSQL's estimate of the datasets passing the filters (a plan, not a count: well under a
     millisecond; the statistics of dataset_search's columns and arrays make it close)."""
@@ -450,8 +489,12 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     which pgvector's iterative scan continues until ``limit`` vectors pass (or max_scan_tuples).
     Filters that PostgreSQL expects to leave at most ``settings.exact_limit`` datasets rank those
     exactly instead (every one compared, no index); so does a filtered scan that ended short of
-    ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back."""
+    ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back.
+    A portal filter on a portal with its own usable HNSW index (store/portal_indexes.py) scans
+    that index instead of the shared one, with ``settings.portal_ef_search``."""
     import numpy as np
+
+    from harvester.store import portal_indexes
 
     hnsw, exact = _vector_statements(dimension, where)
     values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
@@ -459,29 +502,32 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
     if few:
         return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
+    portal = params.get("f_portal")
     with conn.transaction():
-        # relaxed order: the scan goes on past ef_search until enough rows pass the filters; the
-        # outer ORDER BY restores the exact order of what it found.
-        conn.execute("SELECT set_config('hnsw.ef_search', %s, true),"
-                     " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                     " set_config('hnsw.max_scan_tuples', %s, true)",
-                     (str(settings.ef_search), str(settings.max_scan_tuples)))
-        rows = conn.execute(hnsw, values).fetchall()
+        if portal and portal_indexes.usable(conn, portal, model):
+            _scan_settings(conn, settings.portal_ef_search, settings.max_scan_tuples)
+            rows = conn.execute(_portal_statement(dimension, where, portal, model), values).fetchall()
+        else:
+            _scan_settings(conn, settings.ef_search, settings.max_scan_tuples)
+            rows = conn.execute(hnsw, values).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
         rows = conn.execute(exact, values).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
 def explain_vector_side(conn, model: str, dimension: int, query_vector, filters: SearchFilters | None = None,
-                        settings: SearchSettings | None = None, exact: bool = False) -> str:
-    """EXPLAIN of the HNSW statement of the vector side, or (``exact``) of its exact statement (tests
-    and tuning)."""
+                        settings: SearchSettings | None = None, exact: bool = False, portal_index: bool = False) -> str:
+    """EXPLAIN of the HNSW statement of the vector side, or (``exact``) of its exact statement, or
+    (``portal_index``) of its statement over the filter's portal's own index (tests and tuning)."""
     import numpy as np
     from psycopg import sql
 
     settings = settings or SearchSettings.from_env()
-    where, params = filter_sql(filters or SearchFilters())
+    filters = filters or SearchFilters()
+    where, params = filter_sql(filters)
     hnsw, exact_statement = _vector_statements(dimension, where)
+    if portal_index:
+        hnsw = _portal_statement(dimension, where, filters.portal_url, model)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         plan = conn.execute(sql.SQL("EXPLAIN ") + (exact_statement if exact else hnsw), {

@@ -616,13 +616,14 @@ def link(conn, portal_url: str, model: str) -> int:
 
 def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
     """The copies of the datasets of ``behind`` (CTEs ending in ``b``: dataset_id, content_hash,
-    removed_at of datasets whose copy is missing or behind) written; returns (copies written, live
+    removed_at of datasets of the portal ``params["portal"]`` whose copy is missing or behind)
+    written, each with its portal (sql/029: the per-portal indexes' predicate); returns (copies written, live
     datasets of b left without one, ``count``)."""
     return conn.execute(
         f"""
         WITH {behind}, w AS (
-            INSERT INTO dataset_vectors AS v (dataset_id, model, content_hash, embedding)
-            SELECT b.dataset_id, e.model, e.content_hash, e.embedding
+            INSERT INTO dataset_vectors AS v (dataset_id, portal_url, model, content_hash, embedding)
+            SELECT b.dataset_id, %(portal)s, e.model, e.content_hash, e.embedding
             FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
             ORDER BY b.dataset_id
             ON CONFLICT (dataset_id) DO UPDATE SET
