@@ -199,3 +199,33 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
     truth = search(conn, "x", mode="vector", filters=filters, limit=10, settings=exact, query_vector=_vector(3),
                    provider=Provider())
     assert [i["dataset_id"] for i in got.items] == [i["dataset_id"] for i in truth.items]
+
+
+def test_a_large_portals_run_builds_its_index_after_its_commit(db, reader, portal_server, samples, gemini,
+                                                                monkeypatch, capsys):
+    """The hook in the upsert: a portal over the threshold gets its index from its own run (a
+    single-portal catalogue is the whole catalogue: MAX_SHARE 1 lets it have one here)."""
+    from harvester.config.portals import Portal
+    from harvester.embeddings import get_provider
+    from harvester.pipeline import steps as pipeline
+    from harvester.testing.samples import distinct_records
+
+    monkeypatch.setenv("HARVESTER_PORTAL_INDEX_MIN_DATASETS", "20")
+    portal_server.set_records(distinct_records(samples, 30))
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert not portal_indexes.usable(db, portal.url, provider.model)  # the whole catalogue: none
+    monkeypatch.setenv("HARVESTER_PORTAL_INDEX_MAX_SHARE", "1")
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    assert portal_indexes.usable(db, portal.url, provider.model)
+    assert [r["datasets"] for r in portal_indexes.listing(db)] == [30]
+    # an operator sees it, and can rebuild it, without SQL
+    from harvester.cli.main import main
+
+    db.execute(psycopg.sql.SQL("DROP INDEX {}").format(psycopg.sql.Identifier(portal_indexes.index_name(
+        portal.url, provider.model))))
+    capsys.readouterr()
+    assert main(["embeddings", "portal-indexes", "--build", "--portal", portal.url]) == 0
+    out = capsys.readouterr().out
+    assert f"{portal.url}: built" in out and "valid" in out and "yes" in out, out
