@@ -190,6 +190,26 @@ def build(server, args, bases, stand_in) -> dict:
                 time.perf_counter() - t0
             state(conn, "builds", builds)
             conn.execute("ANALYZE embeddings")
+        if not args.skip_portal_indexes:
+            # per-portal HNSW indexes (store/portal_indexes.py), built as each large portal's next run
+            # would: HARVESTER_PORTAL_INDEX_MIN_DATASETS (default exact_limit) and _MAX_SHARE decide
+            from harvester.store import portal_indexes
+
+            for (portal_url,) in conn.execute("SELECT portal_url FROM datasets GROUP BY 1 ORDER BY count(*)").fetchall():
+                done = portal_indexes.maintain(conn, portal_url, MODEL, DIMENSION)
+                if done["action"] == "built":
+                    builds[f"portal index {portal_url.split('//')[1].split('.')[0]}, {done['datasets']:,} vectors"] = \
+                        done["seconds"]
+                    state(conn, "builds", builds)
+                print(f"  portal index of {portal_url}: {done['action']}"
+                      + (f" in {done['seconds']:.1f} s" if done["action"] == "built" else "")
+                      + (f" ({done['reason']})" if done.get("reason") else ""), flush=True)
+            conn.execute("ANALYZE dataset_vectors")
+            for r in portal_indexes.listing(conn):
+                print(f"  portal index {r['index_name']} of {r['portal_url']}: {r['datasets']:,} datasets, built in "
+                      f"{r['build_seconds']:.1f} s ({r['build_seconds'] * 100000 / max(1, r['datasets']):.1f} s per "
+                      f"100k vectors), {r['bytes'] / 2 ** 20:.0f} MB ({r['bytes'] / max(1, r['datasets']):.0f} bytes "
+                      f"a dataset covered), {r['state']}, searched: {r['searched']}")
         size = conn.execute("SELECT pg_size_pretty(pg_relation_size(to_regclass(%s)))",
                             (vectors.index_name(MODEL),)).fetchone()[0]
         copies = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('dataset_vectors')),"
@@ -328,6 +348,30 @@ def measure(server, args, bases, stand_in) -> None:
                         recall.append(len(set(got) & set(truth)) / max(1, min(K, len(truth))))
                     print(f"{rerank:9d} {cell:20s} {sb.percentile(ms, .5):8.1f} {sb.percentile(ms, .95):8.1f} "
                           f"{statistics.fmean(recall):10.3f}", flush=True)
+        if args.portal_curve and "portal_ef_search" in fields:
+            portal_curve(run, cells, truths, default, [int(x) for x in args.portal_curve.split(",")])
+
+
+def portal_curve(run, cells, truths, default, values) -> None:
+    """The vector side over the portals' own indexes (exact_limit 0: every portal filter scans its
+    portal's index when it has one) against portal_ef_search."""
+    print()
+    print("latency / recall curve of the vector side (vector mode) over portal_ef_search: a portal filter scans "
+          "its portal's own index (exact_limit 0 here, so that the smaller portals' filters do too)")
+    print(f"{'portal_ef':>9s} {'cell':20s} {'p50 ms':>8s} {'p95 ms':>8s} {'recall@10':>10s}")
+    for value in values:
+        settings = dataclasses.replace(default, portal_ef_search=value, exact_limit=0)
+        for cell in ("1% far", "5% near", "5% far", "15% near", "15% far", "50% near", "50% far"):
+            if cell not in cells:
+                continue
+            ms, recall = [], []
+            for n, (q, v, filters) in enumerate(cells[cell]):
+                got, took = run(q, v, filters, "vector", settings)
+                ms.append(took)
+                truth = truths[(cell, "vector", n)]
+                recall.append(len(set(got) & set(truth)) / max(1, min(K, len(truth))))
+            print(f"{value:9d} {cell:20s} {sb.percentile(ms, .5):8.1f} {sb.percentile(ms, .95):8.1f} "
+                  f"{statistics.fmean(recall):10.3f}", flush=True)
 
 
 def main() -> int:
@@ -338,6 +382,10 @@ def main() -> int:
     parser.add_argument("--curve", default="100,150,300,500,800",
                         help="values of the latency / recall curve: rerank when search has it, else ef_search")
     parser.add_argument("--no-curve", action="store_true")
+    parser.add_argument("--portal-curve", default="40,100,200,400",
+                        help="values of portal_ef_search for the curve over the portals' own indexes ('' for none)")
+    parser.add_argument("--skip-portal-indexes", action="store_true",
+                        help="build no per-portal index (HARVESTER_PORTAL_INDEX_MIN_DATASETS sets which portals get one)")
     parser.add_argument("--only-build", action="store_true")
     parser.add_argument("--skip-vector-index", action="store_true", help="build everything but the vector index")
     args = parser.parse_args()
