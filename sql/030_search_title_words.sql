@@ -1,0 +1,19 @@
+-- The title's words indexed apart, so that the text side ranks a common query's best matches
+-- (issue 40: hybrid search at a million datasets, recall@10 against exact search).
+--
+-- The text side (store/search.py, _text_side) ranks at most text_cap (10,000) matches of a stage:
+-- a query of common words matches hundreds of thousands of datasets at a million, and ranking them
+-- all with ts_rank took 100-700 ms. The full-text index gives its matches in table order, so the
+-- 10,000 ranked were any 10,000, not the best: hybrid's recall@10 without a filter was 0.730 at a
+-- million (bench/README.md, "Search at a million"). ts_rank weighs a word in the title (A, 1.0)
+-- five times one in the description (C, 0.2): the best matches are those whose title holds the
+-- words. This index gives those first: the same document's title lexemes alone (ts_filter keeps
+-- the positions weighted A, which harvester_search_document() gives the title's words), and the
+-- text side ranks the title matches first, then fills the cap with the others.
+--
+-- An expression index on the column dataset_search has (no column added, nothing to backfill):
+-- what it costs is the index itself, a title's ten-odd words per dataset (measured: see
+-- bench/README.md) and its upkeep on every insert and change of a dataset's text, as the document
+-- index has. Built here, in the migration's transaction (writes to dataset_search wait for the
+-- build, reads do not); the same on PostgreSQL 15 to 18.
+CREATE INDEX dataset_search_title ON dataset_search USING gin (ts_filter(document, '{a}'));

@@ -1,0 +1,73 @@
+"""The text side's cap ranks the title's matches first (sql/030, issue 40: hybrid's recall at a
+million datasets). A stage with more matches than text_cap ranks a bounded set of them; that set
+holds the datasets whose title has the query's words (ts_rank's best: a title word weighs five
+times a description's) before any other, wherever they lie in the table. A stage with fewer
+matches than the cap is ranked exactly as uncapped. Real PostgreSQL; a few hundred datasets written
+directly (no run, no vectors: text mode)."""
+from __future__ import annotations
+
+from harvester.store.search import _TITLE_WORDS, SearchFilters, SearchSettings, search
+
+PORTALS = ("https://a.example", "https://b.example")
+
+
+def fill(conn) -> None:
+    """Per portal, first (in table order) 60 datasets holding "reservoir" in the description only,
+    then 10 whose title holds "reservoir levels" and 5 whose title holds "reservoir" alone; 100
+    others about rivers."""
+    rows = []
+    for portal in PORTALS:
+        rows += [(portal, f"desc {i}", f"Dataset {i}", f"Yearly table {i}; the reservoir levels of the county, "
+                  "measured at the dam every week with the flow of each river") for i in range(60)]
+        rows += [(portal, f"title {i}", f"Reservoir levels {i}", f"Table {i}") for i in range(10)]
+        rows += [(portal, f"word {i}", f"Reservoir {i}", f"Levels of table {i}") for i in range(5)]
+        rows += [(portal, f"river {i}", f"River flow {i}", f"Flow of the river, station {i}") for i in range(100)]
+    with conn.cursor() as cur:
+        cur.executemany(
+            """
+            INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
+                                  description, first_seen_at, updated_at, last_seen_at, raw, search_config)
+            VALUES (%(p)s, %(s)s, %(p)s || '/' || %(s)s, md5(%(p)s || %(s)s), md5('c' || %(p)s || %(s)s),
+                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), now(), '{}', 'english')
+            """, [{"p": p, "s": s, "t": t, "d": d} for p, s, t, d in rows])
+    conn.execute("VACUUM ANALYZE dataset_search")
+
+
+def _found(conn, query: str, cap: int, **filters) -> list[tuple]:
+    result = search(conn, query, mode="text", limit=10, filters=SearchFilters(**filters),
+                    settings=SearchSettings(text_cap=cap, exact_limit=0))
+    return [(i["source_id"], i["portal_url"], i["text_rank"]) for i in result.items]
+
+
+def test_a_capped_stage_ranks_the_titles_matches_first(db):
+    fill(db)
+    # "reservoir levels": 150 matches, more than the cap (20: at least the candidates fetched);
+    # the 120 met first in table order hold the words in the description only
+    for filters in ({}, {"portal_url": PORTALS[1]}):
+        capped = _found(db, "reservoir levels", 1, **filters)
+        assert capped == _found(db, "reservoir levels", 0, **filters)  # the uncapped ranking's top 10
+        assert all(source.startswith(("title ", "word ")) for source, _, _ in capped), capped
+    # a relaxed stage ("any word", the strict one finding none) is capped the same way
+    capped = _found(db, "reservoir submarine", 1)
+    assert capped == _found(db, "reservoir submarine", 0)
+    assert all(source.startswith(("title ", "word ")) for source, _, _ in capped), capped
+
+
+def test_a_stage_under_the_cap_is_ranked_exactly(db):
+    fill(db)
+    for query in ("reservoir levels", "river", '"reservoir levels"', "reservoir -dam", "flow -reservoir",
+                  "flow river reservoir", "dam county week", "submarine reservoir"):
+        for filters in ({}, {"portal_url": PORTALS[0]}):
+            exact = _found(db, query, 0, **filters)
+            assert exact, query
+            assert _found(db, query, 10000, **filters) == exact, query
+            assert len({source for source, _, _ in exact}) == len(exact)
+
+
+def test_the_titles_words_are_read_from_their_index(db):
+    fill(db)
+    db.execute("SET enable_seqscan = off")  # a small table: what a large one's plan is
+    plan = "\n".join(r[0] for r in db.execute(
+        f"EXPLAIN SELECT s.dataset_id FROM dataset_search s WHERE {_TITLE_WORDS} @@ to_tsquery('english', 'reservoir')"
+    ).fetchall())
+    assert "dataset_search_title" in plan, plan
