@@ -182,6 +182,17 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
     # exact_limit 0: the filter goes to the index scans; the truth ranks the portal exactly
     indexed = SearchSettings(exact_limit=0, portal_ef_search=1000, ef_search=1000)
     exact = SearchSettings(exact_limit=10**9)
+
+    def scans() -> int:  # the portal's index's scans so far (this session's counts flushed first)
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute("SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = %s",
+                            (portal_indexes.index_name(portal, MODEL),)).fetchone()[0]
+
+    before = scans()
+    search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=_vector(1),
+           provider=Provider())
+    assert scans() == before + 1
     for n in (3, 120, 260):
         query = _vector(n)
         got = search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=query,

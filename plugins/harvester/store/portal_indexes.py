@@ -130,15 +130,19 @@ def _drop(conn, name: str, settings: PortalIndexSettings) -> None:
     conn.execute("DELETE FROM portal_indexes WHERE index_name = %s", (name,))
 
 
-def _live(conn, portal_url: str) -> tuple[int, int]:
-    """(the portal's live datasets, the catalogue's): index-only counts."""
-    return conn.execute("SELECT count(*) FILTER (WHERE portal_url = %s), count(*) FROM datasets"
-                        " WHERE removed_at IS NULL", (portal_url,)).fetchone()
+def _live(conn, portal_url: str, settings: PortalIndexSettings) -> tuple[int, int | None]:
+    """(the portal's live datasets, the catalogue's): the catalogue is counted only for a portal over
+    the threshold (a run of a small portal pays one count of its own datasets)."""
+    portal = conn.execute("SELECT count(*) FROM datasets WHERE portal_url = %s AND removed_at IS NULL",
+                          (portal_url,)).fetchone()[0]
+    if not settings.min_datasets or portal <= settings.min_datasets:
+        return portal, None
+    return portal, conn.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()[0]
 
 
-def wanted(portal_live: int, catalogue_live: int, settings: PortalIndexSettings) -> bool:
+def wanted(portal_live: int, catalogue_live: int | None, settings: PortalIndexSettings) -> bool:
     """Whether a portal of ``portal_live`` live datasets, in a catalogue of ``catalogue_live``, gets its index."""
-    return bool(settings.min_datasets) and portal_live > settings.min_datasets \
+    return bool(settings.min_datasets) and portal_live > settings.min_datasets and catalogue_live is not None \
         and portal_live <= settings.max_share * catalogue_live
 
 
@@ -160,7 +164,7 @@ def maintain(conn, portal_url: str, model: str, dimension: int | None = None,
                           " current_setting('maintenance_work_mem'),"
                           " current_setting('max_parallel_maintenance_workers')").fetchone()
     try:
-        portal_live, catalogue_live = _live(conn, portal_url)
+        portal_live, catalogue_live = _live(conn, portal_url, settings)
         keep = wanted(portal_live, catalogue_live, settings)
         # another model's index (a model switch), or this one when the portal is no longer wanted
         for (other,) in conn.execute("SELECT index_name FROM portal_indexes WHERE portal_url = %s"
