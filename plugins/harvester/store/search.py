@@ -392,7 +392,8 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
         # word five times a description's), then the others up to the cap: both parts together are
         # every match when there are fewer than the cap, so those are ranked exactly as uncapped.
         # Each part ranks as it reads (the CTE keeps ids and ranks, not documents) and the second
-        # tells a title match by its title, not by a join: no plan can turn it into a loop.
+        # tells a title match by its title, not by a join (no plan can turn it into a loop), only
+        # on the rows that match (OFFSET 0 keeps that test out of the scan's own conditions).
         statement = f"""
         WITH t AS MATERIALIZED (
             SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank FROM dataset_search s
@@ -402,9 +403,11 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
         SELECT m.dataset_id, m.rank
         FROM (SELECT t.dataset_id, t.rank FROM t
               UNION ALL
-              (SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) FROM dataset_search s
-               WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
-                 AND NOT ({_TITLE_WORDS} @@ %(tsq)s::tsquery)
+              (SELECT f.dataset_id, ts_rank(f.document, %(tsq)s::tsquery, 1)
+               FROM (SELECT s.dataset_id, s.document FROM dataset_search s
+                     WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+                     OFFSET 0) f
+               WHERE NOT ({_TITLE_WORDS.replace("s.", "f.")} @@ %(tsq)s::tsquery)
                LIMIT greatest(0, %(cap)s - (SELECT count(*) FROM t)))) m
         ORDER BY m.rank DESC, m.dataset_id
         LIMIT %(n)s
