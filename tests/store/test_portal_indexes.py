@@ -19,7 +19,7 @@ from harvester.store.portal_indexes import PortalIndexSettings
 from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, search
 
 MODEL, OTHER = "test-portal-index-3", "test-portal-index-other-3"
-BIG, MID, SMALL = "https://x.org/it's", "https://b.example", "https://c.example"
+BIG, MID, SMALL = "https://x.org/it's", "https://b.example/a%20b%(x)s", "https://c.example"
 SIZES = {BIG: 300, MID: 150, SMALL: 50}
 LOW = PortalIndexSettings(min_datasets=100, max_share=0.9, build_timeout=60, lock_timeout=10)
 

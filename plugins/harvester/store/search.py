@@ -487,6 +487,10 @@ def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
 
     from harvester.store import vectors
 
+    def literal(value: str) -> sql.Composable:
+        # quoted by psycopg; a % in it (a URL's %20) doubled, as the statement also has parameters
+        return sql.SQL(sql.Literal(value).as_string(None).replace("%", "%%"))
+
     expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
     return sql.SQL(
         """
@@ -500,7 +504,7 @@ def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
             LIMIT %(n)s
         )
         SELECT nn.dataset_id, 1 - nn.distance FROM nn ORDER BY nn.distance, nn.dataset_id LIMIT %(n)s
-        """).format(expr=expr, q=q, portal=sql.Literal(portal_url), model=sql.Literal(model), where=sql.SQL(where))
+        """).format(expr=expr, q=q, portal=literal(portal_url), model=literal(model), where=sql.SQL(where))
 
 
 def _scan_settings(conn, ef_search: int, max_scan_tuples: int) -> None:
