@@ -354,7 +354,7 @@ _ALL = (
     # -- search -----------------------------------------------------------------------------------
     Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search: the HNSW candidate list", "search",
             1, 1000),
-    Setting("HARVESTER_SEARCH_PORTAL_EF_SEARCH", "int", 200, "hnsw.ef_search of a scan of a portal's own index "
+    Setting("HARVESTER_SEARCH_PORTAL_EF_SEARCH", "int", 800, "hnsw.ef_search of a scan of a portal's own index "
             "(HARVESTER_PORTAL_INDEX_MIN_DATASETS)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",
             "search", 1, 1000),

@@ -109,9 +109,11 @@ class SearchSettings:
     # wide exact range (filtered p95 there: 250-380 ms before, 34-42 ms with these).
     max_scan_tuples: int = 10000
     exact_limit: int = 20000
-    # hnsw.ef_search of a scan of a portal's own index (store/portal_indexes.py): every vector it
-    # holds passes the portal filter, so a short list finds the nearest (bench/million_search_bench.py)
-    portal_ef_search: int = 200
+    # hnsw.ef_search of a scan of a portal's own index (store/portal_indexes.py). Every vector it
+    # holds passes the portal filter, yet a portal of 50,000-500,000 near-duplicate-rich vectors needs
+    # the shared index's list: at a million datasets recall@10 was 0.82-0.96 at 200, 0.88-0.99 at 400
+    # (at 100k, 0.97-1.0 at 200), p95 under 40 ms (bench/million_search_bench.py)
+    portal_ef_search: int = 800
     # The text side ranks at most this many of a stage's matches (0: all): a common word matches
     # hundreds of thousands of datasets at a million, each ranked by ts_rank (100-700 ms,
     # bench/README.md "A million datasets"); a query whose words match fewer is ranked as before.
