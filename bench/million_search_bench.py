@@ -340,14 +340,7 @@ def measure(server, args, bases, stand_in) -> None:
             for rerank in [int(x) for x in args.curve.split(",")]:
                 settings = dataclasses.replace(default, **{knob: rerank})
                 for cell in ("no filter", "5% far", "15% far", "50% near"):
-                    ms, recall = [], []
-                    for n, (q, v, filters) in enumerate(cells[cell]):
-                        got, took = run(q, v, filters, "vector", settings)
-                        ms.append(took)
-                        truth = truths[(cell, "vector", n)]
-                        recall.append(len(set(got) & set(truth)) / max(1, min(K, len(truth))))
-                    print(f"{rerank:9d} {cell:20s} {sb.percentile(ms, .5):8.1f} {sb.percentile(ms, .95):8.1f} "
-                          f"{statistics.fmean(recall):10.3f}", flush=True)
+                    curve_row(run, cells, truths, settings, rerank, cell)
         if args.portal_curve and "portal_ef_search" in fields:
             portal_curve(run, cells, truths, default, [int(x) for x in args.portal_curve.split(",")])
 
@@ -362,16 +355,21 @@ def portal_curve(run, cells, truths, default, values) -> None:
     for value in values:
         settings = dataclasses.replace(default, portal_ef_search=value, exact_limit=0)
         for cell in ("1% far", "5% near", "5% far", "15% near", "15% far", "50% near", "50% far"):
-            if cell not in cells:
-                continue
-            ms, recall = [], []
-            for n, (q, v, filters) in enumerate(cells[cell]):
-                got, took = run(q, v, filters, "vector", settings)
-                ms.append(took)
-                truth = truths[(cell, "vector", n)]
-                recall.append(len(set(got) & set(truth)) / max(1, min(K, len(truth))))
-            print(f"{value:9d} {cell:20s} {sb.percentile(ms, .5):8.1f} {sb.percentile(ms, .95):8.1f} "
-                  f"{statistics.fmean(recall):10.3f}", flush=True)
+            if cell in cells:
+                curve_row(run, cells, truths, settings, value, cell)
+
+
+def curve_row(run, cells, truths, settings, value, cell) -> None:
+    """One row of a latency / recall curve: the vector side of ``cell``'s queries under
+    ``settings`` (``value``: the knob's setting printed first), against the cell's exact truth."""
+    ms, recall = [], []
+    for n, (q, v, filters) in enumerate(cells[cell]):
+        got, took = run(q, v, filters, "vector", settings)
+        ms.append(took)
+        truth = truths[(cell, "vector", n)]
+        recall.append(len(set(got) & set(truth)) / max(1, min(K, len(truth))))
+    print(f"{value:9d} {cell:20s} {sb.percentile(ms, .5):8.1f} {sb.percentile(ms, .95):8.1f} "
+          f"{statistics.fmean(recall):10.3f}", flush=True)
 
 
 def main() -> int:
