@@ -8,8 +8,6 @@ hundred datasets and 3-dimension vectors written directly (no run, no embedding)
 low through the settings."""
 from __future__ import annotations
 
-import math
-
 import psycopg
 import psycopg.sql
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from harvester.store import migrations, portal_indexes, vectors
 from harvester.store.portal_indexes import PortalIndexSettings
 from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, search
+from harvester.testing.search_rows import GivenVectors, insert_datasets, insert_vectors, spiral_vector as _vector
 
 MODEL, OTHER = "test-portal-index-3", "test-portal-index-other-3"
 BIG, MID, SMALL = "https://x.org/it's", "https://b.example/a%20b%(x)s", "https://c.example"
@@ -24,35 +23,13 @@ SIZES = {BIG: 300, MID: 150, SMALL: 50}
 LOW = PortalIndexSettings(min_datasets=100, max_share=0.9, build_timeout=60, lock_timeout=10)
 
 
-class Provider:
-    model = MODEL
-
-    def embed_query(self, text):  # pragma: no cover - never called
-        raise AssertionError("the test gives the query's vector")
-
-
-def _vector(n: int) -> list[float]:
-    angle = n * 0.37
-    return [math.cos(angle), math.sin(angle), 0.1 + (n % 11) / 10]
-
-
 def fill(conn, models=(MODEL,), copy=True) -> None:
     """SIZES' datasets (portals interleaved), each text with its vector of each model; with ``copy``
     the copies for search written and each portal checked for the first model."""
     portals = [p for p, size in SIZES.items() for _ in range(size)]
-    conn.execute(
-        """
-        INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                              first_seen_at, updated_at, last_seen_at, raw)
-        SELECT (%(portals)s::text[])[n + 1], 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n),
-               md5('m' || n), 'dataset ' || n, now(), now(), now(), '{}'
-        FROM generate_series(0, %(n)s - 1) n ORDER BY n
-        """, {"portals": portals, "n": len(portals)})
-    with conn.cursor() as cur:
-        for model in models:
-            cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-                            " VALUES (md5('c' || %s), %s, 3, %s::halfvec)",
-                            [(str(n), model, str(_vector(n))) for n in range(len(portals))])
+    insert_datasets(conn, portals)
+    for model in models:
+        insert_vectors(conn, len(portals), model)
     if copy:
         for portal in SIZES:
             vectors.copy_for_search(conn, portal, models[0])
@@ -191,14 +168,14 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
 
     before = scans()
     search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=_vector(1),
-           provider=Provider())
+           provider=GivenVectors(MODEL))
     assert scans() == before + 1
     for n in (3, 120, 260):
         query = _vector(n)
         got = search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=query,
-                     provider=Provider())
+                     provider=GivenVectors(MODEL))
         truth = search(conn, "x", mode="vector", filters=filters, limit=10, settings=exact, query_vector=query,
-                       provider=Provider())
+                       provider=GivenVectors(MODEL))
         assert [i["dataset_id"] for i in got.items] == [i["dataset_id"] for i in truth.items]
         assert [i["similarity"] for i in got.items] == [i["similarity"] for i in truth.items]
         assert all(i["portal_url"] == portal for i in got.items)
@@ -206,9 +183,9 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
     conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal,))
     assert not portal_indexes.usable(conn, portal, MODEL)
     got = search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=_vector(3),
-                 provider=Provider())
+                 provider=GivenVectors(MODEL))
     truth = search(conn, "x", mode="vector", filters=filters, limit=10, settings=exact, query_vector=_vector(3),
-                   provider=Provider())
+                   provider=GivenVectors(MODEL))
     assert [i["dataset_id"] for i in got.items] == [i["dataset_id"] for i in truth.items]
 
 

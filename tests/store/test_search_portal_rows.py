@@ -5,47 +5,23 @@ search: removed datasets, other portals and copies of an older text are left out
 and pgvector; 600 datasets and 3-dimension vectors written directly (no run, no embedding)."""
 from __future__ import annotations
 
-import math
-
 import psycopg
 
 from harvester.store import migrations, vectors
 from harvester.store.search import SearchFilters, SearchSettings, explain_vector_side, search
+from harvester.testing.search_rows import GivenVectors, insert_datasets, insert_vectors, spiral_vector as _vector
 
 MODEL = "test-portal-rows-3"
 PORTALS = ("https://a.example", "https://b.example", "https://c.example")
 N = 600
 
 
-class Provider:
-    """search() is given every query's vector: nothing is embedded."""
-    model = MODEL
-
-    def embed_query(self, text):  # pragma: no cover - never called
-        raise AssertionError("the test gives the query's vector")
-
-
-def _vector(n: int) -> list[float]:
-    angle = n * 0.37
-    return [math.cos(angle), math.sin(angle), 0.1 + (n % 11) / 10]
-
-
 def fill(conn) -> None:
     """N datasets over three portals (interleaved, as a worst case: each portal's rows scattered),
     each with its vector and its copy; then dataset 7 removed and dataset 10's text changed with
     its new vector not written yet (its copy is of the older text)."""
-    conn.execute(
-        """
-        INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                              first_seen_at, updated_at, last_seen_at, raw)
-        SELECT (%(portals)s::text[])[1 + n %% 3], 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n),
-               md5('m' || n), 'dataset ' || n, now(), now(), now(), '{}'
-        FROM generate_series(0, %(n)s - 1) n ORDER BY n
-        """, {"portals": list(PORTALS), "n": N})
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-                        " VALUES (md5('c' || %s), %s, 3, %s::halfvec)",
-                        [(str(n), MODEL, str(_vector(n))) for n in range(N)])
+    insert_datasets(conn, [PORTALS[n % 3] for n in range(N)])
+    insert_vectors(conn, N, MODEL)
     for portal in PORTALS:
         vectors.copy_for_search(conn, portal, MODEL)
     conn.execute("UPDATE datasets SET removed_at = now() WHERE source_id = 'ds-7'")
@@ -73,7 +49,7 @@ def test_a_portal_filter_is_read_from_the_portals_index_and_ranked_exactly(db):
         plan = explain_vector_side(conn, MODEL, 3, query, SearchFilters(portal_url=portal), exact=True)
         assert "Index Only Scan using dataset_search_portal_rows" in plan, plan
         found = search(conn, "x", mode="vector", filters=SearchFilters(portal_url=portal), limit=10,
-                       settings=SearchSettings(), query_vector=query, provider=Provider())
+                       settings=SearchSettings(), query_vector=query, provider=GivenVectors(MODEL))
         ids = [i["source_id"] for i in found.items]
         assert ids == _exact(conn, portal, query, 10)
         assert "ds-7" not in ids and "ds-10" not in ids and all(i["portal_url"] == portal for i in found.items)

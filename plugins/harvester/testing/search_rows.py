@@ -1,0 +1,43 @@
+"""Rows for search tests written straight into the tables (no run, no embedding): datasets of given
+portals, a 3-dimension vector for each one's text, and a provider that is never asked to embed (the
+tests give search() every query's vector)."""
+from __future__ import annotations
+
+import math
+
+
+class GivenVectors:
+    """search()'s provider when the test gives every query's vector: nothing is embedded."""
+
+    def __init__(self, model: str):
+        self.model = model
+
+    def embed_query(self, text):  # pragma: no cover - never called
+        raise AssertionError("the test gives the query's vector")
+
+
+def spiral_vector(n: int) -> list[float]:
+    """Dataset ``n``'s vector: 3 dimensions, on a spiral, each distinct from its neighbours'."""
+    angle = n * 0.37
+    return [math.cos(angle), math.sin(angle), 0.1 + (n % 11) / 10]
+
+
+def insert_datasets(conn, portals: list[str]) -> None:
+    """A dataset for each entry of ``portals`` (its portal), in that order: source id ``ds-<n>``,
+    title ``dataset <n>``, content hash md5('c' || n)."""
+    conn.execute(
+        """
+        INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
+                              first_seen_at, updated_at, last_seen_at, raw)
+        SELECT (%(portals)s::text[])[n + 1], 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n),
+               md5('m' || n), 'dataset ' || n, now(), now(), now(), '{}'
+        FROM generate_series(0, %(n)s - 1) n ORDER BY n
+        """, {"portals": list(portals), "n": len(portals)})
+
+
+def insert_vectors(conn, count: int, model: str) -> None:
+    """The vector of ``model`` (``spiral_vector``) for the texts of datasets 0 to ``count`` - 1."""
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
+                        " VALUES (md5('c' || %s), %s, 3, %s::halfvec)",
+                        [(str(n), model, str(spiral_vector(n))) for n in range(count)])
