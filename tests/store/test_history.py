@@ -11,11 +11,13 @@ import pytest
 import yaml
 
 from harvester.domain import changes as ch
+from harvester.domain import diff
 from harvester.cli import history as history_cli
 from harvester.pipeline import steps as pipeline
 from harvester.sources.ckan import CkanClient
 from harvester.config.portals import get_portal
 from harvester.store import datasets, history, runs, staging
+from harvester.store.staging import as_jsonb
 
 BIRMINGHAM = "data-birmingham-gov-uk.jsonl"
 GC_BEFORE = "data-gc-ca-snapshot-2013-06-17T11-50.jsonl"
@@ -74,6 +76,10 @@ def versions_of(db, source_id):
         " ORDER BY v.version_number", (source_id,)).fetchall()
 
 
+def dataset_id(db, source_id):
+    return db.execute("SELECT id FROM datasets WHERE source_id = %s", (source_id,)).fetchone()[0]
+
+
 def assert_one_current_version_each(db):
     assert db.execute(
         "SELECT count(*) FROM datasets d WHERE (SELECT count(*) FROM dataset_versions v"
@@ -106,13 +112,15 @@ def test_first_full_sync_records_a_new_version_and_change_per_dataset(db, reader
     portal_server.set_records(birmingham)
     first = harvest_once(db, reader, portal)
     assert first["computed"]["new"] == 10 and first["computed"]["review"] == 0
-    assert first["written"] == {"versions": 10, "changes": 10, "refreshed": 0, "seen_unchanged": 0}
+    assert first["written"] == {"versions": 10, "changes": 10, "refreshed": 0, "seen_unchanged": 0, "snapshots_dropped": 0}
     rows = changes_of(db, first["run_id"])
     assert {(r[1], r[2], r[3], r[4], r[5], json.dumps(r[6])) for r in rows} == {("new", None, 1, 0.0, False, "{}")}
     (version,) = versions_of(db, birmingham[0]["id"])
     assert version[:5] == (1, True, "new", first["seen_at"], first["seen_at"])
     rec = birmingham[0]
-    assert version[6]["title"] == rec["title"] and version[6]["name"] == rec["name"]
+    assert version[6] is None  # the current version's snapshot is the dataset's row's (sql/031)
+    snapshot = history.get_version(db, dataset_id(db, rec["id"]), 1)["snapshot"]
+    assert snapshot["title"] == rec["title"] and snapshot["name"] == rec["name"]
     assert db.execute("SELECT count(*) FROM staging_changes").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM current_datasets").fetchone()[0] == 10
     assert_one_current_version_each(db)
@@ -133,7 +141,7 @@ def test_each_kind_of_edit_becomes_its_change_type_and_a_new_version(db, reader,
     computed = second["computed"]
     assert (computed["title_changed"], computed["content_updated"], computed["metadata_updated"],
             computed["date_changed"], computed["new"], computed["review"]) == (1, 2, 1, 1, 0, 1)
-    assert second["written"] == {"versions": 5, "changes": 5, "refreshed": 0, "seen_unchanged": 5}
+    assert second["written"] == {"versions": 5, "changes": 5, "refreshed": 0, "seen_unchanged": 5, "snapshots_dropped": 0}
     got = {r[0]: r[1:] for r in changes_of(db, second["run_id"])}
     assert got[title["id"]][:5] == ("title_changed", 1, 2, 0.3, False)
     assert set(got[title["id"]][5]) == {"title"}
@@ -148,7 +156,9 @@ def test_each_kind_of_edit_becomes_its_change_type_and_a_new_version(db, reader,
     old, new = versions_of(db, title["id"])
     assert (old[0], old[1], old[3], old[4]) == (1, False, first["seen_at"], first["seen_at"])
     assert (new[0], new[1], new[2], new[3], new[4]) == (2, True, "title_changed", second["seen_at"], second["seen_at"])
-    assert new[6]["title"] == title["title"] + " (revised)"
+    # the replaced version took its snapshot as it was; the current one stores none (sql/031)
+    assert old[6]["title"] == title["title"] and new[6] is None
+    assert history.get_version(db, dataset_id(db, title["id"]), 2)["snapshot"]["title"] == title["title"] + " (revised)"
     assert new[5] == db.execute("SELECT content_hash FROM datasets WHERE source_id = %s", (title["id"],)).fetchone()[0]
     (unchanged,) = versions_of(db, birmingham[5]["id"])
     assert (unchanged[0], unchanged[3], unchanged[4]) == (1, first["seen_at"], second["seen_at"])
@@ -160,7 +170,7 @@ def test_an_unchanged_run_only_moves_last_seen(db, reader, portal, portal_server
     first = harvest_once(db, reader, portal)
     second = harvest_once(db, reader, portal)
     assert second["classified"]["unchanged"] == 10
-    assert second["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "seen_unchanged": 10}
+    assert second["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "seen_unchanged": 10, "snapshots_dropped": 0}
     assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == 10
     assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 10
     assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
@@ -350,7 +360,7 @@ def test_a_hash_change_with_the_same_snapshot_refreshes_the_version(db, reader, 
     again = harvest_once(db, reader, portal)
     assert again["classified"]["updated"] == 1
     assert again["computed"]["unchanged_snapshot"] == 1 and again["computed"]["metadata_updated"] == 0
-    assert again["written"] == {"versions": 0, "changes": 0, "refreshed": 1, "seen_unchanged": 1}
+    assert again["written"] == {"versions": 0, "changes": 0, "refreshed": 1, "seen_unchanged": 1, "snapshots_dropped": 0}
     (version,) = versions_of(db, birmingham[0]["id"])
     assert version[5] == db.execute("SELECT content_hash FROM datasets WHERE source_id = %s",
                                     (birmingham[0]["id"],)).fetchone()[0]
@@ -383,6 +393,94 @@ def test_views(db, reader, portal, portal_server, birmingham):
                         " LIMIT 1").fetchone()
     assert recent == ("removed", birmingham[2]["title"], f"{portal.url}/dataset/{birmingham[2]['name']}",
                       portal.url, PORTAL)
+
+
+# -- the current version's snapshot: the dataset's row (sql/031, 032) -----------------------------
+def stored(db, source_id):
+    """{version_number: (is_current, the snapshot column as stored)}."""
+    return {n: (current, snapshot) for n, current, snapshot in db.execute(
+        "SELECT v.version_number, v.is_current, v.snapshot FROM dataset_versions v JOIN datasets d"
+        " ON d.id = v.dataset_id WHERE d.source_id = %s ORDER BY 1", (source_id,))}
+
+
+def test_the_current_version_stores_no_snapshot_and_the_replaced_one_takes_its_own(
+        db, reader, portal, portal_server, birmingham):
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    # after a first sync: no snapshot stored at all, and the readers build it from the row
+    assert db.execute("SELECT count(*), count(snapshot) FROM dataset_versions").fetchone() == (10, 0)
+    target = birmingham[0]
+    first = history.get_version(db, dataset_id(db, target["id"]), 1)
+    row = db.execute("SELECT title, description, raw FROM datasets WHERE source_id = %s", (target["id"],)).fetchone()
+    assert first["snapshot"] == ch.snapshot(*row) and first["snapshot"]["name"] == target["name"]
+    assert (first["title"], first["description"]) == row[:2]
+
+    portal_server.upsert_record(edited(target, title="Card spending", notes="Rewritten entirely.",
+                                       tags=target["tags"] + [{"name": "refunds"}]))
+    second = harvest_once(db, reader, portal)
+    assert second["written"]["versions"] == 1
+    # the replaced version holds exactly the snapshot the readers gave it while it was current
+    assert stored(db, target["id"]) == {1: (False, first["snapshot"]), 2: (True, None)}
+    versions = history.list_versions(db, dataset_id(db, target["id"]))
+    assert [(v["version_number"], v["title"]) for v in versions] == [(2, "Card spending"), (1, target["title"])]
+    assert versions[1]["snapshot"] == first["snapshot"]
+    assert versions[0]["snapshot"]["description"] == "Rewritten entirely."
+    # the diff reads both, as before: exactly the fields that changed
+    changed = {f["field"] for f in diff.field_changes(versions[1]["snapshot"], versions[0]["snapshot"])
+               if f["changed"]}
+    assert changed == {"title", "description", "tags"}
+    # SQL: v.title of either version, the view from the dataset's row; only current versions lack one
+    assert db.execute("SELECT v.version_number, v.title FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
+                      " WHERE d.source_id = %s ORDER BY 1", (target["id"],)).fetchall() == [
+        (1, target["title"]), (2, "Card spending")]
+    assert db.execute("SELECT version_number, title, description FROM current_datasets WHERE source_id = %s",
+                      (target["id"],)).fetchone() == (2, "Card spending", "Rewritten entirely.")
+    assert db.execute("SELECT count(*) FROM dataset_versions WHERE snapshot IS NULL AND NOT is_current"
+                      ).fetchone()[0] == 0
+    # a version that is not current must hold its snapshot (the schema says so)
+    try:
+        db.execute("UPDATE dataset_versions SET snapshot = NULL WHERE version_number = 1 AND NOT is_current")
+    except psycopg.errors.CheckViolation:
+        pass
+    else:
+        raise AssertionError("a replaced version lost its snapshot without a CheckViolation")
+
+
+def test_a_stored_current_snapshot_is_kept_unless_a_run_proves_it_equal_to_the_rows(
+        db, reader, portal, portal_server, birmingham):
+    """As a database harvested before 031 holds them: every current version with its snapshot. One
+    of them differs from what its row gives today (tracked_metadata changed since it was stored)."""
+    portal_server.set_records(birmingham[:3])
+    harvest_once(db, reader, portal)
+    same, differs, edited_later = birmingham[0], birmingham[1], birmingham[2]
+    for rec in (same, differs, edited_later):
+        snapshot = history.get_version(db, dataset_id(db, rec["id"]), 1)["snapshot"]  # (the row's)
+        if rec is differs:
+            snapshot["fields"]["tracked_then"] = "a field today's tracked_metadata no longer keeps"
+        db.execute("UPDATE dataset_versions SET snapshot = %s WHERE dataset_id = %s AND is_current",
+                   (as_jsonb(snapshot), dataset_id(db, rec["id"])))
+    kept = stored(db, differs["id"])[1][1]
+    # the readers prefer what is stored
+    assert history.get_version(db, dataset_id(db, differs["id"]), 1)["snapshot"] == kept
+
+    portal_server.upsert_record(edited(edited_later, title=edited_later["title"] + " (revised)"))
+    run = harvest_once(db, reader, portal)
+    assert run["computed"]["snapshots_dropped"] == 1 and run["written"]["snapshots_dropped"] == 1
+    assert run["computed"]["title_changed"] == 1
+    assert stored(db, same["id"]) == {1: (True, None)}  # proven equal: dropped, its readers see the same
+    assert stored(db, differs["id"]) == {1: (True, kept)}  # differs: kept, and what the readers show
+    assert history.get_version(db, dataset_id(db, differs["id"]), 1)["snapshot"] == kept
+    # the replaced version kept the snapshot it stored; the change was detected against it
+    assert stored(db, edited_later["id"])[1][1]["title"] == edited_later["title"]
+    assert stored(db, edited_later["id"])[2] == (True, None)
+    # and the kept one, when its dataset changes, is what its replaced version holds and compares from
+    portal_server.upsert_record(edited(differs, notes="New notes."))
+    later = harvest_once(db, reader, portal)
+    assert later["computed"]["content_updated"] == 1 and later["computed"]["snapshots_dropped"] == 0
+    assert stored(db, differs["id"]) == {1: (False, kept), 2: (True, None)}
+    change = db.execute("SELECT changed_fields FROM dataset_changes c JOIN datasets d ON d.id = c.dataset_id"
+                        " WHERE d.source_id = %s AND c.run_id = %s", (differs["id"], later["run_id"])).fetchone()[0]
+    assert "tracked_then" in change["fields"] and "description" in change
 
 
 # -- the commands ------------------------------------------------------------------------------

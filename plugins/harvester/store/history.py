@@ -23,6 +23,14 @@ Rules
     refreshed in place so they keep matching the dataset (its title and description are its
     snapshot's, sql/020, and did not change).
 
+    The current version stores no snapshot (sql/031): the dataset's row (title, description, raw)
+    is its snapshot, built when read (``get_version``, ``list_versions``, and the comparison of
+    ``compute_changes``), and a new dataset's snapshot is never built. When a run makes a new
+    version, the version it replaces takes the snapshot it had (built by ``compute_changes`` from the
+    row before the merge, staged as ``old_snapshot``) in the statement that ends its ``is_current``.
+    A current snapshot stored before sql/031 is kept and read first; a run that sees its dataset
+    unchanged drops it when it equals the one the row gives (``forget_snapshot``).
+
     Datasets harvested before this history existed have no version. The first run that sees one
     gives it a version: an edit or a restoration is detected against the dataset's row (its title,
     description and raw package) and recorded as usual, with ``old_version`` NULL; a dataset seen
@@ -55,29 +63,42 @@ RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED,
                   ch.REIDENTIFIED)
 
 _STAGED_COLUMNS = ("run_id", "source_id", "change_type", "changed_fields", "significance", "requires_review",
-                   "snapshot", "new_version", "record_change")
+                   "old_snapshot", "new_version", "record_change", "forget_snapshot")
 # The columns of staging_changes that the upsert's statements filter and join on (analyzed).
 _PLANNED_CHANGE_COLUMNS = ("run_id", "source_id", "new_version", "record_change")
-_STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool")
+_STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool", "bool")
 
-# The run's created, updated and reidentified records (the latter with the dataset under its old
-# id; classify leaves one per source_id: older copies are
-# 'duplicate'), and records seen unchanged whose dataset has no version yet (harvested before
-# history existed), each with the dataset's current version snapshot and removed_at. Without a
-# version, the dataset's row stands in for the old snapshot.
+# The run's updated and reidentified records of datasets we have (the latter with the dataset under
+# its old id; classify leaves one per source_id: older copies are 'duplicate'; a new dataset's change
+# is staged set-based, _STAGE_NEW), records seen unchanged whose dataset has no version yet
+# (harvested before history existed), and records seen unchanged whose current version still holds
+# a snapshot (stored before sql/031), to prove it equal to the row's and drop it. Each with whether the dataset has a version, its current version's stored
+# snapshot, removed_at and, when no snapshot is stored, the dataset's row, which stands in for it.
 _TO_COMPARE = """
-    SELECT s.source_id, s.title, s.description, s.raw, s.outcome, d.id, d.removed_at, v.snapshot,
-           CASE WHEN v.dataset_id IS NULL THEN d.title END,
-           CASE WHEN v.dataset_id IS NULL THEN d.description END,
-           CASE WHEN v.dataset_id IS NULL THEN d.raw END,
+    SELECT s.source_id, s.title, s.description, s.raw, s.outcome, d.id, d.removed_at, v.dataset_id IS NOT NULL,
+           v.snapshot,
+           CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.title END,
+           CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.description END,
+           CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.raw END,
            s.previous_source_id
     FROM staging_records s
-    LEFT JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id)
+    JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id)
     LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
     WHERE s.run_id = %(run)s
       AND (s.outcome IN ('created', 'updated', 'reidentified')
-           OR (s.outcome = 'unchanged' AND d.id IS NOT NULL AND v.dataset_id IS NULL))
+           OR (s.outcome = 'unchanged' AND (v.dataset_id IS NULL OR v.snapshot IS NOT NULL)))
     ORDER BY s.seq
+"""
+# A new dataset's change ('new': a first version, no field changes, the portal's weight for new):
+# no snapshot is built, nor staged, since its version stores none (sql/031).
+_STAGE_NEW = """
+    INSERT INTO staging_changes (run_id, source_id, change_type, changed_fields, significance, requires_review,
+        new_version, record_change)
+    SELECT %(run)s, s.source_id, %(type)s, '{}', %(significance)s, %(review)s, true, true
+    FROM staging_records s
+    WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')
+      AND NOT EXISTS (SELECT 1 FROM datasets d
+                      WHERE d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id))
 """
 
 
@@ -88,21 +109,18 @@ def clear(conn, run_id: int) -> None:
 
 
 def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
-    source_id, title, description, raw, outcome, dataset_id, removed_at, current, old_title, old_description, \
-        old_raw, previous_source_id = row
-    # A new dataset's snapshot is only stored (no comparison reads it): made of JSON types as
-    # decoded, without the round trip that would change nothing stored (ch.snapshot's ``decoded``).
-    new = ch.snapshot(title, description, raw, decoded=dataset_id is None)
-    has_version = current is not None
-    if has_version:
-        old = current
-    elif dataset_id is not None:
-        old = ch.snapshot(old_title, old_description, old_raw or {})
-    else:
-        old = None
-    if dataset_id is None:
-        change = ch.detect(None, new, config)
-    elif outcome == "reidentified":
+    source_id, title, description, raw, outcome, dataset_id, removed_at, has_version, stored, row_title, \
+        row_description, row_raw, previous_source_id = row
+    # The current version's snapshot: the one it stores (a version written before sql/031), else the
+    # dataset's row's (its row before this run's merge: what the current version holds).
+    from_row = None if row_title is None else ch.snapshot(row_title, row_description, row_raw or {}, decoded=True)
+    old = stored if stored is not None else from_row
+    if outcome == "unchanged" and has_version:  # a stored current snapshot to prove equal to the row's
+        if from_row != stored:  # kept (the row gives another today): nothing to stage
+            return None
+        return (run_id, source_id, ch.METADATA_UPDATED, as_jsonb({}), Decimal(0), False, None, False, False, True)
+    new = ch.snapshot(title, description, raw, decoded=True)
+    if outcome == "reidentified":
         change = ch.reidentification(old, new, previous_source_id, source_id, config)
     elif removed_at is not None:
         change = ch.restoration(old, new, config)
@@ -116,8 +134,10 @@ def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple
     else:  # a baseline version, or a hash change no snapshot field shows
         change_type = ch.NEW if not has_version else ch.METADATA_UPDATED
         fields, significance, review = {}, 0.0, False
-    return (run_id, source_id, change_type, as_jsonb(fields), Decimal(str(significance)), review, as_jsonb(new),
-            new_version, record_change)
+    # The version this one replaces gets the snapshot it had, when it stores none (write_history).
+    replaced = as_jsonb(old) if new_version and has_version and stored is None else None
+    return (run_id, source_id, change_type, as_jsonb(fields), Decimal(str(significance)), review, replaced,
+            new_version, record_change, False)
 
 
 def _write_staged(conn, rows: list[tuple]) -> None:
@@ -142,13 +162,25 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
     Returns the changes to be recorded per change type (``new``, ``content_updated``,
     ``title_changed``, ``date_changed``, ``metadata_updated``, ``restored``), ``review``: how many
     of them require review, ``baseline``: versions for datasets harvested before history existed
-    (no change row), and ``unchanged_snapshot``: updated records whose snapshot did not change.
+    (no change row), ``unchanged_snapshot``: updated records whose snapshot did not change, and
+    ``snapshots_dropped``: current versions seen unchanged whose stored snapshot (written before
+    sql/031) equals the one their dataset's row gives, which write_history drops (a stored one that
+    differs is kept: readers prefer it).
+
+    A new dataset's change is staged by one statement, with no snapshot: its version stores none
+    (the dataset's row is its current snapshot, sql/031), and nothing compares against it.
     """
     conn.execute("DELETE FROM staging_changes s USING sync_runs r WHERE r.run_id = s.run_id AND r.status <> 'running'"
                  " AND NOT r.resumable")
     clear(conn, run_id)  # (after the sweep: the table is then truncated when no other run's changes are left)
     counts: Counter = Counter()
     params = {"run": run_id, "portal": portal_url}
+    first = ch.detect(None, {}, config)  # (a new dataset's change reads no snapshot)
+    new = conn.execute(_STAGE_NEW, {**params, "type": first.change_type, "significance": Decimal(str(first.significance)),
+                                    "review": first.requires_review}).rowcount
+    if new:
+        counts[first.change_type] += new
+        counts["review"] += new * int(first.requires_review)
     with reader.transaction():
         with reader.cursor(name=f"harvester_changes_{run_id}") as cur:
             cur.itersize = batch_size
@@ -158,11 +190,13 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
             with read_ahead(iter(lambda: cur.fetchmany(batch_size), []), depth=1,
                             name=f"harvester-changes-{run_id}") as batches:
                 for rows in batches:
-                    staged = [_staged_row(run_id, row, config) for row in rows]
+                    staged = [r for r in (_staged_row(run_id, row, config) for row in rows) if r is not None]
                     _write_staged(conn, staged)
                     for row in staged:
-                        change_type, review, new_version, record_change = row[2], row[5], row[7], row[8]
-                        if record_change:
+                        change_type, review, new_version, record_change, forget = row[2], row[5], row[7], row[8], row[9]
+                        if forget:
+                            counts["snapshots_dropped"] += 1
+                        elif record_change:
                             counts[change_type] += 1
                             counts["review"] += int(review)
                         elif new_version:
@@ -172,7 +206,8 @@ def compute_changes(conn, reader, run_id: int, portal_url: str, config: ch.Signi
     # The upsert joins it: plan on its real size. Only the columns its statements filter and join
     # on: sampling the snapshots (KBs a dataset) took 0.2-0.4 s of a 20,000-dataset first sync for no plan.
     conn.execute(f"ANALYZE staging_changes ({', '.join(_PLANNED_CHANGE_COLUMNS)})")
-    out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot")}
+    out = {key: counts.get(key, 0) for key in (*RECORDED_TYPES, "review", "baseline", "unchanged_snapshot",
+                                               "snapshots_dropped")}
     # Only the kinds that occurred: a short line the log viewer does not cut (the full dict at DEBUG).
     log.info("changes of run %s: %s", run_id,
              ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in out.items() if v) or "none")
@@ -192,7 +227,8 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
     records are dropped: the staged changes into ``dataset_versions`` and ``dataset_changes``, and
     the current version of every dataset seen unchanged marked seen. Set-based: a few statements
     for the whole run. Returns ``versions`` (new versions), ``changes`` (change rows),
-    ``refreshed`` (versions updated in place) and ``seen_unchanged``.
+    ``refreshed`` (versions updated in place), ``seen_unchanged`` and ``snapshots_dropped`` (stored
+    current snapshots compute_changes proved equal to their row's).
 
     ``unchanged``: as for ``datasets.merge``: 0 (classify found no unchanged record) skips the
     pass over the run's staged records that would mark their versions seen.
@@ -211,17 +247,19 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
                            " run history.compute_changes after hash_compare")
     # The current versions being superseded are closed first: the partial unique index allows one
     # current version per dataset at any moment.
+    # The replaced version takes its snapshot (staged by compute_changes from the dataset's row before
+    # the merge) unless it stores one: only the current version's is the dataset's row (sql/031).
     conn.execute(
         f"""
-        UPDATE dataset_versions v SET is_current = false
+        UPDATE dataset_versions v SET is_current = false, snapshot = coalesce(v.snapshot, c.old_snapshot)
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND c.new_version AND v.dataset_id = d.id AND v.is_current
         """, params)
     versions = conn.execute(
         f"""
-        INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot, is_current,
+        INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, is_current,
             change_type, first_seen_at, last_seen_at)
-        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, c.snapshot, true, c.change_type,
+        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, true, c.change_type,
             %(seen)s, %(seen)s
         {_STAGED_DATASETS}
         CROSS JOIN LATERAL (SELECT max(version_number) AS last FROM dataset_versions p WHERE p.dataset_id = d.id) m
@@ -243,7 +281,16 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
         UPDATE dataset_versions v SET content_hash = d.content_hash, metadata_hash = d.metadata_hash,
             last_seen_at = greatest(v.last_seen_at, %(seen)s)
         {_STAGED_DATASETS}
-        WHERE c.run_id = %(run)s AND NOT c.new_version AND v.dataset_id = d.id AND v.is_current
+        WHERE c.run_id = %(run)s AND NOT c.new_version AND NOT c.forget_snapshot AND v.dataset_id = d.id
+          AND v.is_current
+        """, params).rowcount
+    # Stored current snapshots proven equal to their row's (compute_changes) are dropped, the version
+    # marked seen in the same write (the pass below then skips it).
+    dropped = conn.execute(
+        f"""
+        UPDATE dataset_versions v SET snapshot = NULL, last_seen_at = greatest(v.last_seen_at, %(seen)s)
+        {_STAGED_DATASETS}
+        WHERE c.run_id = %(run)s AND c.forget_snapshot AND v.dataset_id = d.id AND v.is_current
         """, params).rowcount
     seen_unchanged = 0 if unchanged == 0 else conn.execute(
         """
@@ -255,7 +302,8 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
         """, params).rowcount
     # The staged changes go with the run's other staging at the end of the commit (staging.clear):
     # the table truncated there, its lock held for the commit's last statements only.
-    return {"versions": versions, "changes": changes, "refreshed": refreshed, "seen_unchanged": seen_unchanged}
+    return {"versions": versions, "changes": changes, "refreshed": refreshed, "seen_unchanged": seen_unchanged,
+            "snapshots_dropped": dropped}
 
 
 def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max_share: float = 0.2,
@@ -395,17 +443,33 @@ def find_dataset(conn, portal_url: str, *, url: str | None = None, source_id: st
 
 
 # Read as v.<name> (v: a row of dataset_versions): title and description are functions of the row
-# that read its snapshot (sql/020), which PostgreSQL calls for the qualified name only.
+# that read its snapshot, or the dataset's row for a current version that stores none (sql/020,
+# 031), which PostgreSQL calls for the qualified name only.
 _VERSION_COLUMNS = ("version_number", "is_current", "change_type", "content_hash", "metadata_hash", "title",
                     "description", "snapshot", "first_seen_at", "last_seen_at")
+# A version's columns, then its dataset's title, description and raw record when it stores no
+# snapshot (the current version since sql/031: the dataset's row is its snapshot).
+_VERSION_SELECT = (", ".join("v." + c for c in _VERSION_COLUMNS)
+                   + ", CASE WHEN v.snapshot IS NULL THEN d.title END, CASE WHEN v.snapshot IS NULL THEN d.description END,"
+                     " CASE WHEN v.snapshot IS NULL THEN d.raw END")
+_VERSION_FROM = "FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
+
+
+def _version(row: tuple) -> dict:
+    """A version as a dict, its snapshot built from its dataset's row when it stores none."""
+    item = dict(zip(_VERSION_COLUMNS, row[:len(_VERSION_COLUMNS)]))
+    if item["snapshot"] is None:
+        title, description, raw = row[len(_VERSION_COLUMNS):len(_VERSION_COLUMNS) + 3]
+        item["snapshot"] = ch.snapshot(title, description, raw or {})
+    return item
 
 
 def list_versions(conn, dataset_id: int) -> list[dict]:
     """Every version of a dataset newest first, each with the changed fields of the change that made it."""
     rows = conn.execute(
         f"""
-        SELECT {', '.join('v.' + c for c in _VERSION_COLUMNS)}, c.changed_fields, c.significance_score
-        FROM dataset_versions v
+        SELECT {_VERSION_SELECT}, c.changed_fields, c.significance_score
+        {_VERSION_FROM}
         LEFT JOIN LATERAL (
             SELECT changed_fields, significance_score FROM dataset_changes c
             WHERE c.dataset_id = v.dataset_id AND c.new_version = v.version_number
@@ -416,7 +480,7 @@ def list_versions(conn, dataset_id: int) -> list[dict]:
         """, (dataset_id,)).fetchall()
     out = []
     for row in rows:
-        item = dict(zip(_VERSION_COLUMNS, row[:len(_VERSION_COLUMNS)]))
+        item = _version(row)
         item["changed_fields"] = row[-2] or {}
         item["significance"] = float(row[-1]) if row[-1] is not None else None
         out.append(item)
@@ -424,9 +488,9 @@ def list_versions(conn, dataset_id: int) -> list[dict]:
 
 
 def get_version(conn, dataset_id: int, number: int) -> dict | None:
-    row = conn.execute(f"SELECT {', '.join('v.' + c for c in _VERSION_COLUMNS)} FROM dataset_versions v"
+    row = conn.execute(f"SELECT {_VERSION_SELECT} {_VERSION_FROM}"
                        " WHERE v.dataset_id = %s AND v.version_number = %s", (dataset_id, number)).fetchone()
-    return dict(zip(_VERSION_COLUMNS, row)) if row else None
+    return _version(row) if row else None
 
 
 def current_version_number(conn, dataset_id: int) -> int | None:
