@@ -52,7 +52,7 @@ def _runs(db, n):
 
 
 def _stage_changes(db, run_id, n):
-    db.execute("INSERT INTO staging_changes (run_id, source_id, change_type, significance, requires_review, snapshot,"
+    db.execute("INSERT INTO staging_changes (run_id, source_id, change_type, significance, requires_review, old_snapshot,"
                " new_version, record_change) SELECT %s, 's' || g, 'new', 0, false,"
                " jsonb_build_object('title', repeat('x', 3000)), true, true FROM generate_series(1, %s) g",
                (run_id, n))
