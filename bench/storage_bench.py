@@ -65,10 +65,11 @@ STAGING = ("staging_records", "staging_changes", "staging_deleted", "staging_lis
 
 
 def measure(conn) -> dict:
-    """{server, datasets, versions, parts: [{table, part, bytes, per_dataset}], tables: [{table, bytes,
-    per_dataset}], total_per_dataset, staged_rows: {table: rows}}."""
+    """{server, datasets, versions, snapshots, parts: [{table, part, bytes, per_dataset}], tables: [{table,
+    bytes, per_dataset}], total_per_dataset, staged_rows: {table: rows}}. ``snapshots``: versions that
+    store their snapshot (since sql/031 the replaced ones: a current version's is its dataset's row)."""
     datasets = conn.execute("SELECT count(*) FROM datasets WHERE removed_at IS NULL").fetchone()[0]
-    versions = conn.execute("SELECT count(*) FROM dataset_versions").fetchone()[0]
+    versions, snapshots = conn.execute("SELECT count(*), count(snapshot) FROM dataset_versions").fetchone()
     rows = [(t, part, int(size)) for t, part, size in conn.execute(_SIZES).fetchall() if size]
     rows.sort(key=lambda r: -r[2])
     per = (lambda b: b / datasets) if datasets else (lambda b: 0.0)
@@ -81,6 +82,7 @@ def measure(conn) -> dict:
     autovacuums = conn.execute("SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_all_tables"
                                " WHERE schemaname IN ('public', 'pg_toast')").fetchone()[0]
     return {"server": f"PostgreSQL {server}, pgvector {pgvector}", "datasets": datasets, "versions": versions,
+            "snapshots": snapshots,
             "parts": [{"table": t, "part": p, "bytes": s, "per_dataset": round(per(s), 1)} for t, p, s in rows],
             "tables": [{"table": t, "bytes": s, "per_dataset": round(per(s), 1)}
                        for t, s in sorted(by_table.items(), key=lambda kv: -kv[1])],
@@ -96,7 +98,8 @@ def _small(report: dict, table: str) -> bool:
 def print_report(stages: list[tuple[str, dict]]) -> None:
     """The tables side by side (bytes per dataset at each stage), then the last stage's parts."""
     first, last = stages[0][1], stages[-1][1]
-    print(f"\n{last['server']}: {last['datasets']:,} live datasets, {last['versions']:,} versions at the end; "
+    print(f"\n{last['server']}: {last['datasets']:,} live datasets, {last['versions']:,} versions at the end"
+          f" ({last['snapshots']:,} storing their snapshot: the current one's is its dataset's row, sql/031); "
           "bytes per live dataset, largest first (tables under 20 bytes at every stage summed as 'the rest')\n")
     print("| table | " + " | ".join(name for name, _ in stages) + " |")
     print("|---|" + "---|" * len(stages))
