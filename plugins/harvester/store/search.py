@@ -428,6 +428,43 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
     return [(r[0], float(r[1])) for r in rows]
 
 
+def _text_one_pass(conn, stages: tuple[str, ...], where: str, params: dict, limit: int,
+                   exclude: list[int] = ()) -> list[tuple[int, list[tuple]]]:
+    """The text stages under filters that leave few datasets, from the first that reads the filter's
+    rows (``stages``: it and the broader ones after it), in one statement: the filter's rows read
+    once (in dataset order, sql/028's index for a portal; ``exclude``: the hits of the stages
+    before), each row's stage the first of ``stages`` its document matches, ranked by that stage's
+    ts_rank. Per stage: (how many rows have it as their first stage, its best ``limit`` as
+    (dataset id, ts_rank), best first). search() takes a stage's hits from here as the staged loop
+    took them from _text_side: a later stage is only asked while the stages before found fewer than
+    ``limit`` together, so each of those gave all its matches and the rows a stage excludes are
+    exactly those matching an earlier one; a stage with more rows than the cap is not taken from
+    here (_text_side ranks the first cap of them, through the rows or the index)."""
+    names = [f"t{i}" for i in range(len(stages))]
+    first = " ".join(f"WHEN (s.document @@ %({t})s::tsquery) IS TRUE THEN {i}" for i, t in enumerate(names))
+    rank = " ".join(f"WHEN {i} THEN ts_rank(m.document, %({t})s::tsquery, 1)" for i, t in enumerate(names))
+    statement = f"""
+        SELECT r.stage, r.total, r.dataset_id, r.rank
+        FROM (SELECT k.stage, k.dataset_id, k.rank, count(*) OVER (PARTITION BY k.stage) AS total,
+                     row_number() OVER (PARTITION BY k.stage ORDER BY k.rank DESC, k.dataset_id) AS place
+              FROM (SELECT m.stage, m.dataset_id, CASE m.stage {rank} END AS rank
+                    FROM (SELECT s.dataset_id, s.document, CASE {first} END AS stage
+                          FROM dataset_search s
+                          WHERE s.dataset_id = ANY(ARRAY(SELECT s.dataset_id FROM dataset_search s WHERE {where}
+                                                         ORDER BY s.dataset_id))
+                            AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s)) OFFSET 0) m
+                    WHERE m.stage IS NOT NULL OFFSET 0) k) r
+        WHERE r.place <= %(n)s
+        ORDER BY r.stage, r.place
+        """
+    result: list[tuple[int, list[tuple]]] = [(0, []) for _ in stages]
+    for stage, total, dataset_id, value in conn.execute(
+            statement, {**params, **dict(zip(names, stages)), "n": limit, "exclude": list(exclude)}).fetchall():
+        result[stage][1].append((dataset_id, float(value)))
+        result[stage] = (total, result[stage][1])
+    return result
+
+
 # -- the vector side -------------------------------------------------------------------------------
 def _vector_statements(dimension: int, where: str):
     """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
@@ -689,16 +726,18 @@ def _strict_count(conn, tsquery: str, where: str, params: dict, bound: int) -> i
 
 
 def _rare_entries(conn, query: str, tsquery: str | None, strict: list[int], complete: bool, fused: dict,
-                  where: str, params: dict, settings: SearchSettings, limit: int) -> list[dict]:
+                  where: str, params: dict, settings: SearchSettings, limit: int,
+                  passing: float | None = None) -> list[dict]:
     """The fused entries to put first as rare exact matches (module docstring), or none: text's best
     ``min(rare_matches, limit)`` entries of the strict stage (``strict``: its datasets, best first;
     ``complete``: all of them), ordered as text mode orders them (text rank and title boost), when
     the strict stage's datasets are at least one and at most ``rare_share`` of the datasets passing
-    the filters (PostgreSQL's estimate) and either at most ``rare_matches`` or the query is a code."""
+    the filters (PostgreSQL's estimate; ``passing``: search() has asked already) and either at most
+    ``rare_matches`` or the query is a code."""
     top = min(settings.rare_matches, limit)
     if not strict or not top or tsquery is None:
         return []
-    bound = int(settings.rare_share * _estimated_matches(conn, where, params))
+    bound = int(settings.rare_share * (_estimated_matches(conn, where, params) if passing is None else passing))
     few = complete and len(strict) <= settings.rare_matches
     if len(strict) > bound:
         return []
@@ -785,16 +824,34 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     if mode in ("hybrid", "text") and tq.stages:
         # every word; while that finds fewer than limit: all words but one, then any word
         cap = max(settings.text_cap, fetch) if settings.text_cap else 0
+        # the stages from the first that reads the filter's rows on: one read (_text_one_pass)
+        one_pass: list | None = None
         for number, stage in enumerate(tq.stages):
-            # PostgreSQL's estimate of the stage's matches in the whole catalogue: whether to read
-            # the filter's rows, and whether the cap may cut the stage (then its title matches first)
-            matches = _estimated_matches(conn, "s.document @@ %(tsq)s::tsquery", {"tsq": stage}) \
-                if few or cap else 0.0
-            stage_few = few and passing * _ROWS_PER_INDEX_ENTRY < matches
-            titles = bool(cap) and not stage_few and (passing is None or passing > cap) \
-                and matches > cap * _TITLES_FIRST_SHARE
-            hits = _text_side(conn, stage, where, params, fetch - len(text_hits), exclude=[i for i, _ in text_hits],
-                              cap=cap, few=stage_few, titles=titles)
+            passed = one_pass[number - first] if one_pass is not None else None
+            if passed is None or (cap and passed[0] > cap):
+                # PostgreSQL's estimate of the stage's matches in the whole catalogue: whether to
+                # read the filter's rows, and whether the cap may cut the stage (then its title
+                # matches first)
+                matches = _estimated_matches(conn, "s.document @@ %(tsq)s::tsquery", {"tsq": stage}) \
+                    if few or cap else 0.0
+                stage_few = few and passing * _ROWS_PER_INDEX_ENTRY < matches
+                titles = bool(cap) and not stage_few and (passing is None or passing > cap) \
+                    and matches > cap * _TITLES_FIRST_SHARE
+                # under few datasets, the rows too for a stage the index would read titles first:
+                # through the index that path reads every match of the catalogue's (PostgreSQL,
+                # expecting few, may scan the whole table), the rows are at most exact_limit
+                if (stage_few or few and titles) and one_pass is None:
+                    # this stage and the broader ones after it, from one read of the rows
+                    one_pass, first = _text_one_pass(conn, tq.stages[number:], where, params, fetch,
+                                                     exclude=[i for i, _ in text_hits]), number
+                    passed = one_pass[0]
+            if passed is not None and not (cap and passed[0] > cap):
+                # the stage's hits as _text_side gives them, through the rows or the index alike
+                # (under the cap both rank every match): its best, fewer by the hits so far
+                hits = passed[1][:fetch - len(text_hits)]
+            else:
+                hits = _text_side(conn, stage, where, params, fetch - len(text_hits),
+                                  exclude=[i for i, _ in text_hits], cap=cap, few=stage_few, titles=titles)
             if number == 0:
                 strict, strict_complete = [i for i, _ in hits], len(hits) < fetch
             text_hits += hits
@@ -824,7 +881,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
                 entry["title_match"], entry["title_bonus"] = "words", 1.0 / (k + 2)
     if mode == "hybrid":
         for entry in _rare_entries(conn, query, tq.all_words, strict, strict_complete, fused, where, params,
-                                   settings, limit):
+                                   settings, limit, passing):
             entry["score"] += 2.0 / (k + 1)
             entry["rare_match"] = True
     order = sorted(fused.values(), key=lambda e: (-e["score"], e["ranks"].get("text", n + 1),

@@ -1,0 +1,133 @@
+"""The text side under a filter that leaves few datasets reads the filter's rows once (issue 40:
+search at a million datasets): one statement tells each row's first matching stage (every word;
+all but one; any word) and its rank, and search() takes each stage's hits from it as the staged
+loop did. Results are those of the staged loop: compared with the same query under exact_limit=0
+(the filter is then not "few": each stage through the full-text index, as before). Equal by
+construction: a stage under text_cap is ranked whole on both paths (the same ts_rank, ties by id),
+and the portal holds fewer datasets than the vector side's candidates, so that side ranks them all
+exactly on both paths (the HNSW scan ends short and falls back to the exact statement). Real
+PostgreSQL and pgvector; datasets and 3-dimension vectors written directly."""
+from __future__ import annotations
+
+import pytest
+
+from harvester.store import vectors
+from harvester.store.search import SearchFilters, SearchSettings, search
+from harvester.testing.search_rows import GivenVectors, insert_datasets, insert_vectors, spiral_vector
+
+MODEL = "test-one-pass-3"
+SMALL, BIG = "https://small.example", "https://big.example"
+N = 400
+# the small portal's datasets (every 25th, 16 of them): titles and descriptions chosen so that the
+# strict stage of a three-word query finds fewer than 10 and the relaxed stages run
+SMALL_TEXTS = [
+    ("Water quality of the river", "Samples taken monthly at river stations"),
+    ("River water levels", "Daily gauge readings"),
+    ("Water quality index", "Lakes and reservoirs"),
+    ("County budget", "Spending by department, water included"),
+    ("Fish counts in the river", "Salmon and trout surveys"),
+    ("Air quality stations", "Ozone and particles"),
+    ("IFPA grants", "Funding of the IFPA programme by year"),
+    ("Road works", "Closures and detours"),
+    ("Quality of drinking water", "Tap water tests by the river authority"),
+    ("School enrolment", "Pupils per school"),
+    ("River crossings", "Bridges and ferries"),
+    ("Water permits", "Abstraction licences"),
+    ("Parks", "Green spaces and their quality"),
+    ("Flood risk", "Areas near the river at risk"),
+    ("Population", "Census counts"),
+    ("Bus routes", "Timetables"),
+]
+
+
+@pytest.fixture
+def catalogue(db):
+    small = [n for n in range(N) if n % 25 == 0]
+    insert_datasets(db, [SMALL if n % 25 == 0 else BIG for n in range(N)])
+    for n, (title, description) in zip(small, SMALL_TEXTS):
+        db.execute("UPDATE datasets SET title = %s, description = %s WHERE source_id = %s",
+                   (title, description, f"ds-{n}"))
+    # the big portal says the same words, so that the index path has many more matches to filter
+    db.execute("UPDATE datasets SET title = 'River water quality ' || source_id, description = 'county data'"
+               " WHERE portal_url = %s", (BIG,))
+    insert_vectors(db, N, MODEL)
+    for portal in (SMALL, BIG):
+        vectors.copy_for_search(db, portal, MODEL)
+    db.execute("ANALYZE dataset_search")
+    return db
+
+
+def _both(conn, query: str, mode: str, vector=None, **filters):
+    """The query's items on the one-pass path (the filter is few) and on the staged path."""
+    def run(settings):
+        return search(conn, query, mode=mode, filters=SearchFilters(portal_url=SMALL, **filters), limit=10,
+                      settings=settings, query_vector=vector or spiral_vector(3), provider=GivenVectors(MODEL)).items
+    return run(SearchSettings()), run(SearchSettings(exact_limit=0))
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "text"])
+@pytest.mark.parametrize("query", [
+    "water quality river",      # strict finds 2: all-but-one, then any word follow
+    "river water",              # two words: strict, then any word
+    "water",                    # one word
+    "quality -water",           # an excluded word, in every stage
+    '"water quality" river',    # a phrase
+    "IFPA",                     # a code found once: rare exact match in hybrid
+    "!!! ...",                  # no word
+    "nothing matches this",     # no match at all
+])
+def test_a_small_filter_gives_what_the_staged_path_gives(catalogue, query, mode):
+    one_pass, staged = _both(catalogue, query, mode)
+    assert one_pass == staged
+    ids = [i["dataset_id"] for i in one_pass]
+    assert len(ids) == len(set(ids))  # a dataset of an earlier stage is not found again by a later one
+    assert all(i["portal_url"] == SMALL for i in one_pass)
+
+
+def test_the_relaxed_stages_follow_the_strict_one_in_order(catalogue):
+    items = search(catalogue, "water quality river", mode="text", filters=SearchFilters(portal_url=SMALL),
+                   limit=10, settings=SearchSettings()).items
+    titles = [i["title"] for i in items]
+    # every word first (best rank first), then two of the three, then any one
+    assert titles[:2] == ["Water quality of the river", "Quality of drinking water"]
+    assert set(titles[2:4]) == {"Water quality index", "River water levels"}
+    assert len(items) == 10
+
+
+def test_hybrid_under_a_small_filter_reads_the_filters_rows_once(catalogue):
+    """One read of the filter's rows for every stage from the strict one on (its words are in many
+    datasets of the other portal: PostgreSQL's estimate says read the rows) and two estimates
+    (whether the filter is few, and that one): none for the relaxed stages, none again for the rare
+    matches. The staged loop made one per stage and one for the rare matches, and read the rows
+    once per stage."""
+    statements: list[str] = []
+
+    class Counting:
+        """The connection, recording what search() sends (no behaviour of ours replaced)."""
+        def __getattr__(self, name):
+            return getattr(catalogue, name)
+
+        def execute(self, query, params=None, **kwargs):
+            statements.append(query if isinstance(query, str) else query.as_string(catalogue))
+            return catalogue.execute(query, params, **kwargs)
+
+    found = search(Counting(), "water quality river", mode="hybrid", filters=SearchFilters(portal_url=SMALL),
+                   limit=10, settings=SearchSettings(), query_vector=spiral_vector(3), provider=GivenVectors(MODEL))
+    assert len(found.items) == 10
+    assert sum("EXPLAIN" in s for s in statements) == 2, statements
+    assert sum("s.document @@" in s and "EXPLAIN" not in s for s in statements) == 1, statements
+
+
+def test_a_filter_over_the_cap_reads_its_rows_where_the_index_would_read_titles_first(db):
+    """A filter leaving more datasets than text_cap (here 20: text_cap 1, at least the candidates),
+    still few: a stage the index would read title matches first of (sql/030; PostgreSQL may scan
+    the whole table for the rest) is read from the filter's rows; under the cap both rank every
+    match, so the results are the index path's (exact_limit=0)."""
+    insert_datasets(db, [SMALL if n % 5 == 0 else BIG for n in range(N)])  # 80 on the small portal
+    db.execute("UPDATE datasets SET title = 'River levels ' || source_id WHERE id % 7 = 0")
+    db.execute("UPDATE datasets SET description = 'water of the river' WHERE id % 3 = 0")
+    db.execute("ANALYZE dataset_search")
+    for query in ("river", "river water", "levels river water"):
+        found = [search(db, query, mode="text", filters=SearchFilters(portal_url=SMALL), limit=10,
+                        settings=SearchSettings(text_cap=1, exact_limit=limit)).items for limit in (20000, 0)]
+        assert found[0] == found[1] and len(found[0]) == 10
