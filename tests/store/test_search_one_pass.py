@@ -57,12 +57,26 @@ def catalogue(db):
     return db
 
 
-def _both(conn, query: str, mode: str, vector=None, **filters):
+class Recording:
+    """A connection that records what search() sends (no behaviour of ours replaced)."""
+    def __init__(self, conn, statements: list[str]):
+        self.conn, self.statements = conn, statements
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    def execute(self, query, params=None, **kwargs):
+        self.statements.append(query if isinstance(query, str) else query.as_string(self.conn))
+        return self.conn.execute(query, params, **kwargs)
+
+
+def _both(conn, query: str, mode: str, vector=None, **settings):
     """The query's items on the one-pass path (the filter is few) and on the staged path."""
-    def run(settings):
-        return search(conn, query, mode=mode, filters=SearchFilters(portal_url=SMALL, **filters), limit=10,
-                      settings=settings, query_vector=vector or spiral_vector(3), provider=GivenVectors(MODEL)).items
-    return run(SearchSettings()), run(SearchSettings(exact_limit=0))
+    def run(exact_limit):
+        return search(conn, query, mode=mode, filters=SearchFilters(portal_url=SMALL), limit=10,
+                      settings=SearchSettings(exact_limit=exact_limit, **settings),
+                      query_vector=vector or spiral_vector(3), provider=GivenVectors(MODEL)).items
+    return run(SearchSettings().exact_limit), run(0)
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "text"])
@@ -101,17 +115,7 @@ def test_hybrid_under_a_small_filter_reads_the_filters_rows_once(catalogue):
     matches. The staged loop made one per stage and one for the rare matches, and read the rows
     once per stage."""
     statements: list[str] = []
-
-    class Counting:
-        """The connection, recording what search() sends (no behaviour of ours replaced)."""
-        def __getattr__(self, name):
-            return getattr(catalogue, name)
-
-        def execute(self, query, params=None, **kwargs):
-            statements.append(query if isinstance(query, str) else query.as_string(catalogue))
-            return catalogue.execute(query, params, **kwargs)
-
-    found = search(Counting(), "water quality river", mode="hybrid", filters=SearchFilters(portal_url=SMALL),
+    found = search(Recording(catalogue, statements), "water quality river", mode="hybrid", filters=SearchFilters(portal_url=SMALL),
                    limit=10, settings=SearchSettings(), query_vector=spiral_vector(3), provider=GivenVectors(MODEL))
     assert len(found.items) == 10
     assert sum("EXPLAIN" in s for s in statements) == 2, statements
@@ -131,3 +135,25 @@ def test_a_filter_over_the_cap_reads_its_rows_where_the_index_would_read_titles_
         found = [search(db, query, mode="text", filters=SearchFilters(portal_url=SMALL), limit=10,
                         settings=SearchSettings(text_cap=1, exact_limit=limit)).items for limit in (20000, 0)]
         assert found[0] == found[1] and len(found[0]) == 10
+
+
+def test_a_rare_code_under_a_small_filter_is_put_first_from_the_one_pass_strict_stage(db):
+    """The strict stage's hits and whether they are all of them (rare exact matches, hybrid) come
+    from the one read as from the staged loop: a code found in one of the portal's 134 datasets (and
+    in 50 of the other portal's: with text_cap 1, a cap of 20, the index would read its title matches
+    first, so the rows are read) is first on both paths, its dataset's vector far from the query's."""
+    insert_datasets(db, [SMALL if n % 3 == 0 else BIG for n in range(N)])
+    db.execute("UPDATE datasets SET description = 'report of the agency' WHERE id % 2 = 0")
+    db.execute("UPDATE datasets SET description = 'QZX9 grants report'"
+               " WHERE source_id = 'ds-30' OR (portal_url = %s AND id %% 5 = 0 AND id < 330)", (BIG,))
+    insert_vectors(db, N, MODEL)
+    for portal in (SMALL, BIG):
+        vectors.copy_for_search(db, portal, MODEL)
+    db.execute("ANALYZE dataset_search")
+    statements: list[str] = []
+    one_pass, staged = _both(Recording(db, statements), "QZX9", "hybrid", vector=spiral_vector(100),
+                             text_cap=1)
+    assert sum("r.stage" in s for s in statements) == 1  # the one read, on the few path only
+    assert [(i["source_id"], i["rare_match"]) for i in one_pass[:2]] == [("ds-30", True), (one_pass[1]["source_id"], False)]
+    assert [(i["source_id"], i["rare_match"]) for i in one_pass[:2]] == \
+        [(i["source_id"], i["rare_match"]) for i in staged[:2]]
