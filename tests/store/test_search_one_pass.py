@@ -50,11 +50,16 @@ def catalogue(db):
     # the big portal says the same words, so that the index path has many more matches to filter
     db.execute("UPDATE datasets SET title = 'River water quality ' || source_id, description = 'county data'"
                " WHERE portal_url = %s", (BIG,))
+    _vectors_for_search(db)
+    return db
+
+
+def _vectors_for_search(db):
+    """Every dataset's vector, its copy for search on both portals, and fresh statistics."""
     insert_vectors(db, N, MODEL)
     for portal in (SMALL, BIG):
         vectors.copy_for_search(db, portal, MODEL)
     db.execute("ANALYZE dataset_search")
-    return db
 
 
 class Recording:
@@ -146,10 +151,7 @@ def test_a_rare_code_under_a_small_filter_is_put_first_from_the_one_pass_strict_
     db.execute("UPDATE datasets SET description = 'report of the agency' WHERE id % 2 = 0")
     db.execute("UPDATE datasets SET description = 'QZX9 grants report'"
                " WHERE source_id = 'ds-30' OR (portal_url = %s AND id %% 5 = 0 AND id < 330)", (BIG,))
-    insert_vectors(db, N, MODEL)
-    for portal in (SMALL, BIG):
-        vectors.copy_for_search(db, portal, MODEL)
-    db.execute("ANALYZE dataset_search")
+    _vectors_for_search(db)
     statements: list[str] = []
     one_pass, staged = _both(Recording(db, statements), "QZX9", "hybrid", vector=spiral_vector(100),
                              text_cap=1)
