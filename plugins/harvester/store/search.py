@@ -20,7 +20,11 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
   score = sum over the sides of 1 / (rrf_k + rank). In ``hybrid`` and ``text`` modes a dataset
   whose title is the query (case, accents and punctuation aside) counts as ranked first by one more
   list, one whose title holds the query's words in a row as ranked second: a pasted title finds
-  its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone.
+  its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone. The two
+  sides run at the same time: the vector side's statement on a second connection to the same
+  database (_Beside, kept by the process), the text side's on the caller's (not when the caller's
+  connection is inside a transaction: the other would not see its rows); the same statements, so
+  the same results (``SearchSettings.beside=False``: one side after the other).
 - Rare exact matches (``hybrid``): when every word of the query is found together in few datasets
   (the text side's strict stage, under the filters, finds at least one and at most ``rare_share``
   of the datasets the filters leave, PostgreSQL's estimate of those), and either in at most
@@ -60,10 +64,13 @@ a cheaper one (duplicates.any_groups) instead.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import threading
 import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
@@ -125,6 +132,11 @@ class SearchSettings:
     # a catalogue, not only in up to 5 datasets).
     rare_matches: int = 5
     rare_share: float = 0.01
+    # Hybrid: the vector side's statement runs on a second connection to the same database while the
+    # text side's run on the caller's (_Beside), when the caller's holds no open transaction: the same
+    # statements, so the same results, in the time of the slower side instead of the sum (issue 40:
+    # a 1% filter at a million, vector side 25 ms, text side 2-60 ms). False: one after the other.
+    beside: bool = True
 
     @classmethod
     def from_env(cls, environ=None) -> "SearchSettings":
@@ -617,6 +629,117 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
     return "\n".join(r[0] for r in plan)
 
 
+# -- the two sides at once ---------------------------------------------------------------------------
+class _Beside:
+    """A second connection to a caller's database (the caller's conninfo, password included;
+    autocommit; the store's session settings, no migration), for the vector side's statements to run
+    on in a worker thread while the text side's run on the caller's connection. Opened in that worker
+    by the first hybrid search of a process against a database (while the text side runs) and kept by
+    the process (_besides: the idle ones, at most _BESIDE_MAX in use at once per database; a search
+    past that runs its sides one after the other), so that the next searches, an API request's as
+    well (a connection each), do not connect for it: it costs a backend per thread searching at once
+    (a few MB of server memory, a slot of max_connections)."""
+
+    def __init__(self, key: str):
+        from harvester.store import db
+
+        self.key = key
+        self.conn = db.prepare(db.connect_url(key), migrate=False, application_name="harvester search (vector side)")
+
+    def usable(self) -> bool:
+        from psycopg import pq
+
+        return not self.conn.closed and self.conn.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+class _NotBeside(Exception):
+    """The vector side did not run on a second connection (none could be opened, or it broke): it
+    runs on the caller's."""
+
+
+_BESIDE_MAX = 4  # second connections in use at once, per database
+_BESIDE_DATABASES = 8  # databases whose idle second connections are kept (tests make one per test)
+_besides: dict[str, list[_Beside]] = {}  # database (conninfo) -> its idle second connections
+_besides_busy: dict[str, int] = {}  # database -> its second connections in use
+_besides_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _beside_key(conn) -> tuple[str, _Beside | None] | None:
+    """A second connection to ``conn``'s database taken for one search (_run_beside gives it back):
+    (the database's conninfo, an idle one or None to open one in the worker), when it may be used:
+    ``conn`` holds no open transaction (the second connection would not see its uncommitted rows,
+    nor share its snapshot) and fewer than _BESIDE_MAX are in use. None: the sides one after the other."""
+    from psycopg import pq
+    from psycopg.conninfo import make_conninfo
+
+    if conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return None
+    info = conn.info
+    key = make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
+    with _besides_lock:
+        idle = _besides.setdefault(key, [])
+        beside = None
+        while idle and beside is None:
+            beside = idle.pop()
+            if not beside.usable():
+                beside.conn.close()
+                beside = None
+        if beside is None and _besides_busy.get(key, 0) >= _BESIDE_MAX:
+            return None
+        _besides_busy[key] = _besides_busy.get(key, 0) + 1
+        for other in [k for k in _besides if k != key][:max(0, len(_besides) - _BESIDE_DATABASES)]:
+            for old in _besides.pop(other):  # the oldest databases' idle ones (a test's, dropped since)
+                old.conn.close()
+    return key, beside
+
+
+def _run_beside(key: str, beside: _Beside | None, function):
+    """In the worker: ``function`` on ``beside`` (opened here when None), which is then idle again
+    for the next search, or closed when broken. Raises _NotBeside when it could not be opened or
+    broke (a server restart, pg_terminate_backend): the caller runs ``function`` on its connection."""
+    import psycopg
+
+    try:
+        beside = beside or _Beside(key)
+    except Exception as exc:  # noqa: BLE001 - no second connection (max_connections, pg_hba)
+        with _besides_lock:
+            _besides_busy[key] -= 1
+        raise _NotBeside(str(exc)) from exc
+    try:
+        return function(beside.conn)
+    except psycopg.OperationalError as exc:
+        if beside.conn.closed:
+            raise _NotBeside(str(exc)) from exc
+        raise
+    finally:
+        with _besides_lock:
+            _besides_busy[key] -= 1
+            if beside.usable():
+                _besides.setdefault(key, []).append(beside)
+                beside = None
+        if beside is not None:
+            beside.conn.close()
+
+
+def _close_besides() -> None:
+    """At exit: the idle second connections closed (not left to the garbage collector)."""
+    with _besides_lock:
+        idle = [beside for besides in _besides.values() for beside in besides]
+        _besides.clear()
+    for beside in idle:
+        beside.conn.close()
+
+
+def _submit(function, *args):
+    global _pool
+    with _besides_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="harvester-search")
+            atexit.register(_close_besides)
+    return _pool.submit(function, *args)
+
+
 # -- the search ------------------------------------------------------------------------------------
 def _items(conn, ids: list[int], tsquery: str | None) -> dict[int, dict]:
     rows = conn.execute(
@@ -810,14 +933,22 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
                 raise
             notes.append(f"vector search is unavailable ({exc}); text search only")
             query_vector = None
-        if query_vector is not None:
-            started = time.perf_counter()
-            vector_hits = _vector_side(conn, model, dimension, query_vector, where, params, settings, fetch,
-                                       narrowing=_narrowing(filters), few=few)
-            timings["sql_ms"] += (time.perf_counter() - started) * 1000
 
     started = time.perf_counter()
     tq = text_query(conn, query)
+    # hybrid with words to search: the vector side on the second connection while the text side runs
+    # here (_Beside); the same statements either way
+    beside = _beside_key(conn) if query_vector is not None and mode == "hybrid" and tq.stages \
+        and settings.beside else None
+    vector_future = None
+    if query_vector is not None and mode in ("hybrid", "vector"):
+        def vector_side(c):
+            return _vector_side(c, model, dimension, query_vector, where, params, settings, fetch,
+                                narrowing=_narrowing(filters), few=few)
+        if beside is not None:
+            vector_future = _submit(_run_beside, *beside, vector_side)
+        else:
+            vector_hits = vector_side(conn)
     text_hits: list[tuple] = []
     strict: list[int] = []  # the datasets of the strict (every word) text stage, best first
     strict_complete = False  # whether that is all of them
@@ -859,6 +990,11 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
                 break
     elif mode == "text":
         notes.append("the query has no words to search the text for")
+    if vector_future is not None:
+        try:
+            vector_hits = vector_future.result()
+        except _NotBeside:
+            vector_hits = vector_side(conn)  # here, as without a second connection
 
     k = settings.rrf_k
     groups = duplicates.groups_for(conn, list(dict.fromkeys(i for i, _ in vector_hits + text_hits))) \
