@@ -21,7 +21,7 @@ def test_031_and_032_keep_every_stored_snapshot_and_read_the_row_where_none_is(e
                      " 'fields', jsonb_build_object('tracked_then', n)), n = 2, 'new', now(), now()"
                      " FROM datasets, generate_series(1, 2) n")
         before = conn.execute("SELECT version_number, is_current, snapshot FROM dataset_versions ORDER BY 1").fetchall()
-        assert migrations.migrate(conn) == ["031_current_snapshot_once.sql", "032_current_snapshot_readers.sql"]
+        assert migrations.migrate(conn)[:2] == ["031_current_snapshot_once.sql", "032_current_snapshot_readers.sql"]
         assert conn.execute("SELECT version_number, is_current, snapshot FROM dataset_versions ORDER BY 1"
                             ).fetchall() == before
         assert conn.execute("SELECT v.title, v.description FROM dataset_versions v ORDER BY v.version_number"

@@ -49,7 +49,7 @@ def harvest_once(db, reader, portal, *, full=True, max_share=0.2, force=False, c
         db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (portal.url,))
         unchanged = run.stats.get("unchanged")  # as the upsert passes it (hash_compare's count)
         merged = datasets.merge(db, run_id, portal.url, run.started_at, "none", unchanged=unchanged)
-        written = history.write_history(db, run_id, portal.url, run.started_at, unchanged=unchanged)
+        written = history.write_history(db, run_id, portal.url, run.started_at)
         removals = {}
         if run.mode == "full" and not classified["failed"]:
             removals = history.apply_removals(db, run_id, portal.url, run.started_at, max_share=max_share,
@@ -71,7 +71,8 @@ def changes_of(db, run_id):
 
 def versions_of(db, source_id):
     return db.execute(
-        "SELECT v.version_number, v.is_current, v.change_type, v.first_seen_at, v.last_seen_at, v.content_hash,"
+        "SELECT v.version_number, v.is_current, v.change_type, v.first_seen_at,"
+        " coalesce(v.last_seen_at, d.last_seen_at), v.content_hash,"
         " v.snapshot FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id WHERE d.source_id = %s"
         " ORDER BY v.version_number", (source_id,)).fetchall()
 
@@ -112,7 +113,8 @@ def test_first_full_sync_records_a_new_version_and_change_per_dataset(db, reader
     portal_server.set_records(birmingham)
     first = harvest_once(db, reader, portal)
     assert first["computed"]["new"] == 10 and first["computed"]["review"] == 0
-    assert first["written"] == {"versions": 10, "changes": 10, "refreshed": 0, "seen_unchanged": 0, "snapshots_dropped": 0}
+    assert first["written"] == {"versions": 10, "changes": 10, "refreshed": 0, "snapshots_dropped": 0,
+                                 "last_seen_cleared": 0}
     rows = changes_of(db, first["run_id"])
     assert {(r[1], r[2], r[3], r[4], r[5], json.dumps(r[6])) for r in rows} == {("new", None, 1, 0.0, False, "{}")}
     (version,) = versions_of(db, birmingham[0]["id"])
@@ -141,7 +143,8 @@ def test_each_kind_of_edit_becomes_its_change_type_and_a_new_version(db, reader,
     computed = second["computed"]
     assert (computed["title_changed"], computed["content_updated"], computed["metadata_updated"],
             computed["date_changed"], computed["new"], computed["review"]) == (1, 2, 1, 1, 0, 1)
-    assert second["written"] == {"versions": 5, "changes": 5, "refreshed": 0, "seen_unchanged": 5, "snapshots_dropped": 0}
+    assert second["written"] == {"versions": 5, "changes": 5, "refreshed": 0, "snapshots_dropped": 0,
+                                  "last_seen_cleared": 0}
     got = {r[0]: r[1:] for r in changes_of(db, second["run_id"])}
     assert got[title["id"]][:5] == ("title_changed", 1, 2, 0.3, False)
     assert set(got[title["id"]][5]) == {"title"}
@@ -165,23 +168,26 @@ def test_each_kind_of_edit_becomes_its_change_type_and_a_new_version(db, reader,
     assert_one_current_version_each(db)
 
 
-def test_an_unchanged_run_only_moves_last_seen(db, reader, portal, portal_server, birmingham):
+def test_an_unchanged_run_writes_no_version_and_moves_last_seen(db, reader, portal, portal_server, birmingham):
+    """The current version's last_seen_at is its dataset's (sql/033): an unchanged run writes none."""
     portal_server.set_records(birmingham)
     first = harvest_once(db, reader, portal)
     second = harvest_once(db, reader, portal)
     assert second["classified"]["unchanged"] == 10
-    assert second["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "seen_unchanged": 10, "snapshots_dropped": 0}
+    assert second["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "snapshots_dropped": 0,
+                                 "last_seen_cleared": 0}
     assert db.execute("SELECT count(*) FROM dataset_versions").fetchone()[0] == 10
     assert db.execute("SELECT count(*) FROM dataset_changes").fetchone()[0] == 10
-    assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
-        (first["seen_at"], second["seen_at"])]
+    assert db.execute("SELECT DISTINCT version_first_seen_at, version_last_seen_at FROM current_datasets"
+                      ).fetchall() == [(first["seen_at"], second["seen_at"])]
 
 
 def test_the_upsert_marks_a_runs_unchanged_records_seen_and_skips_that_when_it_has_none(
         db, reader, portal, portal_server, birmingham):
-    """The upsert's passes marking unchanged records seen (datasets and their current versions)
-    run only when hash_compare counted some (issue 40: a first sync has none to look for); a
-    second run of an unchanged portal, through the pipeline's own upsert, still marks every one."""
+    """The upsert's pass marking unchanged records seen (datasets, whose last_seen_at their current
+    versions read, sql/033) runs only when hash_compare counted some (issue 40: a first sync has
+    none to look for); a second run of an unchanged portal, through the pipeline's own upsert,
+    still marks every one."""
     portal_server.set_records(birmingham)
     seen = []
     for unchanged, created in ((0, 10), (10, 0)):
@@ -193,8 +199,105 @@ def test_the_upsert_marks_a_runs_unchanged_records_seen_and_skips_that_when_it_h
         assert (classified["unchanged"], stats["created"]) == (unchanged, created)
         seen.append(runs.get(db, run_id).started_at)
     assert db.execute("SELECT DISTINCT last_seen_at FROM datasets").fetchall() == [(seen[-1],)]
-    assert db.execute("SELECT DISTINCT first_seen_at, last_seen_at FROM dataset_versions").fetchall() == [
-        (seen[0], seen[-1])]
+    assert db.execute("SELECT DISTINCT version_first_seen_at, version_last_seen_at FROM current_datasets"
+                      ).fetchall() == [(seen[0], seen[-1])]
+
+
+def row_versions(db):
+    """(ctid, xmin) of every dataset_versions row: equal before and after a run that wrote none."""
+    return sorted(db.execute("SELECT ctid::text, xmin::text FROM dataset_versions").fetchall())
+
+
+def test_an_unchanged_full_sync_or_incremental_writes_no_version_row(db, reader, portal, portal_server, birmingham):
+    """The current version's last_seen_at is its dataset's (sql/033): a run that sees datasets
+    unchanged, full or incremental, writes no dataset_versions row, and every reader gives the run's
+    start as their last sighting. (Fails on the code before: it moved every one.)"""
+    portal_server.set_records(birmingham)
+    harvest_once(db, reader, portal)
+    before = row_versions(db)
+    full = harvest_once(db, reader, portal)
+    assert full["classified"]["unchanged"] == 10 and row_versions(db) == before
+    # re-listed with a later modified time, nothing tracked changed: unchanged in an incremental run
+    for rec in birmingham[:3]:
+        portal_server.upsert_record(edited(rec, metadata_modified="2031-01-01T00:00:00"))
+    incremental = harvest_once(db, reader, portal, full=False)
+    assert incremental["mode"] == "incremental" and incremental["classified"]["unchanged"] == 3
+    assert incremental["written"] == {"versions": 0, "changes": 0, "refreshed": 0, "snapshots_dropped": 0,
+                                      "last_seen_cleared": 0}
+    assert row_versions(db) == before
+    seen = {r[0]: r[1] for r in db.execute("SELECT source_id, version_last_seen_at FROM current_datasets")}
+    assert seen == {rec["id"]: incremental["seen_at"] if i < 3 else full["seen_at"]
+                    for i, rec in enumerate(birmingham)}
+    assert db.execute("SELECT count(*) FROM dataset_versions WHERE last_seen_at IS NOT NULL").fetchone()[0] == 0
+
+
+def test_every_versions_last_seen_reads_as_before_through_new_unchanged_edited_removed_restored_edited(
+        db, reader, portal, portal_server, birmingham, capsys):
+    """Through runs that make a dataset new, see it unchanged, edited, removed, restored (unchanged
+    or edited) and edited again, every version's first and last sighting as each reader gives it
+    (get_version, list_versions, `harvester versions --json`, current_datasets) is what the writer
+    before sql/033 stored: a version's last_seen_at is the start of the last run that saw it current."""
+    a, b, c, d, e = birmingham[:5]  # a: back unchanged then edited; b: back edited; d: gone for good
+    portal_server.set_records(birmingham)
+    s = [None] + [harvest_once(db, reader, portal)["seen_at"]]                 # s[1]: all new
+    s.append(harvest_once(db, reader, portal)["seen_at"])                      # s[2]: unchanged
+    portal_server.upsert_record(edited(e, title="E, edited"))
+    s.append(harvest_once(db, reader, portal)["seen_at"])                      # s[3]: e edited
+    for rec in (a, b, d):
+        portal_server.remove_record(rec["id"])
+    s.append(harvest_once(db, reader, portal, force=True)["seen_at"])         # s[4]: a, b, d removed
+    portal_server.upsert_record(a)
+    portal_server.upsert_record(edited(b, title="B, renamed while away"))
+    portal_server.upsert_record(edited(e, title="E, edited twice"))
+    s.append(harvest_once(db, reader, portal)["seen_at"])                      # s[5]: a, b back; e edited
+    portal_server.upsert_record(edited(a, title="A, edited"))
+    portal_server.upsert_record(edited(b, title="B, edited again"))
+    s.append(harvest_once(db, reader, portal)["seen_at"])                      # s[6]: a, b edited
+    expected = {  # (first seen, last seen) of versions 1, 2, ...
+        a["id"]: [(s[1], s[5]), (s[6], s[6])],
+        b["id"]: [(s[1], s[3]), (s[5], s[5]), (s[6], s[6])],
+        c["id"]: [(s[1], s[6])],
+        d["id"]: [(s[1], s[3])],
+        e["id"]: [(s[1], s[2]), (s[3], s[4]), (s[5], s[6])],
+    }
+    live = dict(db.execute("SELECT source_id, version_last_seen_at FROM current_datasets").fetchall())
+    for source_id, spans in expected.items():
+        ident = dataset_id(db, source_id)
+        got = [(v["first_seen_at"], v["last_seen_at"]) for v in reversed(history.list_versions(db, ident))]
+        assert got == spans, source_id
+        assert [(v["first_seen_at"], v["last_seen_at"]) for v in
+                (history.get_version(db, ident, n) for n in range(1, len(spans) + 1))] == spans, source_id
+        assert cli("versions", "-p", PORTAL, "--id", source_id, "--json") == 0
+        listed = json.loads(capsys.readouterr().out)["versions"]
+        assert [(datetime.fromisoformat(v["first_seen_at"]), datetime.fromisoformat(v["last_seen_at"]))
+                for v in reversed(listed)] == spans, source_id
+        if source_id != d["id"]:
+            assert live[source_id] == spans[-1][1]
+    assert d["id"] not in live
+    # only the versions a run replaced hold a last_seen_at of their own
+    assert db.execute("SELECT count(*) FILTER (WHERE is_current), count(*) FILTER (WHERE NOT is_current)"
+                      " FROM dataset_versions WHERE last_seen_at IS NOT NULL").fetchone() == (0, 5)
+
+
+def test_a_current_versions_own_last_seen_is_read_until_a_run_sees_it_later(
+        db, reader, portal, portal_server, birmingham):
+    """A current version holding a last_seen_at of its own, later than its dataset's (sql/033 keeps
+    such a one: the writer before kept the later of a version's sighting and a run's start), reads
+    it; a run that sees the dataset at or after it drops it (its dataset's then reads the same),
+    one whose time is still before it keeps it. Found by the partial index, not a pass over the run."""
+    portal_server.set_records(birmingham[:3])
+    first = harvest_once(db, reader, portal)
+    ids = [dataset_id(db, rec["id"]) for rec in birmingham[:3]]
+    db.execute("UPDATE dataset_versions SET last_seen_at = %s WHERE dataset_id = %s",
+               (first["seen_at"] + timedelta(microseconds=1), ids[0]))
+    far = datetime(2100, 1, 1, tzinfo=timezone.utc)
+    db.execute("UPDATE dataset_versions SET last_seen_at = %s WHERE dataset_id = %s", (far, ids[1]))
+    assert history.get_version(db, ids[0], 1)["last_seen_at"] == first["seen_at"] + timedelta(microseconds=1)
+    second = harvest_once(db, reader, portal)
+    assert second["written"]["last_seen_cleared"] == 1
+    assert [history.get_version(db, i, 1)["last_seen_at"] for i in ids] == [second["seen_at"], far, second["seen_at"]]
+    assert db.execute("SELECT dataset_id FROM dataset_versions WHERE last_seen_at IS NOT NULL").fetchall() == [
+        (ids[1],)]
 
 
 def test_a_new_datasets_snapshot_from_its_decoded_record_is_the_canonical_one(db, samples):
@@ -360,7 +463,8 @@ def test_a_hash_change_with_the_same_snapshot_refreshes_the_version(db, reader, 
     again = harvest_once(db, reader, portal)
     assert again["classified"]["updated"] == 1
     assert again["computed"]["unchanged_snapshot"] == 1 and again["computed"]["metadata_updated"] == 0
-    assert again["written"] == {"versions": 0, "changes": 0, "refreshed": 1, "seen_unchanged": 1, "snapshots_dropped": 0}
+    assert again["written"] == {"versions": 0, "changes": 0, "refreshed": 1, "snapshots_dropped": 0,
+                                "last_seen_cleared": 0}
     (version,) = versions_of(db, birmingham[0]["id"])
     assert version[5] == db.execute("SELECT content_hash FROM datasets WHERE source_id = %s",
                                     (birmingham[0]["id"],)).fetchone()[0]

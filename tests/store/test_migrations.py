@@ -219,3 +219,54 @@ def test_027_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_data
             " WHERE c.relname IN ('datasets', 'dataset_search', 'dataset_versions')").fetchall())
         assert all(v == "autovacuum_vacuum_scale_factor=0.02" for v in toast.values()), toast
         assert conn.execute("SELECT raw ->> 'notes' FROM datasets").fetchone()[0] == "kept"
+
+
+def test_033_holds_a_current_versions_last_seen_once_and_every_version_reads_as_before(empty_database_url,
+                                                                                       migrate_before):
+    """033 (issue 40): a current version whose last_seen_at equals its dataset's holds none (it reads
+    the dataset's), one that differs keeps its own, a replaced version keeps its own (a CHECK keeps
+    it set); every version, and the view, read what they read before. A run staged before 033 and
+    committed after it gets the last_seen_at its replaced versions take; dataset_versions is no
+    longer kept with room for updates (fillfactor 100)."""
+    t = [datetime(2026, 1, day, tzinfo=timezone.utc) for day in range(1, 6)]
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 33)
+        conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+                     " first_seen_at, updated_at, last_seen_at, raw) VALUES"
+                     " ('https://p.example', 'a', 'ua', 'ha', 'c', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}'),"
+                     " ('https://p.example', 'b', 'ub', 'hb', 'c', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}')",
+                     {"t0": t[0], "t2": t[2]})
+        # a: version 1 replaced (seen until t1), version 2 current (seen at t2, as its dataset);
+        # b: its current version seen later than its dataset says (t3: the old writer kept the later)
+        conn.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot,"
+                     " is_current, change_type, first_seen_at, last_seen_at)"
+                     " SELECT d.id, v.n, 'c', 'm', '{}', v.cur, 'new', v.first, v.last FROM datasets d"
+                     " JOIN (VALUES ('a', 1, false, %(t0)s::timestamptz, %(t1)s::timestamptz), ('a', 2, true, %(t2)s, %(t2)s),"
+                     "              ('b', 1, true, %(t0)s, %(t3)s)) v(source_id, n, cur, first, last)"
+                     " ON v.source_id = d.source_id", {"t0": t[0], "t1": t[1], "t2": t[2], "t3": t[3]})
+        # a run in flight: staged (by the code before) a new version of a, to be committed after 033
+        run_id = conn.execute("INSERT INTO sync_runs (portal_url, portal_name, mode, status) VALUES"
+                              " ('https://p.example', 'p', 'full', 'running') RETURNING run_id").fetchone()[0]
+        conn.execute("INSERT INTO staging_records (run_id, seq, source_id, outcome) VALUES (%s, 1, 'a', 'updated')",
+                     (run_id,))
+        conn.execute("INSERT INTO staging_changes (run_id, source_id, change_type, significance, requires_review,"
+                     " new_version, record_change) VALUES (%s, 'a', 'title_changed', 0.3, false, true, true)", (run_id,))
+        read = ("SELECT d.source_id, v.version_number, coalesce(v.last_seen_at, d.last_seen_at)"
+                " FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id ORDER BY 1, 2")
+        before = conn.execute(read).fetchall()
+        assert before == [("a", 1, t[1]), ("a", 2, t[2]), ("b", 1, t[3])]
+        view = conn.execute("SELECT source_id, version_last_seen_at FROM current_datasets ORDER BY 1").fetchall()
+
+        assert migrations.migrate(conn) == ["033_current_last_seen_once.sql", "034_current_last_seen_readers.sql"]
+        assert conn.execute(read).fetchall() == before
+        assert conn.execute("SELECT source_id, version_last_seen_at FROM current_datasets ORDER BY 1"
+                            ).fetchall() == view == [("a", t[2]), ("b", t[3])]
+        assert conn.execute("SELECT d.source_id, v.version_number, v.last_seen_at FROM dataset_versions v"
+                            " JOIN datasets d ON d.id = v.dataset_id ORDER BY 1, 2").fetchall() == [
+            ("a", 1, t[1]), ("a", 2, None), ("b", 1, t[3])]
+        assert conn.execute("SELECT old_last_seen_at FROM staging_changes").fetchone()[0] == t[2]
+        options = conn.execute("SELECT array_to_string(reloptions, ',') FROM pg_class"
+                               " WHERE relname = 'dataset_versions'").fetchone()[0]
+        assert "fillfactor=100" in options and "autovacuum_vacuum_scale_factor=0.02" in options
+        with pytest.raises(psycopg.errors.CheckViolation, match="dataset_versions_last_seen_kept"):
+            conn.execute("UPDATE dataset_versions SET is_current = false WHERE last_seen_at IS NULL")

@@ -440,6 +440,10 @@ def test_dataset_versions_changes_and_diff(client, tokens, world):
     assert [(v["version_number"], v["change_type"], v["is_current"]) for v in dataset["versions"]] == [
         (2, "title_changed", True), (1, "new", False)]
     assert [c["change_type"] for c in dataset["changes"]] == ["title_changed", "new"]
+    # the current version's last sighting is its dataset's (sql/033), the replaced one's its own
+    current, replaced = dataset["versions"]
+    assert current["last_seen_at"] == dataset["last_seen_at"] is not None
+    assert replaced["first_seen_at"] <= replaced["last_seen_at"] < current["first_seen_at"] <= current["last_seen_at"]
 
     diff = get(client, tokens, base + "/diff", "viewer")
     assert (diff["from"], diff["to"]) == (1, 2)
@@ -452,6 +456,8 @@ def test_dataset_versions_changes_and_diff(client, tokens, world):
     assert any(line.startswith("+title: ") for line in diff["diff"])
     same = get(client, tokens, base + "/diff", **{"from": 2, "to": 2})
     assert not any(f["changed"] for f in same["fields"]) and same["diff"] == []
+    assert (diff["versions"]["from"]["last_seen_at"], diff["versions"]["to"]["last_seen_at"]) == (
+        replaced["last_seen_at"], current["last_seen_at"])
     first = get(client, tokens, base + "/diff", to=1)
     assert first["from"] is None and first["fields"][0]["new"] == old_title
 

@@ -563,13 +563,13 @@ def _merge_and_commit(conn, portal: Portal, run_id: int, model: str, max_batch: 
         # (and then the merge inserts new datasets already linked: ``prelink``).
         check_copies = run.lists_whole_portal or not vectors.copies_checked(conn, portal.url, model)
         # classify's count of unchanged records (hash_compare's, in the run's stats): none (a first
-        # sync) spares the merge and the history their passes over staging marking them seen
+        # sync) spares the merge its pass over staging marking them seen
         unchanged = run.stats.get("unchanged")
         merged = datasets.merge(conn, run_id, portal.url, run.started_at, model, portal.language,
                                 prelink=check_copies, unchanged=unchanged)
         if check_copies:
             vectors.copy_for_search(conn, portal.url, model)
-        written = history.write_history(conn, run_id, portal.url, run.started_at, unchanged=unchanged)
+        written = history.write_history(conn, run_id, portal.url, run.started_at)
         removals = {"removed": 0}
         if run.lists_whole_portal:
             # A full sync or a reconciliation that reached upsert listed the whole portal: every

@@ -7,13 +7,13 @@ A run's history is written in two steps, like its datasets:
    Python with the pure ``harvester.domain.changes`` and stages the result in ``staging_changes``.
 2. ``write_history`` and, after a clean full sync, ``apply_removals``: inside the upsert's
    transaction, after ``datasets.merge``, with set-based SQL: versions closed and opened,
-   ``dataset_changes`` rows written, last_seen_at moved; the staged changes are dropped with the
+   ``dataset_changes`` rows written; the staged changes are dropped with the
    run's other staging at the end of the commit (``staging.clear``).
 
 Rules
     A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
-    version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged only
-    moves the current version's ``last_seen_at``. Versions are numbered 1, 2, 3... and exactly one
+    version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged writes
+    no version (the merge moves the dataset's ``last_seen_at``). Versions are numbered 1, 2, 3... and exactly one
     is current (a partial unique index), also for a removed dataset: its last known state.
 
     A record hash_compare calls updated whose snapshot equals its current version's (``detect``
@@ -30,6 +30,14 @@ Rules
     row before the merge, staged as ``old_snapshot``) in the statement that ends its ``is_current``.
     A current snapshot stored before sql/031 is kept and read first; a run that sees its dataset
     unchanged drops it when it equals the one the row gives (``forget_snapshot``).
+
+    Likewise the current version's ``last_seen_at`` is its dataset's (sql/033): a current version
+    is written with NULL and read as ``coalesce(v.last_seen_at, d.last_seen_at)``, so a run that
+    sees its dataset unchanged writes no version. The version a run replaces takes the value it
+    had as current, the dataset's before the merge (read by ``compute_changes``, staged as
+    ``old_last_seen_at``), in the statement that ends its ``is_current``. A current version whose
+    stored value differed from its dataset's at the upgrade keeps it until a run sees the dataset
+    at or after it.
 
     Datasets harvested before this history existed have no version. The first run that sees one
     gives it a version: an edit or a restoration is detected against the dataset's row (its title,
@@ -63,24 +71,25 @@ RECORDED_TYPES = (ch.NEW, ch.CONTENT_UPDATED, ch.TITLE_CHANGED, ch.DATE_CHANGED,
                   ch.REIDENTIFIED)
 
 _STAGED_COLUMNS = ("run_id", "source_id", "change_type", "changed_fields", "significance", "requires_review",
-                   "old_snapshot", "new_version", "record_change", "forget_snapshot")
+                   "old_snapshot", "new_version", "record_change", "forget_snapshot", "old_last_seen_at")
 # The columns of staging_changes that the upsert's statements filter and join on (analyzed).
 _PLANNED_CHANGE_COLUMNS = ("run_id", "source_id", "new_version", "record_change")
-_STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool", "bool")
+_STAGED_TYPES = ("int8", "text", "text", "jsonb", "numeric", "bool", "jsonb", "bool", "bool", "bool", "timestamptz")
 
 # The run's updated and reidentified records of datasets we have (the latter with the dataset under
 # its old id; classify leaves one per source_id: older copies are 'duplicate'; a new dataset's change
 # is staged set-based, _STAGE_NEW), records seen unchanged whose dataset has no version yet
 # (harvested before history existed), and records seen unchanged whose current version still holds
 # a snapshot (stored before sql/031), to prove it equal to the row's and drop it. Each with whether the dataset has a version, its current version's stored
-# snapshot, removed_at and, when no snapshot is stored, the dataset's row, which stands in for it.
+# snapshot, removed_at and, when no snapshot is stored, the dataset's row, which stands in for it; and
+# the dataset's last_seen_at before this run's merge (the one a replaced version takes, sql/033).
 _TO_COMPARE = """
     SELECT s.source_id, s.title, s.description, s.raw, s.outcome, d.id, d.removed_at, v.dataset_id IS NOT NULL,
            v.snapshot,
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.title END,
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.description END,
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.raw END,
-           s.previous_source_id
+           s.previous_source_id, d.last_seen_at
     FROM staging_records s
     JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id)
     LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
@@ -110,7 +119,7 @@ def clear(conn, run_id: int) -> None:
 
 def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple:
     source_id, title, description, raw, outcome, dataset_id, removed_at, has_version, stored, row_title, \
-        row_description, row_raw, previous_source_id = row
+        row_description, row_raw, previous_source_id, last_seen_at = row
     # The current version's snapshot: the one it stores (a version written before sql/031), else the
     # dataset's row's (its row before this run's merge: what the current version holds).
     from_row = None if row_title is None else ch.snapshot(row_title, row_description, row_raw or {}, decoded=True)
@@ -118,7 +127,8 @@ def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple
     if outcome == "unchanged" and has_version:  # a stored current snapshot to prove equal to the row's
         if from_row != stored:  # kept (the row gives another today): nothing to stage
             return None
-        return (run_id, source_id, ch.METADATA_UPDATED, as_jsonb({}), Decimal(0), False, None, False, False, True)
+        return (run_id, source_id, ch.METADATA_UPDATED, as_jsonb({}), Decimal(0), False, None, False, False, True,
+                None)
     new = ch.snapshot(title, description, raw, decoded=True)
     if outcome == "reidentified":
         change = ch.reidentification(old, new, previous_source_id, source_id, config)
@@ -134,10 +144,12 @@ def _staged_row(run_id: int, row: tuple, config: ch.SignificanceConfig) -> tuple
     else:  # a baseline version, or a hash change no snapshot field shows
         change_type = ch.NEW if not has_version else ch.METADATA_UPDATED
         fields, significance, review = {}, 0.0, False
-    # The version this one replaces gets the snapshot it had, when it stores none (write_history).
-    replaced = as_jsonb(old) if new_version and has_version and stored is None else None
-    return (run_id, source_id, change_type, as_jsonb(fields), Decimal(str(significance)), review, replaced,
-            new_version, record_change, False)
+    # The version this one replaces gets the snapshot it had, when it stores none, and the last_seen_at
+    # it had as current: its dataset's, which the merge moves (write_history; sql/031, 033).
+    replaced = new_version and has_version
+    return (run_id, source_id, change_type, as_jsonb(fields), Decimal(str(significance)), review,
+            as_jsonb(old) if replaced and stored is None else None, new_version, record_change, False,
+            last_seen_at if replaced else None)
 
 
 def _write_staged(conn, rows: list[tuple]) -> None:
@@ -221,17 +233,16 @@ _STAGED_DATASETS = """
 """
 
 
-def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
-                  unchanged: int | None = None) -> dict[str, int]:
+def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict[str, int]:
     """Inside the upsert's transaction, after ``datasets.merge`` and before the run's staging
-    records are dropped: the staged changes into ``dataset_versions`` and ``dataset_changes``, and
-    the current version of every dataset seen unchanged marked seen. Set-based: a few statements
-    for the whole run. Returns ``versions`` (new versions), ``changes`` (change rows),
-    ``refreshed`` (versions updated in place), ``seen_unchanged`` and ``snapshots_dropped`` (stored
-    current snapshots compute_changes proved equal to their row's).
+    records are dropped: the staged changes into ``dataset_versions`` and ``dataset_changes``.
+    Set-based: a few statements for the whole run. Returns ``versions`` (new versions), ``changes``
+    (change rows), ``refreshed`` (versions updated in place), ``snapshots_dropped`` (stored current
+    snapshots compute_changes proved equal to their row's) and ``last_seen_cleared`` (current
+    versions seen by this run that held a last_seen_at of their own, now their dataset's).
 
-    ``unchanged``: as for ``datasets.merge``: 0 (classify found no unchanged record) skips the
-    pass over the run's staged records that would mark their versions seen.
+    A dataset seen unchanged gets no write here: its current version's last_seen_at is its
+    dataset's (sql/033), which the merge moved.
 
     Raises RuntimeError when a created or updated record has no staged change: compute_changes
     did not run for this run (writing on would leave datasets without a current version)."""
@@ -248,19 +259,21 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
     # The current versions being superseded are closed first: the partial unique index allows one
     # current version per dataset at any moment.
     # The replaced version takes its snapshot (staged by compute_changes from the dataset's row before
-    # the merge) unless it stores one: only the current version's is the dataset's row (sql/031).
+    # the merge) unless it stores one: only the current version's is the dataset's row (sql/031); and
+    # likewise its last_seen_at, the dataset's before the merge moved it (sql/033).
     conn.execute(
         f"""
-        UPDATE dataset_versions v SET is_current = false, snapshot = coalesce(v.snapshot, c.old_snapshot)
+        UPDATE dataset_versions v SET is_current = false, snapshot = coalesce(v.snapshot, c.old_snapshot),
+            last_seen_at = coalesce(v.last_seen_at, c.old_last_seen_at)
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND c.new_version AND v.dataset_id = d.id AND v.is_current
         """, params)
+    # A new current version's last_seen_at is its dataset's (NULL here, sql/033).
     versions = conn.execute(
         f"""
         INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, is_current,
-            change_type, first_seen_at, last_seen_at)
-        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, true, c.change_type,
-            %(seen)s, %(seen)s
+            change_type, first_seen_at)
+        SELECT d.id, coalesce(m.last, 0) + 1, d.content_hash, d.metadata_hash, true, c.change_type, %(seen)s
         {_STAGED_DATASETS}
         CROSS JOIN LATERAL (SELECT max(version_number) AS last FROM dataset_versions p WHERE p.dataset_id = d.id) m
         WHERE c.run_id = %(run)s AND c.new_version
@@ -278,32 +291,33 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime, *,
         """, params).rowcount
     refreshed = conn.execute(
         f"""
-        UPDATE dataset_versions v SET content_hash = d.content_hash, metadata_hash = d.metadata_hash,
-            last_seen_at = greatest(v.last_seen_at, %(seen)s)
+        UPDATE dataset_versions v SET content_hash = d.content_hash, metadata_hash = d.metadata_hash
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND NOT c.new_version AND NOT c.forget_snapshot AND v.dataset_id = d.id
           AND v.is_current
         """, params).rowcount
-    # Stored current snapshots proven equal to their row's (compute_changes) are dropped, the version
-    # marked seen in the same write (the pass below then skips it).
+    # Stored current snapshots proven equal to their row's (compute_changes) are dropped.
     dropped = conn.execute(
         f"""
-        UPDATE dataset_versions v SET snapshot = NULL, last_seen_at = greatest(v.last_seen_at, %(seen)s)
+        UPDATE dataset_versions v SET snapshot = NULL
         {_STAGED_DATASETS}
         WHERE c.run_id = %(run)s AND c.forget_snapshot AND v.dataset_id = d.id AND v.is_current
         """, params).rowcount
-    seen_unchanged = 0 if unchanged == 0 else conn.execute(
+    # A current version holding a last_seen_at of its own (kept by sql/033: one later than its
+    # dataset's) whose dataset this run saw (the merge set its last_seen_at to this run's start) at
+    # or after it: the dataset's reads as the old writer's greatest(own, seen) would. Found by the
+    # partial index of such versions (normally empty), whatever the run's size.
+    cleared = conn.execute(
         """
-        UPDATE dataset_versions v SET last_seen_at = %(seen)s
-        FROM staging_records s
-        JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = s.source_id
-        WHERE s.run_id = %(run)s AND s.outcome = 'unchanged'
-          AND v.dataset_id = d.id AND v.is_current AND v.last_seen_at < %(seen)s
+        UPDATE dataset_versions v SET last_seen_at = NULL
+        FROM datasets d
+        WHERE v.is_current AND v.last_seen_at IS NOT NULL AND v.last_seen_at <= %(seen)s
+          AND d.id = v.dataset_id AND d.portal_url = %(portal)s AND d.last_seen_at = %(seen)s
         """, params).rowcount
     # The staged changes go with the run's other staging at the end of the commit (staging.clear):
     # the table truncated there, its lock held for the commit's last statements only.
-    return {"versions": versions, "changes": changes, "refreshed": refreshed, "seen_unchanged": seen_unchanged,
-            "snapshots_dropped": dropped}
+    return {"versions": versions, "changes": changes, "refreshed": refreshed, "snapshots_dropped": dropped,
+            "last_seen_cleared": cleared}
 
 
 def apply_removals(conn, run_id: int, portal_url: str, seen_at: datetime, *, max_share: float = 0.2,
@@ -447,9 +461,11 @@ def find_dataset(conn, portal_url: str, *, url: str | None = None, source_id: st
 # 031), which PostgreSQL calls for the qualified name only.
 _VERSION_COLUMNS = ("version_number", "is_current", "change_type", "content_hash", "metadata_hash", "title",
                     "description", "snapshot", "first_seen_at", "last_seen_at")
-# A version's columns, then its dataset's title, description and raw record when it stores no
-# snapshot (the current version since sql/031: the dataset's row is its snapshot).
-_VERSION_SELECT = (", ".join("v." + c for c in _VERSION_COLUMNS)
+# A version's columns (a current version's last_seen_at its dataset's where it holds none, sql/033),
+# then its dataset's title, description and raw record when it stores no snapshot (the current
+# version since sql/031: the dataset's row is its snapshot).
+_VERSION_SELECT = (", ".join("coalesce(v.last_seen_at, d.last_seen_at)" if c == "last_seen_at" else "v." + c
+                             for c in _VERSION_COLUMNS)
                    + ", CASE WHEN v.snapshot IS NULL THEN d.title END, CASE WHEN v.snapshot IS NULL THEN d.description END,"
                      " CASE WHEN v.snapshot IS NULL THEN d.raw END")
 _VERSION_FROM = "FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
