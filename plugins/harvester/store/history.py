@@ -7,14 +7,15 @@ A run's history is written in two steps, like its datasets:
    Python with the pure ``harvester.domain.changes`` and stages the result in ``staging_changes``.
 2. ``write_history`` and, after a clean full sync, ``apply_removals``: inside the upsert's
    transaction, after ``datasets.merge``, with set-based SQL: versions closed and opened,
-   ``dataset_changes`` rows written; the staged changes are dropped with the
-   run's other staging at the end of the commit (``staging.clear``).
+   ``dataset_changes`` rows written; the staged changes are dropped with the run's other staging
+   at the end of the commit (``staging.clear``).
 
 Rules
     A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
     version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged writes
-    no version (the merge moves the dataset's ``last_seen_at``). Versions are numbered 1, 2, 3... and exactly one
-    is current (a partial unique index), also for a removed dataset: its last known state.
+    no version (the merge moves the dataset's ``last_seen_at``). Versions are numbered 1, 2, 3...
+    and exactly one is current (a partial unique index), also for a removed dataset: its last
+    known state.
 
     A record hash_compare calls updated whose snapshot equals its current version's (``detect``
     returns None) gets neither a version nor a change row: nothing a user can see changed. That
