@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import re
 import threading
 import time
@@ -729,6 +730,19 @@ def _close_besides() -> None:
         _besides.clear()
     for beside in idle:
         beside.conn.close()
+
+
+def _forget_besides() -> None:
+    """In a forked child (a web server's worker): the parent's second connections and worker threads
+    are not the child's (their sockets are the parent's: never closed from here)."""
+    global _pool, _besides_lock
+    _besides.clear()
+    _besides_busy.clear()
+    _besides_lock = threading.Lock()
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_besides)
 
 
 def _submit(function, *args):
