@@ -949,11 +949,9 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             query_vector = None
 
     started = time.perf_counter()
-    tq = text_query(conn, query)
-    # hybrid with words to search: the vector side on the second connection while the text side runs
+    # hybrid: the vector side on the second connection while the text side (its tsqueries too) runs
     # here (_Beside); the same statements either way
-    beside = _beside_key(conn) if query_vector is not None and mode == "hybrid" and tq.stages \
-        and settings.beside else None
+    beside = _beside_key(conn) if query_vector is not None and mode == "hybrid" and settings.beside else None
     vector_future = None
     if query_vector is not None and mode in ("hybrid", "vector"):
         def vector_side(c):
@@ -963,6 +961,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
             vector_future = _submit(_run_beside, *beside, vector_side)
         else:
             vector_hits = vector_side(conn)
+    tq = text_query(conn, query)
     text_hits: list[tuple] = []
     strict: list[int] = []  # the datasets of the strict (every word) text stage, best first
     strict_complete = False  # whether that is all of them
