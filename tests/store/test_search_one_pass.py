@@ -246,3 +246,23 @@ def test_a_broken_second_connection_is_replaced(catalogue):
     assert _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True) == found
     assert _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True) == found
     assert [b for besides in search_module._besides.values() for b in besides if not b.conn.closed]
+
+
+def test_the_second_connection_and_the_wait_for_it_are_bounded(catalogue):
+    """Every wait of the vector side beside has a bound: the second connection's connect_timeout and
+    statement_timeout are set, and the search's wait for an answer that never comes ends with an
+    error that says what it waited for."""
+    from concurrent.futures import Future
+
+    _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True)
+    # this database's (another test's may be on a server gone since)
+    idle = [b for besides in search_module._besides.values() for b in besides
+            if not b.conn.closed and b.conn.info.dbname == catalogue.info.dbname
+            and b.conn.info.port == catalogue.info.port and b.usable()]
+    assert idle
+    for beside in idle:
+        timeout = beside.conn.execute("SELECT current_setting('statement_timeout')::interval").fetchone()[0]
+        assert timeout.total_seconds() == search_module._BESIDE_STATEMENT_S
+        assert beside.conn.info.get_parameters().get("connect_timeout")
+    with pytest.raises(TimeoutError, match=r"vector side on its second connection gave no answer within 0.05s"):
+        search_module._vector_beside(Future(), wait_s=0.05)

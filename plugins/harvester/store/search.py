@@ -642,10 +642,16 @@ class _Beside:
     (a few MB of server memory, a slot of max_connections)."""
 
     def __init__(self, key: str):
+        import psycopg
+
         from harvester.store import db
 
         self.key = key
-        self.conn = db.prepare(db.connect_url(key), migrate=False, application_name="harvester search (vector side)")
+        # bounded: the connect (unless the caller's conninfo sets its own connect_timeout) and every
+        # statement on it (the search waits for it at most _BESIDE_WAIT_S: _vector_beside)
+        conn = psycopg.connect(key, **({} if "connect_timeout" in key else {"connect_timeout": _BESIDE_CONNECT_S}))
+        self.conn = db.prepare(conn, migrate=False, application_name="harvester search (vector side)")
+        self.conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{_BESIDE_STATEMENT_S * 1000}",))
 
     def usable(self) -> bool:
         from psycopg import pq
@@ -659,6 +665,9 @@ class _NotBeside(Exception):
 
 
 _BESIDE_MAX = 4  # second connections in use at once, per database
+_BESIDE_CONNECT_S = 10  # the connect_timeout of a second connection
+_BESIDE_STATEMENT_S = 300  # the statement_timeout on a second connection
+_BESIDE_WAIT_S = _BESIDE_CONNECT_S + _BESIDE_STATEMENT_S + 30  # the longest a search waits for its vector side
 _BESIDE_DATABASES = 8  # databases whose idle second connections are kept (tests make one per test)
 _besides: dict[str, list[_Beside]] = {}  # database (conninfo) -> its idle second connections
 _besides_busy: dict[str, int] = {}  # database -> its second connections in use
@@ -752,6 +761,19 @@ def _submit(function, *args):
             _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="harvester-search")
             atexit.register(_close_besides)
     return _pool.submit(function, *args)
+
+
+def _vector_beside(future, wait_s: float | None = None):
+    """The vector side's hits from the second connection, waited for at most ``wait_s`` (by default
+    _BESIDE_WAIT_S: past its connect and statement timeouts, so only a hung worker reaches it)."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    wait_s = _BESIDE_WAIT_S if wait_s is None else wait_s
+    try:
+        return future.result(timeout=wait_s)
+    except FutureTimeout:
+        raise TimeoutError(f"search: the vector side on its second connection gave no answer within {wait_s:g}s "
+                           "(its connect_timeout and statement_timeout passed)") from None
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -1005,7 +1027,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         notes.append("the query has no words to search the text for")
     if vector_future is not None:
         try:
-            vector_hits = vector_future.result()
+            vector_hits = _vector_beside(vector_future)
         except _NotBeside:
             vector_hits = vector_side(conn)  # here, as without a second connection
 
