@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from harvester.store import duplicates, search as search_module, vectors
+from harvester.store import beside as second, duplicates, vectors
 from harvester.store.search import SearchFilters, SearchSettings, search
 from harvester.testing.search_rows import GivenVectors, insert_datasets, insert_vectors, spiral_vector
 
@@ -239,13 +239,13 @@ def test_a_broken_second_connection_is_replaced(catalogue):
     """The second connection closed under search (a server restart, an administrator's
     pg_terminate_backend): the search still answers alike, and the next one opens another."""
     found = _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True)
-    idle = [b for besides in search_module._besides.values() for b in besides]
+    idle = second.idle()
     assert idle, "the second connection is kept for the next search"
-    for beside in idle:
-        catalogue.execute("SELECT pg_terminate_backend(%s)", (beside.conn.info.backend_pid,))
+    for conn in idle:
+        catalogue.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     assert _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True) == found
     assert _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True) == found
-    assert [b for besides in search_module._besides.values() for b in besides if not b.conn.closed]
+    assert [conn for conn in second.idle() if not conn.closed]
 
 
 def test_the_second_connection_and_the_wait_for_it_are_bounded(catalogue):
@@ -256,13 +256,12 @@ def test_the_second_connection_and_the_wait_for_it_are_bounded(catalogue):
 
     _search(catalogue, "water quality river", SearchFilters(portal_url=SMALL), beside=True)
     # this database's (another test's may be on a server gone since)
-    idle = [b for besides in search_module._besides.values() for b in besides
-            if not b.conn.closed and b.conn.info.dbname == catalogue.info.dbname
-            and b.conn.info.port == catalogue.info.port and b.usable()]
+    idle = [conn for conn in second.idle() if not conn.closed and conn.info.dbname == catalogue.info.dbname
+            and conn.info.port == catalogue.info.port]
     assert idle
-    for beside in idle:
-        timeout = beside.conn.execute("SELECT current_setting('statement_timeout')::interval").fetchone()[0]
-        assert timeout.total_seconds() == search_module._BESIDE_STATEMENT_S
-        assert beside.conn.info.get_parameters().get("connect_timeout")
+    for conn in idle:
+        timeout = conn.execute("SELECT current_setting('statement_timeout')::interval").fetchone()[0]
+        assert timeout.total_seconds() == second.STATEMENT_S
+        assert conn.info.get_parameters().get("connect_timeout")
     with pytest.raises(TimeoutError, match=r"vector side on its second connection gave no answer within 0.05s"):
-        search_module._vector_beside(Future(), wait_s=0.05)
+        second.result(Future(), wait_s=0.05)

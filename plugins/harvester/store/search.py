@@ -22,7 +22,7 @@ keep in step with ``datasets``: its full text and the filters' values, folded on
   list, one whose title holds the query's words in a row as ranked second: a pasted title finds
   its dataset first. In single modes the score is that side's 1 / (rrf_k + rank) alone. The two
   sides run at the same time: the vector side's statement on a second connection to the same
-  database (_Beside, kept by the process), the text side's on the caller's (not when the caller's
+  database (store/beside.py, kept by the process), the text side's on the caller's (not when the caller's
   connection is inside a transaction: the other would not see its rows); the same statements, so
   the same results (``SearchSettings.beside=False``: one side after the other).
 - Rare exact matches (``hybrid``): when every word of the query is found together in few datasets
@@ -64,14 +64,10 @@ a cheaper one (duplicates.any_groups) instead.
 """
 from __future__ import annotations
 
-import atexit
 import json
-import os
 import re
-import threading
 import time
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
@@ -134,7 +130,7 @@ class SearchSettings:
     rare_matches: int = 5
     rare_share: float = 0.01
     # Hybrid: the vector side's statement runs on a second connection to the same database while the
-    # text side's run on the caller's (_Beside), when the caller's holds no open transaction: the same
+    # text side's run on the caller's (store/beside.py), when the caller's holds no open transaction: the same
     # statements, so the same results, in the time of the slower side instead of the sum (issue 40:
     # a 1% filter at a million, vector side 25 ms, text side 2-60 ms). False: one after the other.
     beside: bool = True
@@ -630,152 +626,6 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
     return "\n".join(r[0] for r in plan)
 
 
-# -- the two sides at once ---------------------------------------------------------------------------
-class _Beside:
-    """A second connection to a caller's database (the caller's conninfo, password included;
-    autocommit; the store's session settings, no migration), for the vector side's statements to run
-    on in a worker thread while the text side's run on the caller's connection. Opened in that worker
-    by the first hybrid search of a process against a database (while the text side runs) and kept by
-    the process (_besides: the idle ones, at most _BESIDE_MAX in use at once per database; a search
-    past that runs its sides one after the other), so that the next searches, an API request's as
-    well (a connection each), do not connect for it: it costs a backend per thread searching at once
-    (a few MB of server memory, a slot of max_connections)."""
-
-    def __init__(self, key: str):
-        import psycopg
-
-        from harvester.store import db
-
-        self.key = key
-        # bounded: the connect (unless the caller's conninfo sets its own connect_timeout) and every
-        # statement on it (the search waits for it at most _BESIDE_WAIT_S: _vector_beside)
-        conn = psycopg.connect(key, **({} if "connect_timeout" in key else {"connect_timeout": _BESIDE_CONNECT_S}))
-        self.conn = db.prepare(conn, migrate=False, application_name="harvester search (vector side)")
-        self.conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{_BESIDE_STATEMENT_S * 1000}",))
-
-    def usable(self) -> bool:
-        from psycopg import pq
-
-        return not self.conn.closed and self.conn.info.transaction_status == pq.TransactionStatus.IDLE
-
-
-class _NotBeside(Exception):
-    """The vector side did not run on a second connection (none could be opened, or it broke): it
-    runs on the caller's."""
-
-
-_BESIDE_MAX = 4  # second connections in use at once, per database
-_BESIDE_CONNECT_S = 10  # the connect_timeout of a second connection
-_BESIDE_STATEMENT_S = 300  # the statement_timeout on a second connection
-_BESIDE_WAIT_S = _BESIDE_CONNECT_S + _BESIDE_STATEMENT_S + 30  # the longest a search waits for its vector side
-_BESIDE_DATABASES = 8  # databases whose idle second connections are kept (tests make one per test)
-_besides: dict[str, list[_Beside]] = {}  # database (conninfo) -> its idle second connections
-_besides_busy: dict[str, int] = {}  # database -> its second connections in use
-_besides_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _beside_key(conn) -> tuple[str, _Beside | None] | None:
-    """A second connection to ``conn``'s database taken for one search (_run_beside gives it back):
-    (the database's conninfo, an idle one or None to open one in the worker), when it may be used:
-    ``conn`` holds no open transaction (the second connection would not see its uncommitted rows,
-    nor share its snapshot) and fewer than _BESIDE_MAX are in use. None: the sides one after the other."""
-    from psycopg import pq
-    from psycopg.conninfo import make_conninfo
-
-    if conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        return None
-    info = conn.info
-    key = make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
-    with _besides_lock:
-        idle = _besides.setdefault(key, [])
-        beside = None
-        while idle and beside is None:
-            beside = idle.pop()
-            if not beside.usable():
-                beside.conn.close()
-                beside = None
-        if beside is None and _besides_busy.get(key, 0) >= _BESIDE_MAX:
-            return None
-        _besides_busy[key] = _besides_busy.get(key, 0) + 1
-        for other in [k for k in _besides if k != key][:max(0, len(_besides) - _BESIDE_DATABASES)]:
-            for old in _besides.pop(other):  # the oldest databases' idle ones (a test's, dropped since)
-                old.conn.close()
-    return key, beside
-
-
-def _run_beside(key: str, beside: _Beside | None, function):
-    """In the worker: ``function`` on ``beside`` (opened here when None), which is then idle again
-    for the next search, or closed when broken. Raises _NotBeside when it could not be opened or
-    broke (a server restart, pg_terminate_backend): the caller runs ``function`` on its connection."""
-    import psycopg
-
-    try:
-        beside = beside or _Beside(key)
-    except Exception as exc:  # noqa: BLE001 - no second connection (max_connections, pg_hba)
-        with _besides_lock:
-            _besides_busy[key] -= 1
-        raise _NotBeside(str(exc)) from exc
-    try:
-        return function(beside.conn)
-    except psycopg.OperationalError as exc:
-        if beside.conn.closed:
-            raise _NotBeside(str(exc)) from exc
-        raise
-    finally:
-        with _besides_lock:
-            _besides_busy[key] -= 1
-            if beside.usable():
-                _besides.setdefault(key, []).append(beside)
-                beside = None
-        if beside is not None:
-            beside.conn.close()
-
-
-def _close_besides() -> None:
-    """At exit: the idle second connections closed (not left to the garbage collector)."""
-    with _besides_lock:
-        idle = [beside for besides in _besides.values() for beside in besides]
-        _besides.clear()
-    for beside in idle:
-        beside.conn.close()
-
-
-def _forget_besides() -> None:
-    """In a forked child (a web server's worker): the parent's second connections and worker threads
-    are not the child's (their sockets are the parent's: never closed from here)."""
-    global _pool, _besides_lock
-    _besides.clear()
-    _besides_busy.clear()
-    _besides_lock = threading.Lock()
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_besides)
-
-
-def _submit(function, *args):
-    global _pool
-    with _besides_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="harvester-search")
-            atexit.register(_close_besides)
-    return _pool.submit(function, *args)
-
-
-def _vector_beside(future, wait_s: float | None = None):
-    """The vector side's hits from the second connection, waited for at most ``wait_s`` (by default
-    _BESIDE_WAIT_S: past its connect and statement timeouts, so only a hung worker reaches it)."""
-    from concurrent.futures import TimeoutError as FutureTimeout
-
-    wait_s = _BESIDE_WAIT_S if wait_s is None else wait_s
-    try:
-        return future.result(timeout=wait_s)
-    except FutureTimeout:
-        raise TimeoutError(f"search: the vector side on its second connection gave no answer within {wait_s:g}s "
-                           "(its connect_timeout and statement_timeout passed)") from None
-
-
 # -- the search ------------------------------------------------------------------------------------
 def _items(conn, ids: list[int], tsquery: str | None) -> dict[int, dict]:
     rows = conn.execute(
@@ -925,6 +775,7 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
     the provider is misconfigured or the stored vectors do not fit its model (an operator must
     act; hiding it would leave search degraded)."""
     from harvester.embeddings import EmbeddingError, TerminalEmbeddingError, get_provider
+    from harvester.store import beside as second
     from harvester.store import duplicates, vectors
 
     if mode not in MODES:
@@ -972,15 +823,15 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
 
     started = time.perf_counter()
     # hybrid: the vector side on the second connection while the text side (its tsqueries too) runs
-    # here (_Beside); the same statements either way
-    beside = _beside_key(conn) if query_vector is not None and mode == "hybrid" and settings.beside else None
+    # here (store/beside.py); the same statements either way
+    beside = second.take(conn) if query_vector is not None and mode == "hybrid" and settings.beside else None
     vector_future = None
     if query_vector is not None and mode in ("hybrid", "vector"):
         def vector_side(c):
             return _vector_side(c, model, dimension, query_vector, where, params, settings, fetch,
                                 narrowing=_narrowing(filters), few=few)
         if beside is not None:
-            vector_future = _submit(_run_beside, *beside, vector_side)
+            vector_future = second.submit(beside, vector_side)
         else:
             vector_hits = vector_side(conn)
     tq = text_query(conn, query)
@@ -1027,8 +878,8 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
         notes.append("the query has no words to search the text for")
     if vector_future is not None:
         try:
-            vector_hits = _vector_beside(vector_future)
-        except _NotBeside:
+            vector_hits = second.result(vector_future)
+        except second.NotBeside:
             vector_hits = vector_side(conn)  # here, as without a second connection
 
     k = settings.rrf_k
