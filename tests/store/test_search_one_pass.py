@@ -265,3 +265,30 @@ def test_the_second_connection_and_the_wait_for_it_are_bounded(catalogue):
         assert conn.info.get_parameters().get("connect_timeout")
     with pytest.raises(TimeoutError, match=r"vector side on its second connection gave no answer within 0.05s"):
         second.result(Future(), wait_s=0.05)
+
+
+def test_the_kept_connections_are_keyed_without_the_password(catalogue):
+    """The caller's conninfo (password included) opens the second connection but is never its key
+    nor in a claim's repr (a traceback's locals, a debugger's view): the key is host:port/dbname
+    user and a digest; two conninfos of one database that differ in the password are two keys."""
+    import psycopg
+
+    from harvester.store import db as store_db
+
+    info = catalogue.info
+    claims = []
+    for password in ("s3cret-one", "s3cret-two"):  # the test server trusts: the password is not checked
+        conn = store_db.prepare(psycopg.connect(host=info.host, port=info.port, dbname=info.dbname,
+                                                user=info.user, password=password), migrate=False)
+        try:
+            claim = second.take(conn)
+            assert claim is not None and password in claim.conninfo
+            assert "s3cret" not in repr(claim) and "s3cret" not in claim.database
+            assert claim.database.startswith(f"{info.host}:{info.port}/{info.dbname} {info.user} #")
+            assert second.result(second.submit(claim, lambda c: c.execute("SELECT 1").fetchone()[0])) == 1
+            claims.append(claim)
+        finally:
+            conn.close()
+    assert claims[0].database != claims[1].database
+    # the second connections opened with each password are kept, idle, under those keys
+    assert {c.database for c in claims} <= set(second._idle)

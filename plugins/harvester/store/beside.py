@@ -3,7 +3,7 @@ caller's connection runs another: hybrid search's vector side beside its text si
 
 ``take(conn)`` claims one for a search (None: run one after the other: ``conn`` is inside a
 transaction, whose uncommitted rows and snapshot a second connection would not share, or
-``MAX_IN_USE`` are in use for that database); ``submit(taken, function)`` runs ``function(connection)``
+``MAX_IN_USE`` are in use for that database); ``submit(claim, function)`` runs ``function(connection)``
 on it in the process's worker threads; ``result(future)`` waits for the answer at most ``WAIT_S``.
 ``NotBeside`` from ``result``: no second connection could be opened, or it broke (a server restart,
 pg_terminate_backend): the caller runs ``function`` on its own connection.
@@ -19,9 +19,11 @@ child."""
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 MAX_IN_USE = 4  # second connections in use at once, per database
 CONNECT_S = 10  # the connect_timeout of a second connection
@@ -55,7 +57,24 @@ class _Beside:
         return not self.conn.closed and self.conn.info.transaction_status == pq.TransactionStatus.IDLE
 
 
-_idle: dict[str, list[_Beside]] = {}  # database (conninfo) -> its idle second connections
+@dataclass(frozen=True)
+class Claim:
+    """One search's claim on a second connection (take() gives it, submit() gives it back):
+    ``database`` names it without its secrets (host:port/dbname user, and a digest of the whole
+    conninfo: two conninfos of one database that differ, in a password or an option, are two), the
+    key the idle ones are kept under; ``conninfo`` (the caller's, password included) opens one and is
+    never shown (not in its repr, so not in a traceback's locals)."""
+    database: str
+    conninfo: str = field(repr=False)
+    beside: _Beside | None = field(default=None, repr=False)
+
+
+def _database(info, conninfo: str) -> str:
+    digest = hashlib.sha256(conninfo.encode()).hexdigest()[:12]
+    return f"{info.host}:{info.port}/{info.dbname} {info.user} #{digest}"
+
+
+_idle: dict[str, list[_Beside]] = {}  # database (Claim.database) -> its idle second connections
 _busy: dict[str, int] = {}  # database -> its second connections in use
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -67,10 +86,10 @@ def idle() -> list:
         return [beside.conn for besides in _idle.values() for beside in besides]
 
 
-def take(conn) -> tuple[str, _Beside | None] | None:
+def take(conn) -> Claim | None:
     """A second connection to ``conn``'s database claimed for one search (submit() gives it back
-    once its function ran): (the database's conninfo, an idle one or None to open one in the worker),
-    when it may be used: ``conn`` holds no open transaction and fewer than MAX_IN_USE are in use.
+    once its function ran), with an idle one or none (opened in the worker), when it may be used:
+    ``conn`` holds no open transaction and fewer than MAX_IN_USE are in use for that database.
     None: the caller runs both statements itself, one after the other."""
     from psycopg import pq
     from psycopg.conninfo import make_conninfo
@@ -78,7 +97,8 @@ def take(conn) -> tuple[str, _Beside | None] | None:
     if conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE:
         return None
     info = conn.info
-    key = make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
+    conninfo = make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
+    key = _database(info, conninfo)
     with _lock:
         idle = _idle.setdefault(key, [])
         beside = None
@@ -93,17 +113,18 @@ def take(conn) -> tuple[str, _Beside | None] | None:
         for other in [k for k in _idle if k != key][:max(0, len(_idle) - DATABASES_KEPT)]:
             for old in _idle.pop(other):  # the oldest databases' idle ones (a test's, dropped since)
                 old.conn.close()
-    return key, beside
+    return Claim(key, conninfo, beside)
 
 
-def _run(key: str, beside: _Beside | None, function):
-    """In the worker: ``function`` on ``beside`` (opened here when None), which is then idle again
-    for the next search, or closed when broken. Raises NotBeside when it could not be opened or
-    broke."""
+def _run(claim: Claim, function):
+    """In the worker: ``function`` on the claim's second connection (opened here when it has none),
+    which is then idle again for the next search, or closed when broken. Raises NotBeside when it
+    could not be opened or broke."""
     import psycopg
 
+    key = claim.database
     try:
-        beside = beside or _Beside(key)
+        beside = claim.beside or _Beside(claim.conninfo)
     except Exception as exc:  # noqa: BLE001 - no second connection (max_connections, pg_hba)
         with _lock:
             _busy[key] -= 1
@@ -146,14 +167,14 @@ def _forget() -> None:
 os.register_at_fork(after_in_child=_forget)
 
 
-def submit(taken: tuple[str, _Beside | None], function) -> Future:
+def submit(claim: Claim, function) -> Future:
     """``function(connection)`` run on the claimed second connection in a worker thread."""
     global _pool
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="harvester-search")
             atexit.register(_close_idle)
-    return _pool.submit(_run, *taken, function)
+    return _pool.submit(_run, claim, function)
 
 
 def result(future: Future, wait_s: float | None = None):
