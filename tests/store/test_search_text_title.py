@@ -6,7 +6,7 @@ matches than the cap is ranked exactly as uncapped. Real PostgreSQL; a few hundr
 directly (no run, no vectors: text mode)."""
 from __future__ import annotations
 
-from harvester.store.search import _TITLE_WORDS, SearchFilters, SearchSettings, search
+from harvester.store.search import _TITLE_WORDS, SearchFilters, SearchSettings, _text_side, filter_sql, search, text_query
 
 PORTALS = ("https://a.example", "https://b.example")
 
@@ -71,3 +71,34 @@ def test_the_titles_words_are_read_from_their_index(db):
         f"EXPLAIN SELECT s.dataset_id FROM dataset_search s WHERE {_TITLE_WORDS} @@ to_tsquery('english', 'reservoir')"
     ).fetchall())
     assert "dataset_search_title" in plan, plan
+
+
+def test_one_read_past_the_cap_ranks_the_titles_matches_first_too(db):
+    """The one read of a stage's matches (search() asks for it when PostgreSQL expects them under
+    the cap; its estimates of words found together are often several times too low) counts them as
+    it reads: past the cap, the titles' matches are read first, as when asked at once."""
+    fill(db)
+    stage = text_query(db, "reservoir levels").stages[0]
+    for filters in ({}, {"portal_url": PORTALS[1]}):
+        where, params = filter_sql(SearchFilters(**filters))
+        one_read = _text_side(db, stage, where, params, 10, cap=20, titles=False)
+        assert one_read == _text_side(db, stage, where, params, 10, cap=20, titles=True)
+        assert one_read == _text_side(db, stage, where, params, 10, cap=0)[:10]  # the uncapped ranking's top 10
+        # under the cap, the one read ranks every match: the same as titles first
+        assert _text_side(db, stage, where, params, 10, cap=400, titles=False) == \
+            _text_side(db, stage, where, params, 10, cap=400, titles=True)
+
+
+def test_the_text_side_leaves_the_callers_settings_as_they_were(db):
+    """The text side's statements are planned without sequential scans (a LIMIT over a portal's
+    rows lying together read most of a million-row table), set for them alone: a caller's open
+    transaction and its session keep their enable_seqscan."""
+    fill(db)
+    for setting in ("on", "off"):
+        db.execute("SELECT set_config('enable_seqscan', %s, false)", (setting,))
+        with db.transaction():
+            assert _found(db, "reservoir levels", 1)
+            assert _found(db, "river", 0, portal_url=PORTALS[0])
+            assert db.execute("SELECT current_setting('enable_seqscan')").fetchone()[0] == setting
+        assert _found(db, "reservoir levels", 10000)
+        assert db.execute("SELECT current_setting('enable_seqscan')").fetchone()[0] == setting
