@@ -364,11 +364,15 @@ _TITLE_WORDS = "ts_filter(s.document, '{a}')"
 # words found together, often in the same titles, can be several times too low: a wide margin;
 # under the cap the order read in changes nothing, only the time: 3.4 ms more a stage at 100,000).
 _TITLES_FIRST_SHARE = 0.1
-# Through the index, the title matches are read first at once (not after one read of every match
-# under the filters, counted up to the cap) when PostgreSQL expects at least this share of the cap
-# under the filters (its estimate of the stage's matches, times the filters' share of the catalogue):
-# a stage past the cap pays the one read, then titles first; one under it, titles first in vain
-# (the full-text index read twice, the title matches' rows outside the filter read).
+# Under filters, through the index, the title matches are read first at once (not after one read of
+# every match under the filters, counted up to the cap) when PostgreSQL expects at least this share
+# of the cap under them (its estimate of the stage's matches times the filters' share of the
+# catalogue): a stage past the cap pays the one read, then titles first; one under it, titles first
+# in vain (the full-text index read twice, the title matches' rows outside the filter read). At
+# 1,000,000 datasets, p95 of hybrid under a 5% portal 709 -> 231 ms near the query, 291 -> 181 ms
+# far from it (beside the seqscan-free plans); 0.1 here gave 251 and 314. Without a filter the
+# estimate is the stage's alone and _TITLES_FIRST_SHARE decides (at 0.5, p50 53 -> 67 ms: more
+# stages past the cap read twice).
 _TITLES_FIRST_EXPECTED = 0.5
 
 
@@ -383,8 +387,8 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
     bounded set that holds its title matches (up to the cap), the datasets nearest in meaning left
     to the vector side and the fusion. ``titles=False``: every match under the filters read once
     and ranked, counted as it is read, and titles first only when that passed the cap (search()
-    asks so unless PostgreSQL expects the filters to hold at least _TITLES_FIRST_EXPECTED of the
-    cap's matches: the same ranking, without reading the index twice and the title matches' rows
+    asks so when PostgreSQL expects the stage well under the cap, _TITLES_FIRST_SHARE, or the
+    filters to hold less than _TITLES_FIRST_EXPECTED of the cap's matches: the same ranking, without reading the index twice and the title matches' rows
     outside the filter: at a million datasets, 'boundary files' under a 5% portal, 87,191 matches
     of which 6,078 on the portal, 115 ms titles first, one read 40-50 ms).
 
@@ -904,8 +908,6 @@ def search(conn, query: str, *, mode: str = "hybrid", filters: SearchFilters | N
                 if titles and passing is not None:  # the matches PostgreSQL expects under the filters
                     catalogue = catalogue or max(1.0, _estimated_matches(conn, "TRUE", {}))
                     titles = matches * min(1.0, passing / catalogue) >= cap * _TITLES_FIRST_EXPECTED
-                elif titles:
-                    titles = matches >= cap * _TITLES_FIRST_EXPECTED
                 hits = _text_side(conn, stage, where, params, fetch - len(text_hits),
                                   exclude=[i for i, _ in text_hits], cap=cap, few=stage_few, titles=titles)
             if number == 0:
