@@ -454,21 +454,29 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
     ORDER BY m.rank DESC, m.dataset_id
     LIMIT %(n)s
     """
-    return _text_rows(conn, statement, values)
+    return _text_rows(conn, statement, values, seqscan=False)
 
 
-def _text_rows(conn, statement: str, values: dict, found: bool = False) -> list[tuple] | None:
-    """The text statement's (dataset id, ts_rank) rows, planned without sequential scans: every
-    text statement has an index to read (the full-text index, a filter's), and a LIMIT makes
-    PostgreSQL expect a scan of the table in order to stop early, as if the matches were spread
-    evenly; a portal's rows lie together, so it read 590,000 rows of a million to find 7,838 of a
-    15% portal (612 ms, against 50 ms through the indexes). ``found``: the statement's third column
-    counts what it read; None when that passed the cap (``values["over"]`` = the cap + 1)."""
-    with conn.transaction():
-        before = conn.execute("SELECT current_setting('enable_seqscan'), set_config('enable_seqscan', 'off', true)"
-                              ).fetchone()[0]
+def _text_rows(conn, statement: str, values: dict, found: bool = False, seqscan: bool = True) -> list[tuple] | None:
+    """The text statement's (dataset id, ts_rank) rows. ``found``: the statement's third column
+    counts what it read; None when that passed the cap (``values["over"]`` = the cap + 1).
+
+    ``seqscan=False``: planned without sequential scans (set for the statement alone, in a
+    transaction, the caller's setting put back: four round trips more, for the titles-first
+    statement only, whose LIMIT over an unmaterialized read makes PostgreSQL expect a scan of the
+    table in order to stop early, as if the matches lay evenly across it; a portal's rows lie
+    together, so it read 590,000 rows of a million to find 7,838 of a 15% portal: 612 ms, against 50
+    ms through the indexes). The one read under the cap is a materialized read PostgreSQL expects
+    to finish (it chooses it when it expects the filters to hold under half the cap): no LIMIT to
+    stop early at, and no round trip more on the path most queries take."""
+    if seqscan:
         rows = conn.execute(statement, values).fetchall()
-        conn.execute("SELECT set_config('enable_seqscan', %s, true)", (before,))
+    else:
+        with conn.transaction():
+            before = conn.execute("SELECT current_setting('enable_seqscan'), set_config('enable_seqscan', 'off', true)"
+                                  ).fetchone()[0]
+            rows = conn.execute(statement, values).fetchall()
+            conn.execute("SELECT set_config('enable_seqscan', %s, true)", (before,))
     if found and rows and values.get("over") is not None and rows[0][2] >= values["over"]:
         return None
     return [(r[0], float(r[1])) for r in rows]
