@@ -310,20 +310,22 @@ def test_begin_gives_up_after_the_wait_limit_naming_the_run_that_holds_the_porta
     harvest.configure(portal_server.base_url)
     monkeypatch.setenv("HARVESTER_TASK_RETRIES", "2")  # a retry would not help: there is none
     monkeypatch.setenv("HARVESTER_BUSY_POLL_SECS", "1")
-    monkeypatch.setenv("HARVESTER_BUSY_WAIT_SECS", "3")
+    monkeypatch.setenv("HARVESTER_BUSY_WAIT_SECS", "4")
     holder = store_runs.start(db, portal_url=portal_server.base_url, portal_name="test",
                               dag_run_id="scheduled__2026-11-22T00:00:00+00:00", mode="full", since=None)
     dag_run = harvest.run()
     assert dag_run.state == "failed"
     assert task_instances(dag_run)[("begin", -1)][:2] == ("failed", 1)
-    assert reschedules(dag_run) >= 3
+    # it poked again and again without its slot: how many times in 4 s is the machine's speed (a poke
+    # opens a connection and runs begin; 3 a second apart once read 2 on a loaded machine)
+    assert reschedules(dag_run) >= 2
     out = capfd.readouterr()
     said = out.out + out.err + caplog.text
     failure = [line for line in said.splitlines() if "AirflowFailException" in line and "Gave up" in line]
     assert failure, said[-3000:]
     assert (f"test is being harvested by run {holder.run_id} (started " in failure[0]
             and "by DAG run scheduled__2026-11-22T00:00:00+00:00)" in failure[0]
-            and "(HARVESTER_BUSY_WAIT_SECS 3)." in failure[0]), failure[0]
+            and "(HARVESTER_BUSY_WAIT_SECS 4)." in failure[0]), failure[0]
     assert store_runs.get(db, holder.run_id).status == "running"  # the holder goes on
     assert db.execute("SELECT count(*) FROM sync_runs").fetchone()[0] == 1
 
