@@ -217,3 +217,53 @@ def test_a_large_portals_run_builds_its_index_after_its_commit(db, reader, porta
     assert main(["embeddings", "portal-indexes", "--build", "--portal", portal.url]) == 0
     out = capsys.readouterr().out
     assert f"{portal.url}: built" in out and "valid" in out and "yes" in out, out
+
+
+def _three_paths(conn):
+    """A vector search through each of the vector side's statements: the portal's own index, the
+    shared index, and the exact ranking of a filter expected to leave few datasets."""
+    indexed = SearchSettings(exact_limit=0, portal_ef_search=300, ef_search=300, max_scan_tuples=5000)
+    for filters, settings in ((SearchFilters(portal_url=BIG), indexed), (SearchFilters(), indexed),
+                              (SearchFilters(portal_url=SMALL), SearchSettings(exact_limit=10**9))):
+        found = search(conn, "x", mode="vector", filters=filters, limit=10, settings=settings,
+                       query_vector=_vector(7), provider=GivenVectors(MODEL))
+        assert len(found.items) == 10
+
+
+def _scan_settings(conn) -> tuple:
+    return conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan'),"
+                        " current_setting('hnsw.max_scan_tuples')").fetchone()
+
+
+def test_the_vector_side_leaves_the_callers_settings_as_they_were(db):
+    """The HNSW scans' settings (ef_search, the iterative scan, its bound) hold for the scan alone:
+    inside a caller's open transaction (the vector side's own is then a savepoint, and a released
+    savepoint keeps what SET LOCAL set) the caller's values come back; after it, the session's."""
+    conn = db
+    fill(conn)
+    portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)
+    assert portal_indexes.usable(conn, BIG, MODEL)
+    conn.execute("SELECT set_config('hnsw.ef_search', '55', false), set_config('hnsw.max_scan_tuples', '7000', false)")
+    session = _scan_settings(conn)
+    assert session == ("55", "off", "7000")
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.ef_search', '77', true),"
+                     " set_config('hnsw.iterative_scan', 'strict_order', true)")
+        _three_paths(conn)
+        assert _scan_settings(conn) == ("77", "strict_order", "7000")
+    assert _scan_settings(conn) == session
+    _three_paths(conn)
+    assert _scan_settings(conn) == session
+
+
+def test_vector_statements_are_planned_for_their_values_never_prepared(db):
+    """As the text side's (test_search_text_title.py): psycopg prepares a query text run five times
+    on a connection, and PostgreSQL may then plan it once for any filter; searched ten times through
+    each path, none of the vector side's statements is a prepared statement."""
+    conn = db
+    fill(conn)
+    portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)
+    for _ in range(10):
+        _three_paths(conn)
+    prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()]
+    assert not [s for s in prepared if "<=>" in s], prepared

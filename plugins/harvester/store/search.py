@@ -64,6 +64,7 @@ a cheaper one (duplicates.any_groups) instead.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -607,13 +608,32 @@ def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
         """).format(expr=expr, q=q, portal=literal(portal_url), model=literal(model), where=sql.SQL(where))
 
 
-def _scan_settings(conn, ef_search: int, max_scan_tuples: int) -> None:
-    """Inside a transaction: the HNSW scan's settings, for it only. Relaxed order: the scan goes on
-    past ef_search until enough rows pass the filters; the outer ORDER BY restores the exact order
-    of what it found."""
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true),"
-                 " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                 " set_config('hnsw.max_scan_tuples', %s, true)", (str(ef_search), str(max_scan_tuples)))
+_SCAN_SETTINGS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples")
+
+
+@contextlib.contextmanager
+def _hnsw_scan(conn, ef_search: int, max_scan_tuples: int):
+    """A transaction in which the HNSW scan's settings hold, for it only. Relaxed order: the scan
+    goes on past ef_search until enough rows pass the filters; the outer ORDER BY restores the exact
+    order of what it found. Inside a caller's open transaction that is a savepoint, and a released
+    savepoint keeps what SET LOCAL set until the caller's transaction ends: the caller's values are
+    then put back (a failed scan rolls the savepoint back, and them with it)."""
+    from psycopg.pq import TransactionStatus
+
+    inside = conn.info.transaction_status == TransactionStatus.INTRANS
+    with conn.transaction():
+        before = conn.execute(
+            "SELECT " + ", ".join(f"current_setting('{name}', true)" for name in _SCAN_SETTINGS) +
+            ", set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+            " set_config('hnsw.max_scan_tuples', %s, true)", (str(ef_search), str(max_scan_tuples))).fetchone()
+        yield
+        if inside:
+            # a setting the session had not known yet (pgvector loads when first used) goes back to
+            # its default
+            conn.execute(
+                "SELECT set_config(b.name, coalesce(b.value, s.reset_val), true)"
+                " FROM unnest(%s::text[], %s::text[]) AS b(name, value) JOIN pg_settings s ON s.name = b.name",
+                (list(_SCAN_SETTINGS), list(before[:len(_SCAN_SETTINGS)])))
 
 
 def _estimated_matches(conn, where: str, params: dict) -> float:
@@ -642,18 +662,18 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
     if few is None:  # (``few``: search() has asked already)
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
+    # never prepared, as the text side's statements (_text_rows): planned for the filter's values
     if few:
-        return [(r[0], float(r[1])) for r in conn.execute(exact, values).fetchall()]
+        return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
-    with conn.transaction():
-        if portal and portal_indexes.usable(conn, portal, model):
-            _scan_settings(conn, settings.portal_ef_search, settings.max_scan_tuples)
-            rows = conn.execute(_portal_statement(dimension, where, portal, model), values).fetchall()
-        else:
-            _scan_settings(conn, settings.ef_search, settings.max_scan_tuples)
-            rows = conn.execute(hnsw, values).fetchall()
+    if portal and portal_indexes.usable(conn, portal, model):
+        statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
+    else:
+        statement, ef_search = hnsw, settings.ef_search
+    with _hnsw_scan(conn, ef_search, settings.max_scan_tuples):
+        rows = conn.execute(statement, values, prepare=False).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
-        rows = conn.execute(exact, values).fetchall()
+        rows = conn.execute(exact, values, prepare=False).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
