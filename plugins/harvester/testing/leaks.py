@@ -3,7 +3,9 @@
 every row of Airflow's metadata database."""
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import time
 import zlib
 from pathlib import Path
 
@@ -26,15 +28,31 @@ def airflow_home_text(home: Path) -> str:
     files = [p for p in home.rglob("*") if p.is_file()]
     assert home / "airflow.db" in files
     text = [p.read_bytes().decode("utf-8", "replace") for p in files]
-    with sqlite3.connect(home / "airflow.db") as meta:
-        for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-            for row in meta.execute(f'SELECT * FROM "{table}"'):
-                for value in row:
-                    if isinstance(value, bytes):
-                        try:
-                            value = zlib.decompress(value)
-                        except zlib.error:
-                            pass
-                        value = value.decode("utf-8", "replace")
-                    text.append(str(value))
-    return "\n".join(text)
+    return "\n".join(text + _rows(home / "airflow.db"))
+
+
+def _rows(path: Path, tries: int = 3) -> list[str]:
+    """Every value of every table of the SQLite database ``path``, read in one transaction. Airflow's
+    own connections in this process (and processes a test started) have it open in WAL mode; a read
+    that failed with "disk I/O error" once in a whole run of the suite is tried again, ``tries``
+    times in all, half a second apart, and then fails naming the file."""
+    for attempt in range(1, tries + 1):
+        try:
+            values = []
+            with contextlib.closing(sqlite3.connect(path, timeout=10)) as meta:
+                for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                    for row in meta.execute(f'SELECT * FROM "{table}"'):
+                        for value in row:
+                            if isinstance(value, bytes):
+                                try:
+                                    value = zlib.decompress(value)
+                                except zlib.error:
+                                    pass
+                                value = value.decode("utf-8", "replace")
+                            values.append(str(value))
+            return values
+        except sqlite3.OperationalError as exc:
+            if attempt == tries:
+                raise AssertionError(f"{path} could not be read in {tries} tries: {exc}") from exc
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
