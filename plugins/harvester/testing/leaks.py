@@ -32,7 +32,7 @@ def airflow_home_text(home: Path) -> str:
 
 
 def _rows(path: Path, tries: int = 3) -> list[str]:
-    """Every value of every table of the SQLite database ``path``, read in one transaction. Airflow's
+    """Every value of every table of the SQLite database ``path``, on a connection closed after. Airflow's
     own connections in this process (and processes a test started) have it open in WAL mode; a read
     that failed with "disk I/O error" once in a whole run of the suite is tried again, ``tries``
     times in all, half a second apart, and then fails naming the file."""
