@@ -4,8 +4,9 @@ every row of Airflow's metadata database."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sqlite3
-import time
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -31,15 +32,21 @@ def airflow_home_text(home: Path) -> str:
     return "\n".join(text + _rows(home / "airflow.db"))
 
 
-def _rows(path: Path, tries: int = 3) -> list[str]:
-    """Every value of every table of the SQLite database ``path``, on a connection closed after. Airflow's
-    own connections in this process (and processes a test started) have it open in WAL mode; a read
-    that failed with "disk I/O error" once in a whole run of the suite is tried again, ``tries``
-    times in all, half a second apart, and then fails naming the file."""
-    for attempt in range(1, tries + 1):
+def _rows(path: Path) -> list[str]:
+    """Every value of every table of the SQLite database ``path``, read from a copy of its file and
+    its WAL. Airflow's own connections in this process hold the file open in WAL mode, and a second
+    connection in the same process shares SQLite's per-process state of that file (its locks, its
+    shared memory): in two whole runs of the suite such a read failed with "disk I/O error" (three
+    tries half a second apart did not help; alone it passed). The copy has a state of its own;
+    nothing writes the file meanwhile (the runs a test looks at have ended)."""
+    with tempfile.TemporaryDirectory(prefix="harvester-leaks-") as directory:
+        copy = Path(directory) / path.name
+        for suffix in ("", "-wal"):
+            if Path(f"{path}{suffix}").is_file():
+                shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
+        values = []
         try:
-            values = []
-            with contextlib.closing(sqlite3.connect(path, timeout=10)) as meta:
+            with contextlib.closing(sqlite3.connect(copy, timeout=10)) as meta:
                 for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                     for row in meta.execute(f'SELECT * FROM "{table}"'):
                         for value in row:
@@ -50,9 +57,8 @@ def _rows(path: Path, tries: int = 3) -> list[str]:
                                     pass
                                 value = value.decode("utf-8", "replace")
                             values.append(str(value))
-            return values
         except sqlite3.OperationalError as exc:
-            if attempt == tries:
-                raise AssertionError(f"{path} could not be read in {tries} tries: {exc}") from exc
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
+            raise AssertionError(f"{path} (copied) could not be read: {exc} "
+                                 f"({getattr(exc, 'sqlite_errorname', 'no SQLite error name')})") from exc
+        assert values, f"{path} (copied): no rows read"
+        return values
