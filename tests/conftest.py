@@ -57,37 +57,10 @@ def pytest_unconfigure(config):
 SLOW_FIXTURES = {"harvest", "airflow_db"}
 
 
-# The longest modules run first. `make test` hands whole modules to its two processes in the order
-# collected; a module of minutes handed out last leaves one process working alone at the end (the
-# scale bench's, 2-5 minutes, did: about 4 minutes of one process in a 25-minute run). Listed
-# longest first, from the suite's --durations; the sort is stable, so the rest keep their order.
-# Before them, the two modules that read Airflow's SQLite file themselves (testing/leaks.py): run
-# late in a process after these, that read failed twice with "disk I/O error" (cause not found;
-# alone, and after each of these in one process, it passed).
-FIRST_MODULES = (
-    "tests/config/test_secret_never_leaves.py",
-    "tests/config/test_secrets.py",
-    "tests/dags/test_scale_bench.py",
-    "tests/cli/test_newcomer.py",
-    "tests/dags/test_scheduler.py",
-    "tests/embeddings/test_onnx_runtime.py",
-)
-
-
-def _first(item) -> int:
-    path = Path(str(item.path)).resolve()
-    module = path.relative_to(ROOT).as_posix() if ROOT in path.parents else ""
-    return FIRST_MODULES.index(module) if module in FIRST_MODULES else len(FIRST_MODULES)
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
-    missing = [module for module in FIRST_MODULES if not (ROOT / module).is_file()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py FIRST_MODULES names no such file: {missing}")
-    items.sort(key=_first)
 
 
 @pytest.fixture(scope="session")

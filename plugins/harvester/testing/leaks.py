@@ -3,10 +3,7 @@
 every row of Airflow's metadata database."""
 from __future__ import annotations
 
-import contextlib
-import shutil
 import sqlite3
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -29,36 +26,15 @@ def airflow_home_text(home: Path) -> str:
     files = [p for p in home.rglob("*") if p.is_file()]
     assert home / "airflow.db" in files
     text = [p.read_bytes().decode("utf-8", "replace") for p in files]
-    return "\n".join(text + _rows(home / "airflow.db"))
-
-
-def _rows(path: Path) -> list[str]:
-    """Every value of every table of the SQLite database ``path``, read from a copy of its file and
-    its WAL. Airflow's own connections in this process hold the file open in WAL mode, and a second
-    connection in the same process shares SQLite's per-process state of that file (its locks, its
-    shared memory): in two whole runs of the suite such a read failed with "disk I/O error" (three
-    tries half a second apart did not help; alone it passed). The copy has a state of its own;
-    nothing writes the file meanwhile (the runs a test looks at have ended)."""
-    with tempfile.TemporaryDirectory(prefix="harvester-leaks-") as directory:
-        copy = Path(directory) / path.name
-        for suffix in ("", "-wal"):
-            if Path(f"{path}{suffix}").is_file():
-                shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
-        values = []
-        try:
-            with contextlib.closing(sqlite3.connect(copy, timeout=10)) as meta:
-                for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-                    for row in meta.execute(f'SELECT * FROM "{table}"'):
-                        for value in row:
-                            if isinstance(value, bytes):
-                                try:
-                                    value = zlib.decompress(value)
-                                except zlib.error:
-                                    pass
-                                value = value.decode("utf-8", "replace")
-                            values.append(str(value))
-        except sqlite3.OperationalError as exc:
-            raise AssertionError(f"{path} (copied) could not be read: {exc} "
-                                 f"({getattr(exc, 'sqlite_errorname', 'no SQLite error name')})") from exc
-        assert values, f"{path} (copied): no rows read"
-        return values
+    with sqlite3.connect(home / "airflow.db") as meta:
+        for (table,) in meta.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            for row in meta.execute(f'SELECT * FROM "{table}"'):
+                for value in row:
+                    if isinstance(value, bytes):
+                        try:
+                            value = zlib.decompress(value)
+                        except zlib.error:
+                            pass
+                        value = value.decode("utf-8", "replace")
+                    text.append(str(value))
+    return "\n".join(text)
