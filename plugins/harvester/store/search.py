@@ -65,6 +65,7 @@ a cheaper one (duplicates.any_groups) instead.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -238,6 +239,7 @@ def filter_sql(filters: SearchFilters, alias: str = "s") -> tuple[str, dict]:
     if filters.portal_url:
         parts.append(f"{a}.portal_url = %(f_portal)s")
         params["f_portal"] = filters.portal_url
+        params["f_portal_lexeme"] = portal_lexeme(filters.portal_url)
     for name, column, key in _ARRAY_FILTERS:
         if getattr(filters, name):
             parts.append(f"{a}.{column} @> ARRAY[{key.format(f'%(f_{name})s')}]")
@@ -360,6 +362,28 @@ _ROWS_PER_INDEX_ENTRY = 4
 # The title's words of a dataset's document, as sql/030's index has them (the same expression, so
 # that PostgreSQL uses the index).
 _TITLE_WORDS = "ts_filter(s.document, '{a}')"
+# What the full-text index holds (sql/035): each document with its portal as one more lexeme,
+# 'p:' and the md5 of the portal URL (md5 of the URL's UTF-8 bytes, as in Python). A user's words
+# never form it: the query parser splits at the colon.
+_MATCHED = "(s.document || array_to_tsvector(ARRAY['p:' || md5(s.portal_url)]))"
+
+
+def portal_lexeme(portal_url: str) -> str:
+    """The tsquery of a portal's lexeme in the full-text index (sql/035)."""
+    return f"'p:{hashlib.md5(portal_url.encode('utf-8')).hexdigest()}'"
+
+
+def _matches(params: dict, name: str = "tsq") -> str:
+    """The condition "the document matches %(name)s" as the full-text index answers it: under a
+    portal filter with the portal's lexeme, so that GIN gives only that portal's matches (a third
+    to two thirds faster than ANDing them with a bitmap of the portal's rows at a million datasets);
+    without one, the words alone. The same rows as ``s.document @@ ...`` under the same filters."""
+    # the document's own test first: a scan of rows (a common word without a filter, stopping at
+    # the cap) tests it on every row, and the expression (an md5 and a copy of the document) only on
+    # the rows that match
+    if "f_portal_lexeme" in params:
+        return f"s.document @@ %({name})s::tsquery AND {_MATCHED} @@ (%({name})s::tsquery && %(f_portal_lexeme)s::tsquery)"
+    return f"s.document @@ %({name})s::tsquery AND {_MATCHED} @@ %({name})s::tsquery"
 # The title matches are read first (sql/030's index) when the stage may have more matches than the
 # cap: PostgreSQL expects more than this share of the cap in the whole catalogue (its estimate of
 # words found together, often in the same titles, can be several times too low: a wide margin;
@@ -420,7 +444,7 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
         statement = f"""
         WITH m AS MATERIALIZED (
             SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank FROM dataset_search s
-            WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+            WHERE {_matches(params)} AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
             LIMIT %(over)s)
         SELECT m.dataset_id, m.rank, (SELECT count(*) FROM m) AS found
         FROM m
@@ -440,7 +464,7 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
     statement = f"""
     WITH t AS MATERIALIZED (
         SELECT s.dataset_id, ts_rank(s.document, %(tsq)s::tsquery, 1) AS rank FROM dataset_search s
-        WHERE {_TITLE_WORDS} @@ %(tsq)s::tsquery AND s.document @@ %(tsq)s::tsquery AND {where}
+        WHERE {_TITLE_WORDS} @@ %(tsq)s::tsquery AND {_matches(params)} AND {where}
           AND NOT (s.dataset_id = ANY(%(exclude)s))
         LIMIT %(cap)s)
     SELECT m.dataset_id, m.rank
@@ -448,7 +472,7 @@ def _text_side(conn, tsquery: str, where: str, params: dict, limit: int, exclude
           UNION ALL
           (SELECT f.dataset_id, ts_rank(f.document, %(tsq)s::tsquery, 1)
            FROM (SELECT s.dataset_id, s.document FROM dataset_search s
-                 WHERE s.document @@ %(tsq)s::tsquery AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
+                 WHERE {_matches(params)} AND {where} AND NOT (s.dataset_id = ANY(%(exclude)s))
                  LIMIT %(cap)s) f
            WHERE NOT ({_TITLE_WORDS.replace("s.", "f.")} @@ %(tsq)s::tsquery)
            LIMIT greatest(0, %(cap)s - (SELECT count(*) FROM t)))) m
@@ -802,7 +826,7 @@ def _strict_count(conn, tsquery: str, where: str, params: dict, bound: int) -> i
     return conn.execute(
         f"""
         SELECT count(*) FROM (SELECT 1 FROM dataset_search s
-                              WHERE s.document @@ %(tsq)s::tsquery AND {where} LIMIT %(cap)s) m
+                              WHERE {_matches(params)} AND {where} LIMIT %(cap)s) m
         """, {**params, "tsq": tsquery, "cap": bound + 1}).fetchone()[0]
 
 
