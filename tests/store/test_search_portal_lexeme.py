@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harvester.store.search import _matches, filter_sql, portal_lexeme, SearchFilters, text_query
+from harvester.testing.search_rows import insert_texts
 
 # three portals, one of them a prefix of another's URL, one with a non-ASCII path
 PORTALS = ("https://a.example", "https://a.example/sub", "https://dados.example/organização")
@@ -27,15 +28,7 @@ def fill(conn) -> None:
         rows += [(portal, f"river {i}", f"River flow {i}", f"Flow of the river at station {i}") for i in range(30)]
         # many other datasets: the portal's rows far outnumber a query's matches, as on a large portal
         rows += [(portal, f"census {i}", f"Census table {i}", f"Households of district {i}") for i in range(400)]
-    with conn.cursor() as cur:
-        cur.executemany(
-            """
-            INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                                  description, first_seen_at, updated_at, last_seen_at, raw, search_config)
-            VALUES (%(p)s, %(s)s, %(p)s || '/' || %(s)s, md5(%(p)s || %(s)s), md5('c' || %(p)s || %(s)s),
-                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), now(), '{}', 'english')
-            """, [{"p": p, "s": s, "t": t, "d": d} for p, s, t, d in rows])
-    conn.execute("VACUUM ANALYZE dataset_search")
+    insert_texts(conn, rows)
 
 
 @pytest.mark.parametrize("url", [*PORTALS, "http://127.0.0.1:8765"])

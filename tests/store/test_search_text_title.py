@@ -7,6 +7,7 @@ directly (no run, no vectors: text mode)."""
 from __future__ import annotations
 
 from harvester.store.search import _TITLE_WORDS, SearchFilters, SearchSettings, _text_side, filter_sql, search, text_query
+from harvester.testing.search_rows import insert_texts
 
 PORTALS = ("https://a.example", "https://b.example")
 
@@ -22,15 +23,7 @@ def fill(conn) -> None:
         rows += [(portal, f"title {i}", f"Reservoir levels {i}", f"Table {i}") for i in range(10)]
         rows += [(portal, f"word {i}", f"Reservoir {i}", f"Levels of table {i}") for i in range(5)]
         rows += [(portal, f"river {i}", f"River flow {i}", f"Flow of the river, station {i}") for i in range(100)]
-    with conn.cursor() as cur:
-        cur.executemany(
-            """
-            INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                                  description, first_seen_at, updated_at, last_seen_at, raw, search_config)
-            VALUES (%(p)s, %(s)s, %(p)s || '/' || %(s)s, md5(%(p)s || %(s)s), md5('c' || %(p)s || %(s)s),
-                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), now(), '{}', 'english')
-            """, [{"p": p, "s": s, "t": t, "d": d} for p, s, t, d in rows])
-    conn.execute("VACUUM ANALYZE dataset_search")
+    insert_texts(conn, rows)
 
 
 def _found(conn, query: str, cap: int, **filters) -> list[tuple]:

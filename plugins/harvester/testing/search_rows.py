@@ -35,6 +35,20 @@ def insert_datasets(conn, portals: list[str]) -> None:
         """, {"portals": list(portals), "n": len(portals)})
 
 
+def insert_texts(conn, rows: list[tuple[str, str, str, str]], config: str = "english") -> None:
+    """Datasets with texts to search: ``rows`` of (portal, source id, title, description), each
+    searched with the text search ``config``; then dataset_search vacuumed and analyzed."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            """
+            INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
+                                  description, first_seen_at, updated_at, last_seen_at, raw, search_config)
+            VALUES (%(p)s, %(s)s, %(p)s || '/' || %(s)s, md5(%(p)s || %(s)s), md5('c' || %(p)s || %(s)s),
+                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), now(), '{}', %(c)s)
+            """, [{"p": p, "s": s, "t": t, "d": d, "c": config} for p, s, t, d in rows])
+    conn.execute("VACUUM ANALYZE dataset_search")
+
+
 def insert_vectors(conn, count: int, model: str) -> None:
     """The vector of ``model`` (``spiral_vector``) for the texts of datasets 0 to ``count`` - 1."""
     with conn.cursor() as cur:
