@@ -48,14 +48,14 @@ test-fast: $(STAMP)
 
 # What `make test` runs on the embedded PostgreSQL 18, on another installation (issue 37: 15 to 18):
 # the migrations from an empty database, and the DAG runs of a first sync, an incremental, a
-# reconciliation, history and hybrid search; then tests/deploy/ (the compose stack, an upgrade),
+# reconciliation, history, hybrid search and the search row; then tests/deploy/ (the compose stack, an upgrade),
 # which a plain `pytest` does not collect. Needs that PostgreSQL with pgvector >= 0.8.0 and Debian's
 # redis-server: .ci/postgres15 installs them for Debian 12's 15 (POSTGRES_BIN=/usr/lib/postgresql/17/bin
 # for another).
 POSTGRES_BIN ?= /usr/lib/postgresql/15/bin
 DEPLOY_PG_TESTS := tests/store/test_migrations.py tests/dags/test_harvest_dag.py tests/dags/test_reconcile_dag.py \
 	tests/dags/test_history_dag.py tests/store/test_history.py tests/store/test_hybrid_search.py \
-	tests/store/test_portal_indexes.py tests/store/test_search_text_title.py
+	tests/store/test_portal_indexes.py tests/store/test_search_text_title.py tests/store/test_search_row.py
 test-deploy: $(STAMP)
 	HARVESTER_TEST_POSTGRES_BIN=$(POSTGRES_BIN) $(BIN)/python -m pytest $(DEPLOY_PG_TESTS) $(PYTEST_ARGS)
 	HARVESTER_TEST_POSTGRES_BIN=$(POSTGRES_BIN) HARVESTER_DEPLOY_TESTS=1 $(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
