@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from harvester.store import migrations
 from harvester.testing.samples import sample_path
@@ -54,21 +53,17 @@ def test_every_search_row_is_the_one_the_definition_before_gave(db):
     db.execute(_old_definition())
     records = _records()
     assert len(records) > 500
-    with db.cursor() as cur:
-        cur.executemany(
-            """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                   description, tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at, raw,
-                   search_config)
-               VALUES ('https://portal.example', %s, %s, 'u', %s, 'm', %s, %s, %s, %s, now(), now(), now(), now(), %s,
-                       %s::regconfig)""",
-            [(f"r{i}", f"https://portal.example/{i}", f"c{i}", str((r or {}).get("title") or f"record {i}")
-              if isinstance(r, dict) else f"record {i}",
-              str(r.get("notes") or "") if isinstance(r, dict) else "",
-              json.dumps(r.get("tags", []) if isinstance(r, dict) and isinstance(r.get("tags"), list) else []),
-              ((r.get("organization") or {}).get("title") if isinstance(r, dict)
-               and isinstance(r.get("organization"), dict) else None),
-              json.dumps(r), "english" if i % 2 else "simple")
-             for i, r in enumerate(records)])
+    # one statement for all, as a run's merge writes them: the insert trigger sees them together
+    db.execute(
+        """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title, description,
+               tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at, raw, search_config)
+           SELECT 'https://portal.example', 'r' || (i - 1), 'https://portal.example/' || (i - 1), 'u', 'c' || (i - 1),
+                  'm', coalesce(raw ->> 'title', 'record ' || (i - 1)), coalesce(raw ->> 'notes', ''),
+                  CASE WHEN jsonb_typeof(raw -> 'tags') = 'array' THEN raw -> 'tags' ELSE '[]' END,
+                  raw -> 'organization' ->> 'title', now(), now(), now(), now(), raw,
+                  (CASE WHEN i %% 2 = 0 THEN 'english' ELSE 'simple' END)::regconfig
+           FROM unnest(%s::jsonb[]) WITH ORDINALITY AS r(raw, i)""",
+        ([json.dumps(r) for r in records],))
     stored = db.execute("SELECT count(*), count(*) FILTER (WHERE cardinality(formats) > 0),"
                         " count(*) FILTER (WHERE cardinality(licenses) > 0),"
                         " count(*) FILTER (WHERE cardinality(organizations) > 1) FROM dataset_search").fetchone()
