@@ -55,7 +55,8 @@ test-fast: $(STAMP)
 POSTGRES_BIN ?= /usr/lib/postgresql/15/bin
 DEPLOY_PG_TESTS := tests/store/test_migrations.py tests/dags/test_harvest_dag.py tests/dags/test_reconcile_dag.py \
 	tests/dags/test_history_dag.py tests/store/test_history.py tests/store/test_hybrid_search.py \
-	tests/store/test_portal_indexes.py tests/store/test_search_text_title.py tests/store/test_search_row.py
+	tests/store/test_portal_indexes.py tests/store/test_search_text_title.py tests/store/test_search_row.py \
+	tests/store/test_keys_definition.py tests/store/test_duplicate_keys.py
 test-deploy: $(STAMP)
 	HARVESTER_TEST_POSTGRES_BIN=$(POSTGRES_BIN) $(BIN)/python -m pytest $(DEPLOY_PG_TESTS) $(PYTEST_ARGS)
 	HARVESTER_TEST_POSTGRES_BIN=$(POSTGRES_BIN) HARVESTER_DEPLOY_TESTS=1 $(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
