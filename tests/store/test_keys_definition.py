@@ -5,9 +5,8 @@ form."""
 from __future__ import annotations
 
 import json
-import re
 
-from harvester.store import migrations
+from harvester.testing.definitions import earlier_definition
 from harvester.testing.samples import samples_dir
 
 ODD_RECORDS = [
@@ -42,11 +41,8 @@ ODD_VALUES = [
 
 def _old(name: str) -> str:
     """sql/018's definition of ``name``, renamed into pg_temp (calling 018's link key)."""
-    path = next(p for _, p in migrations.migration_files() if p.name.startswith("018_"))
-    body = re.search(rf"CREATE FUNCTION {name}\(.*?\n\$\$;", path.read_text(), re.S)
-    assert body, f"{path}: {name}'s definition not found"
-    return (body.group(0).replace(f"FUNCTION {name}(", f"FUNCTION pg_temp.{name}_018(")
-            .replace("harvester_link_key(", "pg_temp.harvester_link_key_018("))
+    return earlier_definition("018_", name, f"{name}_018",
+                              calls={"harvester_link_key": "pg_temp.harvester_link_key_018"})
 
 
 def _records() -> list:

@@ -5,9 +5,8 @@ trigger writes them and as the update trigger rewrites them."""
 from __future__ import annotations
 
 import json
-import re
 
-from harvester.store import migrations
+from harvester.testing.definitions import earlier_definition
 from harvester.testing.samples import sample_path
 
 SAMPLES = ("catalog-data-gov.jsonl", "dados-gov-br.jsonl", "data-gov-uk.jsonl", "data-gc-ca-snapshot-2013-06-17T12-30.jsonl",
@@ -21,14 +20,6 @@ ODD = [
      "organization": {"name": "  Statistique Canada "}, "license_title": " CC-BY 4.0 ",
      "translations": {"title": {"fr": "Population par province", "en": "Population by province", "de": 3}}},
 ]
-
-
-def _old_definition() -> str:
-    """sql/025's harvester_search_row, renamed: the definition before sql/036."""
-    path = next(p for _, p in migrations.migration_files() if p.name.startswith("025_"))
-    body = re.search(r"CREATE OR REPLACE FUNCTION harvester_search_row\(.*?\n\$\$;", path.read_text(), re.S)
-    assert body, f"{path}: harvester_search_row's definition not found"
-    return body.group(0).replace("FUNCTION harvester_search_row(", "FUNCTION pg_temp.search_row_025(")
 
 
 def _records() -> list:
@@ -50,7 +41,7 @@ def _differences(db) -> list:
 
 
 def test_every_search_row_is_the_one_the_definition_before_gave(db):
-    db.execute(_old_definition())
+    db.execute(earlier_definition("025_", "harvester_search_row", "search_row_025"))
     records = _records()
     assert len(records) > 500
     # one statement for all, as a run's merge writes them: the insert trigger sees them together
