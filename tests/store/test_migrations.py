@@ -270,3 +270,53 @@ def test_033_holds_a_current_versions_last_seen_once_and_every_version_reads_as_
         assert "fillfactor=100" in options and "autovacuum_vacuum_scale_factor=0.02" in options
         with pytest.raises(psycopg.errors.CheckViolation, match="dataset_versions_last_seen_kept"):
             conn.execute("UPDATE dataset_versions SET is_current = false WHERE last_seen_at IS NULL")
+
+
+def test_038_keeps_a_datasets_description_out_of_its_row_and_every_value_as_it_was(empty_database_url,
+                                                                                    migrate_before):
+    """038 (issue 40): a row written after it keeps its description and raw record out of the row
+    (the heap holds the short columns, not a description of 1,500 characters); rows written before
+    read as they did, and a run's last_seen_at on them keeps every value; a stranger's huge title,
+    tags and source id are still stored whole (out of the row only as a last resort)."""
+    description = "(SELECT string_agg(md5(%(tag)s || i || '.' || j), '') FROM generate_series(1, 47) j)"  # 1,504 hex
+    insert = ("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+              " description, tags, first_seen_at, updated_at, last_seen_at, raw)"
+              " SELECT 'https://p.example', %(tag)s || i, 'https://p.example/d/' || i, md5(%(tag)s || i) || md5('u'),"
+              " md5(%(tag)s || i) || md5('c'), md5(%(tag)s || i) || md5('m'), 'Title ' || i, " + description + ","
+              " jsonb_build_array('t' || i), now(), now(), now(), jsonb_build_object('id', %(tag)s || i,"
+              " 'notes', " + description + ") FROM generate_series(1, 300) i")
+    values = ("SELECT source_id, md5(description), md5(raw::text), title, tags, url_hash, content_hash FROM datasets"
+              " WHERE source_id LIKE %s ORDER BY source_id")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 38)
+        heap = lambda: conn.execute("SELECT pg_relation_size('datasets')").fetchone()[0]  # noqa: E731
+        conn.execute(insert, {"tag": "old-"})
+        old_heap = heap()
+        old_values = conn.execute(values, ("old-%",)).fetchall()
+        assert old_heap > 300 * 1504  # before 038 a row of about 1.7 KB kept its description in line
+
+        assert migrations.migrate(conn) == ["038_dataset_text_out_of_line.sql"]
+        assert conn.execute(values, ("old-%",)).fetchall() == old_values  # nothing rewritten, nothing changed
+        conn.execute(insert, {"tag": "new-"})
+        new_heap = heap() - old_heap
+        assert 0 < new_heap * 4 < old_heap, (old_heap, new_heap)
+        new_values = conn.execute(values, ("new-%",)).fetchall()
+        assert len(new_values) == 300 and all(len(r[5]) == 64 for r in new_values)
+
+        # A run that sees the old rows sets their last_seen_at (their new versions take 038's layout).
+        conn.execute("UPDATE datasets SET last_seen_at = now() WHERE source_id LIKE 'old-%'")
+        conn.execute("VACUUM datasets")
+        assert conn.execute(values, ("old-%",)).fetchall() == old_values
+
+        # A stranger's 200 KB title that does not compress, 5,000 tags and a 3 KB source id: stored whole.
+        conn.execute(
+            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+            " tags, first_seen_at, updated_at, last_seen_at, raw)"
+            " SELECT 'https://p.example', repeat('s', 3000), 'https://p.example/huge', md5('h') || md5('u'),"
+            " md5('h') || md5('c'), md5('h') || md5('m'),"
+            " (SELECT string_agg(md5(j::text), '') FROM generate_series(1, 6400) j),"
+            " (SELECT jsonb_agg(md5(j::text)) FROM generate_series(1, 5000) j), now(), now(), now(), '{}'")
+        assert conn.execute(
+            "SELECT length(title), md5(title) = md5((SELECT string_agg(md5(j::text), '') FROM generate_series(1, 6400) j)),"
+            " jsonb_array_length(tags), length(source_id) FROM datasets WHERE url = 'https://p.example/huge'"
+        ).fetchone() == (204800, True, 5000, 3000)
