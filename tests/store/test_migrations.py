@@ -295,7 +295,7 @@ def test_038_keeps_a_datasets_description_out_of_its_row_and_every_value_as_it_w
         old_values = conn.execute(values, ("old-%",)).fetchall()
         assert old_heap > 300 * 1504  # before 038 a row of about 1.7 KB kept its description in line
 
-        assert migrations.migrate(conn) == ["038_dataset_text_out_of_line.sql"]
+        assert migrations.migrate(conn)[0] == "038_dataset_text_out_of_line.sql"
         assert conn.execute(values, ("old-%",)).fetchall() == old_values  # nothing rewritten, nothing changed
         conn.execute(insert, {"tag": "new-"})
         new_heap = heap() - old_heap
@@ -320,3 +320,37 @@ def test_038_keeps_a_datasets_description_out_of_its_row_and_every_value_as_it_w
             "SELECT length(title), md5(title) = md5((SELECT string_agg(md5(j::text), '') FROM generate_series(1, 6400) j)),"
             " jsonb_array_length(tags), length(source_id) FROM datasets WHERE url = 'https://p.example/huge'"
         ).fetchone() == (204800, True, 5000, 3000)
+
+
+def test_039_drops_the_url_hash_index_no_statement_used_and_a_url_is_still_found(empty_database_url,
+                                                                                 migrate_before):
+    """039 (issue 40): datasets_url_hash is gone; `harvester history --url` (find_dataset) finds a
+    dataset by its landing page, written differently, and by a fragment URL of a catalogue entry,
+    as before; the plan it runs on is the one it had with the index (the index was never chosen)."""
+    from harvester.domain.dataset import normalize_url, sha256_hex
+    from harvester.store import history
+
+    rows = ("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+            " first_seen_at, updated_at, last_seen_at, raw) VALUES"
+            " ('https://p.example', 'a', 'https://p.example/dataset/a', %(ha)s, 'c', 'm', 't',"
+            "  now(), now(), now(), '{}'),"
+            " ('https://p.example', 'b', 'https://p.example/data.json#b', %(hb)s, 'c', 'm', 't',"
+            "  now(), now(), now(), '{}')")
+    hashes = {"ha": sha256_hex(normalize_url("https://p.example/dataset/a")),
+              "hb": sha256_hex(f"{normalize_url('https://p.example/data.json')}#b")}
+    plan = ("EXPLAIN (COSTS OFF) SELECT id FROM datasets d WHERE d.portal_url = 'https://p.example'"
+            " AND (d.url_hash = 'x' OR d.url = 'y')")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 39)
+        conn.execute(rows, hashes)
+        conn.execute("ANALYZE datasets")
+        before = [r[0] for r in conn.execute(plan)]
+        assert conn.execute("SELECT to_regclass('datasets_url_hash')").fetchone()[0] is not None
+        assert "datasets_url_hash" not in "\n".join(before), before
+
+        assert migrations.migrate(conn) == ["039_drop_unused_url_hash_index.sql"]
+        assert conn.execute("SELECT to_regclass('datasets_url_hash')").fetchone()[0] is None
+        assert [r[0] for r in conn.execute(plan)] == before
+        for url, source in (("HTTPS://P.EXAMPLE/dataset/a/", "a"), ("https://p.example/data.json#b", "b")):
+            assert history.find_dataset(conn, "https://p.example", url=url)["source_id"] == source
+        assert history.find_dataset(conn, "https://p.example", url="https://p.example/dataset/c") is None
