@@ -133,11 +133,11 @@ def index_recall(url: str, corpus: np.ndarray, queries: np.ndarray, efs: list[in
 
 
 def stand_in(args, rng) -> tuple[np.ndarray, np.ndarray]:
+    import million_search_bench as msb
     import search_bench as sb
 
     bases = sb.base_records()
-    model = sb.StandIn(dimension=768).fit(
-        (r["title"], r["description"]) for r in sb.synthetic_rows(min(100000, len(bases) * 32), bases=bases))
+    model = msb.stand_in_for(bases)  # the million search bench's vectors
     titles, rows = [], []
     for r in sb.synthetic_rows(args.datasets, bases=bases):
         rows.append(model.embed(r["title"], r["description"]))
