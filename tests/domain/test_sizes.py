@@ -63,6 +63,8 @@ def test_an_hnsw_graph_is_its_vectors_and_720_bytes_each():
     assert 7400 * hnsw_graph_bytes(1, 768) < 16 * MB < 7500 * hnsw_graph_bytes(1, 768)
     assert hnsw_graph_bytes(1_000_000, 768) == 1_000_000 * (2 * 768 + 720)
     assert hnsw_graph_bytes(10, 8, "vector") == 10 * (4 * 8 + 720)
+    assert hnsw_graph_bytes(1_000_000, 768, "bit") == 1_000_000 * (96 + 720)  # a dimension a bit
+    assert hnsw_graph_bytes(1, 9, "bit") == 2 + 720  # whole bytes
     assert hnsw_graph_bytes(0, 768) == 0
 
 

@@ -302,7 +302,7 @@ def test_a_selective_filter_still_returns_k(conn, embed, plan):
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_bitmapscan = off")
         conn.execute("SET enable_sort = off")
-        assert "Index Scan using embeddings_hnsw" in explain_vector_side(
+        assert "Index Scan using embeddings_bits" in explain_vector_side(
             conn, MODEL_NAME, 384, query, SearchFilters(tag="patrimonio"))
     tight = SearchSettings(ef_search=10, candidates=10, rrf_k=60, exact_limit=exact_limit)
     unfiltered = search(conn, "air quality", mode="vector", limit=10, settings=tight, query_vector=query)
@@ -341,10 +341,10 @@ def test_the_vector_side_scans_the_hnsw_index_with_the_filter_inside(conn, embed
     conn.execute("SET enable_seqscan = off")
     conn.execute("SET enable_bitmapscan = off")
     conn.execute("SET enable_sort = off")
-    assert "Index Scan using embeddings_hnsw" in explain_vector_side(conn, MODEL_NAME, 384, query)
+    assert "Index Scan using embeddings_bits" in explain_vector_side(conn, MODEL_NAME, 384, query)
     plan = explain_vector_side(conn, MODEL_NAME, 384, query, SearchFilters(format="csv"))
     # the filter is checked on each vector the index scan yields, not on a finished top k
-    hnsw = plan.index("Index Scan using embeddings_hnsw")
+    hnsw = plan.index("Index Scan using embeddings_bits")
     assert "formats @> '{csv}'" in plan[hnsw:] and "Limit" in plan[:hnsw], plan
 
 

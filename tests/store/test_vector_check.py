@@ -189,10 +189,10 @@ def test_the_check_runs_once_per_process_and_server(crash_server, forwarding, cr
         ensure_vector_works(conn)
         assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'harvester_vector_check'"
                             ).fetchone() == (0,), "the test table outlives the check"
-    assert forwarding.hnsw_statements == 2  # the vector and the halfvec index
+    assert forwarding.hnsw_statements == 3  # the vector, the halfvec and the bit index
     with connect(forwarding.url()) as conn:
         ensure_vector_works(conn)
-    assert forwarding.hnsw_statements == 2, "checked again on the same server"
+    assert forwarding.hnsw_statements == 3, "checked again on the same server"
 
     with connect(crashing.url()) as conn, pytest.raises(VectorExtensionError):
         ensure_vector_works(conn)
@@ -206,7 +206,7 @@ def test_the_check_runs_once_per_process_and_server(crash_server, forwarding, cr
     vector_check.reset_cache()
     with connect(forwarding.url()) as conn:
         ensure_vector_works(conn)
-    assert forwarding.hnsw_statements == 4
+    assert forwarding.hnsw_statements == 6
 
 
 def test_other_errors_propagate_unchanged(crash_server):

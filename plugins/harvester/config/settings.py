@@ -352,8 +352,12 @@ _ALL = (
             "waits for the transactions that started before it (another portal's merge) before it gives up "
             "until the next run", "index", 0, 7 * _DAY),
     # -- search -----------------------------------------------------------------------------------
-    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search: the HNSW candidate list", "search",
-            1, 1000),
+    Setting("HARVESTER_SEARCH_RERANK", "int", 1000, "The vector side ranks exactly this many of the nearest "
+            "datasets by the vectors' bits (the models' HNSW index), without a filter", "search", 1, 100000),
+    Setting("HARVESTER_SEARCH_RERANK_FILTERED", "int", 400, "... and this many of the nearest that pass the "
+            "filters, under filters", "search", 1, 100000),
+    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search of an earlier version's halfvec index "
+            "(searched while the index over the bits that replaces it is built)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_PORTAL_EF_SEARCH", "int", 800, "hnsw.ef_search of a scan of a portal's own index "
             "(HARVESTER_PORTAL_INDEX_MIN_DATASETS)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",

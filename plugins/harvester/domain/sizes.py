@@ -38,13 +38,15 @@ def format_size(size: int) -> str:
 # from its notice "hnsw graph no longer fits into maintenance_work_mem after N tuples" with
 # maintenance_work_mem = 16MB (384 and 768 dimensions, halfvec and vector: 715-718 bytes each).
 HNSW_ELEMENT_OVERHEAD = 720
-_BYTES_PER_DIMENSION = {"halfvec": 2, "vector": 4}
+_BITS_PER_DIMENSION = {"bit": 1, "halfvec": 16, "vector": 32}
 
 
 def hnsw_graph_bytes(vectors: int, dimension: int, kind: str = "halfvec") -> int:
-    """The memory an HNSW build of ``vectors`` vectors of ``dimension`` (stored as ``kind``) needs
-    to hold its whole graph: 1,000,000 of 768 halfvec dimensions, about 2.2 GB."""
-    return max(0, vectors) * (_BYTES_PER_DIMENSION[kind] * dimension + HNSW_ELEMENT_OVERHEAD)
+    """The memory an HNSW build of ``vectors`` vectors of ``dimension`` (stored as ``kind``: bit,
+    halfvec or vector) needs to hold its whole graph: 1,000,000 of 768 halfvec dimensions, about
+    2.2 GB; of their 768 bits, about 0.8 GB."""
+    per_vector = -(-_BITS_PER_DIMENSION[kind] * dimension // 8)
+    return max(0, vectors) * (per_vector + HNSW_ELEMENT_OVERHEAD)
 
 
 def build_memory(graph: int, floor: int, cap: int) -> int:

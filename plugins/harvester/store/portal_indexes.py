@@ -43,6 +43,10 @@ from harvester.config.settings import env_values
 log = logging.getLogger(__name__)
 
 PREFIX = "dataset_vectors_p_"
+# What a portal's index holds: the halfvec vectors themselves, ranked by cosine distance. (The
+# models' shared indexes hold only their bits, store/vectors.py: a portal's own index is what
+# answers a portal filter with nothing rejected, and stays exact in its order.)
+KIND = "halfvec"
 # pg_try_advisory_lock(LOCK_CLASS, hashtext(portal)): two keys, apart from the one-key locks elsewhere
 LOCK_CLASS = 40029
 
@@ -215,7 +219,7 @@ def _build(conn, portal_url, model, name, dimension, portal_live, settings, dead
         if timeout < 1:
             return {"action": "skipped", "datasets": portal_live, "reason": "the task's time is up"}
     index = vectors.IndexSettings.from_env()
-    graph = hnsw_graph_bytes(portal_live, dimension, vectors.index_kind(dimension))
+    graph = hnsw_graph_bytes(portal_live, dimension, KIND)
     memory = format_size(build_memory(graph, parse_size(index.build_memory), parse_size(index.build_memory_max)))
     conn.execute("SELECT set_config('maintenance_work_mem', %s, false),"
                  " set_config('max_parallel_maintenance_workers', %s, false),"
@@ -224,7 +228,8 @@ def _build(conn, portal_url, model, name, dimension, portal_live, settings, dead
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY {name} ON dataset_vectors USING hnsw ({expr} {ops})"
         " WHERE portal_url = {portal} AND model = {model}").format(
-        name=sql.Identifier(name), expr=vectors.index_expression(dimension), ops=sql.SQL(vectors.opclass(dimension)),
+        name=sql.Identifier(name), expr=vectors.index_expression(dimension, KIND),
+        ops=sql.SQL(vectors.opclass(dimension, KIND)),
         portal=sql.Literal(portal_url), model=sql.Literal(model))
     log.info("building the HNSW index %s of portal %s, model %s: about %d vectors; maintenance_work_mem %s, "
              "statement_timeout %.0fs, lock_timeout %.0fs (it first waits for the transactions older than it)",

@@ -92,20 +92,30 @@ def fold(text: str) -> str:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search); ``candidates``: N,
+    """Tuning, in the open. ``rerank`` / ``rerank_filtered``: how many of the nearest by the
+    vectors' bits the vector side ranks exactly, without / with filters; ``ef_search``: HNSW
+    candidate list (hnsw.ef_search) of an earlier version's halfvec index; ``candidates``: N,
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
     ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
     filters that leave at most this many datasets rank them exactly instead (0: never);
     ``text_cap``: the most matches of a text stage ranked (0: all);
     ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
     puts those datasets first (module docstring)."""
-    # recall@10 of the HNSW side (no filter) against exact search at 1,000,000 datasets
-    # (bench/million_search_bench.py, pgvector's build defaults m 16, ef_construction 64), two sets
+    # hnsw.ef_search of a scan of an earlier version's halfvec index (store/vectors.py), while the
+    # index over the bits that replaces it is built. recall@10 of that index (no filter) against exact
+    # search at 1,000,000 datasets (bench/million_search_bench.py, m 16, ef_construction 64), two sets
     # of queries: 0.850 / 0.918 at 150, 0.895 / 0.950 at 300, 0.925 / 0.955 at 500, 0.965 / 0.972 at
-    # 800; at 100,000: 0.938 at 150, 0.972 at 300. A graph built with m 24, ef_construction 128
-    # reached at 150 what this one does at 300 (100,000: 0.972), in the same time a query, for 3.5
-    # times the build (285 s against 81 s): the first sync pays for the build, a query for ef_search.
+    # 800; at 100,000: 0.938 at 150, 0.972 at 300.
     ef_search: int = 800
+    # The model's index holds the vectors' bits (store/vectors.py): the vector side takes the
+    # ``rerank`` nearest by Hamming distance (hnsw.ef_search as large) and ranks them exactly by their
+    # halfvec; under filters the ``rerank_filtered`` nearest that pass them (the scan's cost is per
+    # vector it visits, and a filter leaving 15% makes it visit seven for each that passes).
+    # recall@10 at 1,000,000 stand-in vectors without a filter (bench/quantize_bench.py, m 16,
+    # ef_construction 64): 0.823 at 100, 0.915 at 400, 0.962 at 1,000 (p95 13.8 / 18.8 / 38.8 ms);
+    # the bits alone, every vector's Hamming distance taken: 0.985-0.994 at 100, 1.000 at 400.
+    rerank: int = 1000
+    rerank_filtered: int = 400
     candidates: int = 20
     rrf_k: int = 60
     # A filtered HNSW scan costs about 8 µs per vector it visits (the vector's row and its
@@ -552,30 +562,27 @@ def _text_one_pass(conn, stages: tuple[str, ...], where: str, params: dict, limi
 
 
 # -- the vector side -------------------------------------------------------------------------------
-def _vector_statements(dimension: int, where: str):
+def _vector_statements(dimension: int, where: str, kind: str | None = "bit"):
     """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
-    that pass the filters, as (dataset id, cosine similarity)."""
+    that pass the filters, as (dataset id, cosine similarity). ``kind``: that of the model's index
+    (vectors.search_kind): over the bits, the ``%(rerank)s`` nearest by Hamming distance that pass
+    the filters, ranked exactly (vectors.nearest)."""
     from psycopg import sql
 
     from harvester.store import vectors
 
-    expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
+    nearest = vectors.nearest(dimension, kind, sql.SQL(
+        "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})"
+    ).format(where=sql.SQL(where)))
     hnsw = sql.SQL(
         """
-        WITH nn AS MATERIALIZED (
-            SELECT e.content_hash, {expr} <=> {q} AS distance
-            FROM embeddings e
-            WHERE e.model = %(model)s
-              AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})
-            ORDER BY {expr} <=> {q}
-            LIMIT %(n)s
-        )
+        WITH nn AS MATERIALIZED ({nearest})
         SELECT s.dataset_id, 1 - nn.distance
         FROM nn JOIN dataset_search s ON s.content_hash = nn.content_hash
         WHERE {where}
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
-        """).format(expr=expr, q=q, where=sql.SQL(where))
+        """).format(nearest=nearest, where=sql.SQL(where))
     # Every distance computed first (materialized CTEs), between the stored half-precision vectors
     # (sql/019) and the query cast as the index casts it, so both paths rank alike, then sorted: an ORDER BY on the distance itself would be planned as
     # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
@@ -610,13 +617,14 @@ def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
     the EXISTS into a join, planned as a sort of every vector of the portal)."""
     from psycopg import sql
 
-    from harvester.store import vectors
+    from harvester.store import portal_indexes, vectors
 
     def literal(value: str) -> sql.Composable:
         # quoted by psycopg; a % in it (a URL's %20) doubled, as the statement also has parameters
         return sql.SQL(sql.Literal(value).as_string(None).replace("%", "%%"))
 
-    expr, q = vectors.index_expression(dimension), vectors.query_cast(dimension)
+    kind = portal_indexes.KIND
+    expr, q = vectors.index_expression(dimension, kind), vectors.query_cast(dimension, kind=kind)
     return sql.SQL(
         """
         WITH nn AS MATERIALIZED (
@@ -677,24 +685,32 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     exactly instead (every one compared, no index); so does a filtered scan that ended short of
     ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back.
     A portal filter on a portal with its own usable HNSW index (store/portal_indexes.py) scans
-    that index instead of the shared one, with ``settings.portal_ef_search``."""
+    that index instead of the shared one, with ``settings.portal_ef_search``. The shared index
+    holds the vectors' bits: its ``settings.rerank`` nearest (``rerank_filtered`` under filters)
+    are ranked exactly (_vector_statements)."""
     import numpy as np
 
-    from harvester.store import portal_indexes
+    from harvester.store import portal_indexes, vectors
 
-    hnsw, exact = _vector_statements(dimension, where)
-    values = {**params, "model": model, "n": limit, "query": np.asarray(query_vector, dtype=np.float32)}
+    rerank = max(limit, settings.rerank_filtered if narrowing else settings.rerank)
+    values = {**params, "model": model, "n": limit, "rerank": rerank,
+              "query": np.asarray(query_vector, dtype=np.float32)}
     if few is None:  # (``few``: search() has asked already)
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
     # never prepared, as the text side's statements (_text_rows): planned for the filter's values
     if few:
+        exact = _vector_statements(dimension, where)[1]
         return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
     if portal and portal_indexes.usable(conn, portal, model):
         statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
+        exact = _vector_statements(dimension, where)[1]
     else:
-        statement, ef_search = hnsw, settings.ef_search
-    with _hnsw_scan(conn, ef_search, settings.max_scan_tuples):
+        kind = vectors.search_kind(conn, model)
+        statement, exact = _vector_statements(dimension, where, kind)
+        # pgvector's hnsw.ef_search is at most 1,000; past it the iterative scan goes on
+        ef_search = min(1000, rerank) if kind == "bit" else settings.ef_search
+    with _hnsw_scan(conn, ef_search, max(settings.max_scan_tuples, rerank)):
         rows = conn.execute(statement, values, prepare=False).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
         rows = conn.execute(exact, values, prepare=False).fetchall()
@@ -711,13 +727,15 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
     settings = settings or SearchSettings.from_env()
     filters = filters or SearchFilters()
     where, params = filter_sql(filters)
-    hnsw, exact_statement = _vector_statements(dimension, where)
+    from harvester.store import vectors
+
+    hnsw, exact_statement = _vector_statements(dimension, where, vectors.search_kind(conn, model))
     if portal_index:
         hnsw = _portal_statement(dimension, where, filters.portal_url, model)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         plan = conn.execute(sql.SQL("EXPLAIN ") + (exact_statement if exact else hnsw), {
-            **params, "model": model, "n": settings.candidates,
+            **params, "model": model, "n": settings.candidates, "rerank": settings.rerank,
             "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(r[0] for r in plan)
 

@@ -47,7 +47,7 @@ def reset_cache() -> None:
 
 
 def ensure_vector_works(conn, server_log: Path | None = None) -> None:
-    """Build HNSW indexes (vector and halfvec) over random vectors in a temporary table and search
+    """Build HNSW indexes (vector, halfvec and bit) over random vectors in a temporary table and search
     them, on an autocommit psycopg connection to a database with the vector extension.
 
     Raises VectorExtensionError when the server process dies meanwhile; `server_log`, the server's
@@ -87,7 +87,8 @@ def ensure_vector_works(conn, server_log: Path | None = None) -> None:
 
 
 def _exercise(conn) -> bool:
-    """True when both HNSW indexes find rows."""
+    """True when each HNSW index finds rows (the bits' Hamming distance has CPU-specific code paths
+    of its own in pgvector, as the float distances do)."""
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
         conn.execute(f"CREATE TEMP TABLE harvester_vector_check (v vector({DIMENSION})) ON COMMIT DROP")
@@ -95,6 +96,8 @@ def _exercise(conn) -> bool:
         conn.execute("CREATE INDEX ON harvester_vector_check USING hnsw (v vector_cosine_ops)")
         conn.execute(f"CREATE INDEX ON harvester_vector_check USING hnsw ((v::halfvec({DIMENSION}))"
                      " halfvec_cosine_ops)")
+        conn.execute(f"CREATE INDEX ON harvester_vector_check USING hnsw ((binary_quantize(v)::bit({DIMENSION}))"
+                     " bit_hamming_ops)")
         conn.execute(_RANDOM_VECTORS.format(dim=DIMENSION), (ROWS // 4,))  # inserts into built indexes
         probe = "(SELECT v FROM harvester_vector_check LIMIT 1)"
         full = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM harvester_vector_check ORDER BY v <=> {probe}"
@@ -102,7 +105,10 @@ def _exercise(conn) -> bool:
         half = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM harvester_vector_check ORDER BY"
                             f" v::halfvec({DIMENSION}) <=> {probe}::halfvec({DIMENSION}) LIMIT 5) AS hits"
                             ).fetchone()[0]
-    return full > 0 and half > 0
+        bits = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM harvester_vector_check ORDER BY"
+                            f" binary_quantize(v)::bit({DIMENSION}) <~> binary_quantize({probe})::bit({DIMENSION})"
+                            " LIMIT 5) AS hits").fetchone()[0]
+    return full > 0 and half > 0 and bits > 0
 
 
 def server_url(conn) -> str:

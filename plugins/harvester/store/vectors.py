@@ -1,10 +1,17 @@
 """Vectors, content-addressed: one per (content_hash, model), shared by every dataset with that text.
 
-Each model gets a partial HNSW cosine index over its rows, cast to its dimension, so models of
-different sizes live side by side and one can replace another without dropping data. Vectors
-are stored in half precision (``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values
-are rounded once, as they are stored) and so is the index (up to 4000 dimensions): half the size of
-full precision, built in about half the time, with the same recall (bench/).
+Each model gets a partial HNSW index over its rows, so models of different sizes live side by side
+and one can replace another without dropping data. Vectors are stored in half precision
+(``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values are rounded once, as they
+are stored). The index holds each vector's signs only (``binary_quantize(embedding)::bit(D)``,
+Hamming distance): 96 bytes at 768 dimensions where a halfvec index holds 1,536, so the index is
+about a quarter of the room (601 bytes a vector at m 16 against about 2,050 on the million search
+bench) and its build several times faster (the graph fits in memory whole). Search takes the
+index's nearest few hundred and ranks them exactly by their stored halfvec
+(store/search.py): the bits choose candidates, never the order (bench/README.md, "Search at a
+million": the 400 nearest by Hamming distance, ranked exactly, hold the exact top 10). An index of
+the halfvec kind that an earlier version built keeps serving search until the bit index that
+replaces it is valid (ensure_index).
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from harvester.config.settings import fields_from_env
 from harvester.domain.run import format_duration
 from harvester.domain.sizes import build_memory, format_size, hnsw_graph_bytes, parse_size
 
-INDEX_KIND = "halfvec"
+INDEX_KIND = "bit"   # what the models' shared indexes hold (their signs); portals' own indexes: halfvec
+EARLIER_KIND = "halfvec"  # what earlier versions' shared indexes held: search uses one until it is replaced
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +78,14 @@ def _slug(model: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
 
 
-def index_name(model: str) -> str:
+def index_name(model: str, kind: str = INDEX_KIND) -> str:
     """The model's HNSW index: a readable slug and a hash of the exact model name, so two models
     whose slugs agree (a shared long prefix, "a-b" and "a.b") never share a name; at most 63
-    characters, PostgreSQL's limit."""
+    characters, PostgreSQL's limit. The index over the bits has a name of its own, so that it is
+    built beside the halfvec index it replaces (the name of earlier versions' index)."""
     digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:10]
-    return f"embeddings_hnsw_{_slug(model)[:36]}_{digest}"
+    prefix = "embeddings_bits" if kind == "bit" else "embeddings_hnsw"
+    return f"{prefix}_{_slug(model)[:36]}_{digest}"
 
 
 class DimensionMismatch(ValueError):
@@ -92,27 +102,80 @@ class DimensionMismatch(ValueError):
 
 
 def index_kind(dimension: int) -> str:
-    """The type the model's index holds its vectors as (halfvec whatever the dimension)."""
+    """The type the model's shared index holds its vectors as (their bits whatever the dimension)."""
     return INDEX_KIND
 
 
-def index_expression(dimension: int) -> sql.Composable:
-    """The indexed expression; a query's ORDER BY must use it (and query_cast) to use the index."""
-    return sql.SQL("(embedding::{}({}))").format(sql.SQL(index_kind(dimension)), sql.Literal(int(dimension)))
+def index_expression(dimension: int, kind: str = INDEX_KIND) -> sql.Composable:
+    """The indexed expression of an index of ``kind`` (bit: the vector's signs; halfvec: the vector);
+    a query's ORDER BY must use it, ``distance`` and query_cast to use the index."""
+    if kind == "bit":
+        return sql.SQL("(binary_quantize(embedding)::bit({}))").format(sql.Literal(int(dimension)))
+    return sql.SQL("(embedding::{}({}))").format(sql.SQL(kind), sql.Literal(int(dimension)))
 
 
-def query_cast(dimension: int, placeholder: str = "query") -> sql.Composable:
-    """``%(placeholder)s`` cast to what the index holds."""
-    return sql.SQL("%({})s::{}({})").format(sql.SQL(placeholder), sql.SQL(index_kind(dimension)),
-                                            sql.Literal(int(dimension)))
+def query_cast(dimension: int, placeholder: str = "query", kind: str = INDEX_KIND) -> sql.Composable:
+    """``%(placeholder)s`` (a float32 vector) as an index of ``kind`` holds it."""
+    if kind == "bit":
+        return sql.SQL("binary_quantize(%({})s::halfvec({}))::bit({})").format(
+            sql.SQL(placeholder), sql.Literal(int(dimension)), sql.Literal(int(dimension)))
+    return sql.SQL("%({})s::{}({})").format(sql.SQL(placeholder), sql.SQL(kind), sql.Literal(int(dimension)))
 
 
-def opclass(dimension: int) -> str:
-    return f"{index_kind(dimension)}_cosine_ops"
+def distance(kind: str = INDEX_KIND) -> sql.Composable:
+    """The operator an index of ``kind`` orders by: Hamming distance for bits, cosine otherwise."""
+    return sql.SQL("<~>" if kind == "bit" else "<=>")
+
+
+def opclass(dimension: int, kind: str = INDEX_KIND) -> str:
+    return "bit_hamming_ops" if kind == "bit" else f"{kind}_cosine_ops"
+
+
+def nearest(dimension: int, kind: str | None = INDEX_KIND, condition: sql.Composable = sql.SQL("true"),
+            query: str = "query") -> sql.Composable:
+    """The statement of the nearest vectors of ``%(model)s`` to ``%(query)s`` that meet ``condition``
+    (on ``embeddings e``), as (content_hash, cosine distance), nearest first, at most ``%(n)s``.
+    ``kind``: that of the model's index (search_kind). Over the bits, the index scan takes the
+    ``%(rerank)s`` nearest by Hamming distance that meet the condition, and they are ranked by the
+    cosine distance of their stored halfvec (read from the rows the scan returns): the bits
+    choose the candidates, never the order. Over an earlier version's halfvec index (or none: a
+    sequential scan, exact), the scan ranks by the cosine distance itself."""
+    q = query_cast(dimension, query, kind="halfvec")
+    if kind == "bit":
+        return sql.SQL(
+            """
+            SELECT c.content_hash, c.distance FROM (
+                SELECT e.content_hash, e.embedding <=> {q} AS distance
+                FROM embeddings e
+                WHERE e.model = %(model)s AND {condition}
+                ORDER BY {bits} <~> {query_bits}
+                LIMIT %(rerank)s
+            ) c
+            ORDER BY c.distance
+            LIMIT %(n)s
+            """).format(q=q, condition=condition, bits=index_expression(dimension, "bit"),
+                        query_bits=query_cast(dimension, query, kind="bit"))
+    expr = index_expression(dimension, "halfvec")
+    return sql.SQL(
+        """
+        SELECT e.content_hash, {expr} <=> {q} AS distance
+        FROM embeddings e
+        WHERE e.model = %(model)s AND {condition}
+        ORDER BY {expr} <=> {q}
+        LIMIT %(n)s
+        """).format(expr=expr, q=q, condition=condition)
+
+
+def search_kind(conn, model: str) -> str | None:
+    """The kind of the model's index search scans: ``bit`` once it is valid, else ``halfvec`` while
+    an earlier version's index of that kind is (a rebuild under way), else None (no index: exact
+    scans). One look at the catalogue (pg_index), well under a millisecond."""
+    kinds = {kind for _, _, _, kind, state in _model_indexes(conn, model) if state == "valid"}
+    return next((kind for kind in (INDEX_KIND, EARLIER_KIND) if kind in kinds), None)
 
 
 def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
-    """(schema, name, dimension, type: vector or halfvec, state) of each HNSW index on embeddings
+    """(schema, name, dimension, type: bit, halfvec or vector, state) of each HNSW index on embeddings
     whose predicate is exactly ``model = <model>``, whatever its name. ``state``: ``valid``,
     ``building`` (CREATE INDEX CONCURRENTLY under way on some connection) or ``dead`` (invalid and
     nobody builds it: a build that failed or whose server process was stopped)."""
@@ -212,18 +275,21 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
     finish. A build left invalid by a failure or a stopped server process is dropped and built
     again. An index of the model under an earlier version's name is renamed, not built twice; one
     of another size is dropped when no vector of that size is left (``harvester embeddings
-    invalidate --model``); one of full-precision vectors (an earlier version's) is replaced by the
-    halfvec one. Raises DimensionMismatch when vectors of the model with another dimension are
-    stored, IndexBuildError when the build fails (its leftover is dropped).
+    invalidate --model``); one of full-precision vectors (an earlier version's) is dropped. A
+    halfvec index (an earlier version's) keeps serving searches while the index over the bits is
+    built beside it, and is dropped once that one is valid: no search goes without an index.
+    Raises DimensionMismatch when vectors of the model with another dimension are stored,
+    IndexBuildError when the build fails (its leftover is dropped; the halfvec one is kept).
 
     ``conn`` must be in autocommit mode with no transaction open (CONCURRENTLY cannot run in one).
     The build waits for the transactions older than it (another portal's merge): its session has
     no lock_timeout, and ``settings.build_timeout`` bounds the whole statement."""
     settings = settings or IndexSettings.from_env()
     check_dimension(conn, model, dimension)
+    kind = index_kind(dimension)
     name = index_name(model)
-    fitting = None
-    for schema, index, size, kind, state in _model_indexes(conn, model):
+    fitting, replaced = None, []
+    for schema, index, size, held_as, state in _model_indexes(conn, model):
         if state == "building":
             log.info("the HNSW index %s of %s is being built by another connection: leaving it to that one", index,
                      model)
@@ -231,21 +297,43 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
         if state == "dead":
             log.warning("dropping the invalid HNSW index %s of %s, left by a build that did not finish", index, model)
             _drop_concurrently(conn, schema, index)
-        elif size != dimension or kind != index_kind(dimension):
+        elif size == dimension and held_as == EARLIER_KIND:
+            replaced.append((schema, index))  # serves searches until its successor is valid
+        elif size != dimension or held_as != kind:
             # no vector of that size is left (check_dimension): the index would refuse new ones; or an
-            # index of full-precision vectors made by an earlier version: searches ask for the halfvec one
+            # index of full-precision vectors made by an earlier version
             _drop_concurrently(conn, schema, index)
         elif fitting is None:
             fitting = (schema, index)
     if fitting is not None:
         if fitting[1] != name:  # the name an earlier version gave it
             conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting), sql.Identifier(name)))
+        _drop_replaced(conn, model, replaced)
         return False
+    if replaced:
+        log.info("replacing the halfvec HNSW index %s of %s by one over the vectors' bits (%s), built beside it: "
+                 "searches use the old one until the new one is valid", replaced[0][1], model, name)
+    built = _build(conn, model, dimension, name, settings)
+    if built:
+        _drop_replaced(conn, model, replaced)
+    return built
+
+
+def _drop_replaced(conn, model: str, replaced: list[tuple[str, str]]) -> None:
+    for schema, index in replaced:
+        log.info("dropping the halfvec HNSW index %s of %s: its index over the bits is valid", index, model)
+        _drop_concurrently(conn, schema, index)
+
+
+def _build(conn, model: str, dimension: int, name: str, settings: IndexSettings) -> bool:
+    """CREATE INDEX CONCURRENTLY of the model's index, with the memory its graph needs; True when
+    it is valid afterwards."""
+    import psycopg
+
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
     ).format(name=sql.Identifier(name), expr=index_expression(dimension),
              ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
-    import psycopg
 
     vectors_held = held(conn, model)
     graph = hnsw_graph_bytes(vectors_held, dimension, index_kind(dimension))
@@ -664,7 +752,7 @@ def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
 def explain_search(conn, model: str, dimension: int, query_vector) -> str:
     expr, q = index_expression(dimension), query_cast(dimension)
     plan = conn.execute(sql.SQL("EXPLAIN SELECT content_hash FROM embeddings e WHERE e.model = %(model)s"
-                                " ORDER BY {expr} <=> {q} LIMIT 10").format(expr=expr, q=q),
+                                " ORDER BY {expr} {op} {q} LIMIT 10").format(expr=expr, op=distance(), q=q),
                         {"model": model, "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(row[0] for row in plan)
 
