@@ -20,8 +20,8 @@ records of about 9 KB each, derived from ../shared/ckan-samples by harvest_bench
     of provider latency per request, so every text is embedded anew.
 
 After (b) it prints recall@10 of the HNSW index the sync built, against exact search (index scans
-off), the way search ranks (the nearest SearchSettings.rerank by the bits, ranked exactly), with both
-latencies.
+off), at the ef_search search uses (SearchSettings; with HARVESTER_INDEX_KIND=bit, the way search
+ranks: the nearest ``rerank`` by the bits, ranked exactly), with both latencies.
 
 Every Airflow run is its own `airflow dags test` process. Its peak RSS is given twice: exactly, as
 the kernel counts it (ru_maxrss of the largest process of the run, from wait4 in a small launcher
@@ -580,7 +580,7 @@ class Bench:
 
     # -- recall of the index (b) built --------------------------------------------------------------
     def recall(self) -> dict:
-        """recall@10 of the model's HNSW index against exact search, at search's rerank, for
+        """recall@10 of the model's HNSW index against exact search, at search's ef_search, for
         --queries query vectors: stored vectors plus a little noise. Both sides warmed up first."""
         import numpy as np
         import psycopg
@@ -589,8 +589,10 @@ class Bench:
         from harvester.store.search import SearchSettings
         from harvester.store import vectors
 
-        rerank = SearchSettings.from_env().rerank  # candidates by the bits, ranked exactly
-        ef = min(1000, rerank)
+        settings, kind = SearchSettings.from_env(), vectors.index_kind()
+        # an index of the bits (HARVESTER_INDEX_KIND=bit): its nearest ``rerank``, ranked exactly
+        knob, value = ("rerank", settings.rerank) if kind == "bit" else ("ef_search", settings.ef_search)
+        rerank, ef = settings.rerank, min(1000, value)
         rng = np.random.default_rng(7)
         # autocommit: each conn.transaction() below is a transaction of its own, so SET LOCAL ends
         # with it (inside an outer transaction it would be a savepoint, and the setting would stay)
@@ -608,7 +610,8 @@ class Bench:
             warm_up, queries = queries[:3], queries[3:]
             # the index's ordering (what search asks for), and the truth: every stored vector compared,
             # exactly (no index)
-            knn = sql.SQL("SELECT content_hash FROM ({}) nn").format(vectors.nearest(dimension, query="q"))
+            knn = sql.SQL("SELECT content_hash FROM ({}) nn").format(
+                vectors.nearest(dimension, vectors.index_kind(), query="q"))
             full = sql.SQL("SELECT content_hash FROM embeddings WHERE model = %(model)s "
                            "ORDER BY embedding::vector({dim}) <=> %(q)s::vector({dim}) LIMIT {k}").format(
                 dim=sql.Literal(dimension), k=sql.Literal(K))
@@ -638,7 +641,7 @@ class Bench:
                 found, ms = timed(hnsw, q)
                 hnsw_ms.append(ms)
                 got.append(len(found & truth) / max(1, min(K, len(truth))))
-        return {"model": model, "vectors": count, "vectors_kind": self.args.vectors, "rerank": rerank, "queries": len(queries),
+        return {"model": model, "vectors": count, "vectors_kind": self.args.vectors, "knob": f"{knob}={value}", "queries": len(queries),
                 "uses_index": vectors.index_name(model) in plan, "recall": statistics.fmean(got),
                 "hnsw_p50": percentile(hnsw_ms, .5), "hnsw_p95": percentile(hnsw_ms, .95),
                 "exact_p50": percentile(exact_ms, .5), "exact_p95": percentile(exact_ms, .95)}
@@ -775,7 +778,7 @@ def print_stage(s: Stage) -> None:
 
 def print_recall(r: dict) -> None:
     print(f"{r['model']}: {r['vectors']:,} vectors, {r['queries']} queries (stored vectors plus noise), "
-          f"rerank={r['rerank']} (search's setting)")
+          f"{r['knob']} (search's setting)")
     if not r["uses_index"]:
         print("  warning: the nearest-neighbour query does not use the model's HNSW index")
     print(f"  recall@{K} {r['recall']:.3f}; HNSW p50 {r['hnsw_p50']:.1f} ms, p95 {r['hnsw_p95']:.1f} ms; "
@@ -815,7 +818,7 @@ def summary(bench: Bench) -> None:
         print_visibility(bench.visibility)
     if bench.recall_figures:
         r = bench.recall_figures
-        print(f"\nrecall@{K} of the HNSW index built by (b), rerank={r['rerank']}: {r['recall']:.3f} "
+        print(f"\nrecall@{K} of the HNSW index built by (b), {r['knob']}: {r['recall']:.3f} "
               f"(HNSW p50 {r['hnsw_p50']:.1f} ms, exact p50 {r['exact_p50']:.1f} ms)")
 
     print("\n| target | measured | met |")

@@ -70,7 +70,7 @@ def test_a_local_model_directory_stores_its_own_name_and_dimension(harvest, port
     assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("local/custom-model", 32)]
     index = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                        (vectors.index_name("local/custom-model"),)).fetchone()
-    assert index and "bit(32)" in index[0] and "'local/custom-model'" in index[0]
+    assert index and "halfvec(32)" in index[0] and "'local/custom-model'" in index[0]
 
     # Search embeds the query with the same model, through its index.
     capsys.readouterr()
@@ -170,7 +170,7 @@ def test_a_dimension_that_no_longer_matches_fails_at_once_then_invalidate_fixes_
     indexes = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
                          " AND strpos(indexdef, %s) > 0", ("'local/custom-model'",)).fetchall()
     assert len(indexes) == 1 and indexes[0][0] == vectors.index_name("local/custom-model")
-    assert "bit(48)" in indexes[0][1]
+    assert "halfvec(48)" in indexes[0][1]
 
 
 def test_loading_the_model_draws_no_progress_bar(tmp_path):

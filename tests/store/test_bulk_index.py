@@ -163,8 +163,7 @@ def test_a_model_that_has_its_index_keeps_it_whatever_a_run_brings(db, reader, p
         db.execute("SET LOCAL hnsw.ef_search = 400")
         probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
         found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
-                           " ORDER BY binary_quantize(embedding)::bit(768) <~> binary_quantize(%s::halfvec(768))::bit(768)"
-                           " LIMIT 400) t",
+                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 400) t",
                            (MODEL, probe)).fetchone()[0]
     assert found == 300
 
@@ -295,8 +294,7 @@ def test_the_index_is_built_concurrently_during_the_merge_and_the_commit_does_no
             vectors.write(other, MODEL, 768, ["f" * 64], [[0.5] * 768])
             probe = other.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
             assert other.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
-                                 " ORDER BY binary_quantize(embedding)::bit(768) <~> binary_quantize(%s::halfvec(768))::bit(768)"
-                                 " LIMIT 5) t",
+                                 " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 5) t",
                                  (MODEL, probe)).fetchone()[0] == 5
     thread.join(60)
     assert not thread.is_alive() and not errors, errors

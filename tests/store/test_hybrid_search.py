@@ -302,7 +302,7 @@ def test_a_selective_filter_still_returns_k(conn, embed, plan):
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_bitmapscan = off")
         conn.execute("SET enable_sort = off")
-        assert "Index Scan using embeddings_bits" in explain_vector_side(
+        assert "Index Scan using embeddings_hnsw" in explain_vector_side(
             conn, MODEL_NAME, 384, query, SearchFilters(tag="patrimonio"))
     tight = SearchSettings(ef_search=10, candidates=10, rrf_k=60, exact_limit=exact_limit)
     unfiltered = search(conn, "air quality", mode="vector", limit=10, settings=tight, query_vector=query)
@@ -341,10 +341,10 @@ def test_the_vector_side_scans_the_hnsw_index_with_the_filter_inside(conn, embed
     conn.execute("SET enable_seqscan = off")
     conn.execute("SET enable_bitmapscan = off")
     conn.execute("SET enable_sort = off")
-    assert "Index Scan using embeddings_bits" in explain_vector_side(conn, MODEL_NAME, 384, query)
+    assert "Index Scan using embeddings_hnsw" in explain_vector_side(conn, MODEL_NAME, 384, query)
     plan = explain_vector_side(conn, MODEL_NAME, 384, query, SearchFilters(format="csv"))
     # the filter is checked on each vector the index scan yields, not on a finished top k
-    hnsw = plan.index("Index Scan using embeddings_bits")
+    hnsw = plan.index("Index Scan using embeddings_hnsw")
     assert "formats @> '{csv}'" in plan[hnsw:] and "Limit" in plan[:hnsw], plan
 
 
@@ -577,3 +577,41 @@ def test_the_exact_path_reads_the_copies_and_looks_up_the_rest(conn, embed):
         assert similarities() == truth
         raise _Rollback
     assert similarities() == truth
+
+
+def test_the_bits_choose_the_candidates_and_their_vectors_rank_them(conn, embed, monkeypatch):
+    """HARVESTER_INDEX_KIND=bit: the shared index holds each vector's signs, and the vector side
+    takes the ``rerank`` nearest by Hamming distance and ranks them by their stored halfvec.
+    Whatever it returns comes in the exact cosine order with exact similarities; with enough
+    candidates it is exact search's top 10 on these ~900 real MiniLM vectors; ``rerank`` 0 is exact
+    search (no index). The module's halfvec index is built again afterwards."""
+    from harvester.store import vectors
+
+    every = lambda d: True  # noqa: E731
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    assert vectors.restore_index(conn, MODEL_NAME) is True
+    try:
+        assert vectors.search_kind(conn, MODEL_NAME) == "bit"
+        missed = 0
+        for text in ("air quality", "heritage buildings", "school enrolment", "public budget spending"):
+            query = embed(text)
+            truth = _exact_similarities(conn, query, every)[:10]
+            exact = search(conn, text, mode="vector", limit=10, query_vector=query,
+                           settings=SearchSettings(rerank=0))
+            assert [i["similarity"] for i in exact.items] == truth
+            wide = search(conn, text, mode="vector", limit=10, query_vector=query,
+                          settings=SearchSettings(rerank=400))
+            assert [i["similarity"] for i in wide.items] == truth, text
+            few = search(conn, text, mode="vector", limit=10, query_vector=query,
+                         settings=SearchSettings(rerank=12))
+            similarities = [i["similarity"] for i in few.items]
+            assert len(similarities) == 10 and similarities == sorted(similarities, reverse=True)
+            assert set(similarities) <= set(_exact_similarities(conn, query, every))  # exact distances
+            missed += len(set(truth) - set(similarities))
+        # 12 candidates by the bits for a top 10: some of the exact top 10 are missed (the bits chose
+        # them, not the cosine), which is why the default takes 1,000
+        assert missed > 0
+    finally:
+        monkeypatch.setenv("HARVESTER_INDEX_KIND", "halfvec")
+        assert vectors.restore_index(conn, MODEL_NAME) is True
+        assert vectors.search_kind(conn, MODEL_NAME) == "halfvec"

@@ -108,11 +108,11 @@ def test_each_model_gets_its_own_hnsw_index(db):
     vectors.ensure_index(db, "big-model@3072", 3072)
     vectors.ensure_index(db, "small-model", 384)
     defs = dict(db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
-                           " AND indexname LIKE 'embeddings_bits_%'").fetchall())
+                           " AND indexname LIKE 'embeddings_hnsw_%'").fetchall())
     assert len(defs) == 2
     small, big = defs[vectors.index_name("small-model")], defs[vectors.index_name("big-model@3072")]
-    assert "bit(384)" in small and "'small-model'" in small
-    assert "bit(3072)" in big
+    assert "halfvec(384)" in small and "'small-model'" in small
+    assert "halfvec(3072)" in big
 
 
 def test_vectors_of_the_wrong_dimension_are_refused(db):

@@ -1,7 +1,7 @@
-"""Each model's partial HNSW index over its vectors' bits: a unique name per model (however long,
-whatever its slug), an index under another name renamed rather than built twice, earlier
-versions' indexes (halfvec, full precision) replaced, the halfvec one serving searches until its
-successor is valid, and a model whose dimension changed refused while its old vectors are stored."""
+"""Each model's partial HNSW index: a unique name per model (however long, whatever its slug),
+indexes of databases made by earlier versions renamed rather than built twice, a model whose
+dimension changed refused while its old vectors are stored, and HARVESTER_INDEX_KIND (the vectors
+or their bits) changed both ways, the old index serving searches until the new one is valid."""
 import re
 
 import numpy as np
@@ -48,70 +48,18 @@ def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
     assert f"Index Scan using {vectors.index_name(LARGE)}" in plan, plan
 
 
-def test_an_index_under_another_name_is_renamed_not_built_again(db):
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((binary_quantize(embedding)::bit(8)) bit_hamming_ops)"
-                       " WHERE model = {}").format(sql.Identifier("embeddings_bits_by_hand"), sql.Literal(BASE)))
-    oid = db.execute("SELECT 'embeddings_bits_by_hand'::regclass::oid").fetchone()[0]
-
-    vectors.ensure_index(db, LARGE, 8)  # LARGE gets an index of its own; BASE's is left as it is
-    assert indexes(db) == {"embeddings_bits_by_hand": BASE, vectors.index_name(LARGE): LARGE}
-
-    assert vectors.ensure_index(db, BASE, 8) is False  # BASE's index takes its name: the same index, not a second one
-    assert indexes(db) == {vectors.index_name(BASE): BASE, vectors.index_name(LARGE): LARGE}
-    assert db.execute("SELECT %s::regclass::oid", (vectors.index_name(BASE),)).fetchone()[0] == oid
-
-
-def test_an_earlier_versions_halfvec_index_serves_search_until_the_index_over_the_bits_replaces_it(db):
-    """A database made by an earlier version: BASE's halfvec index (under the name of versions
-    older still). Searches scan it while nothing replaces it; ensure_index builds the index over
-    the bits beside it, under its own name, and drops it only once the new one is valid."""
-    from harvester.store import search
-
-    db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
-    vectors.write(db, BASE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
+    # A database made by an earlier version: BASE's index holds the name LARGE would have had.
     db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
                        " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)), sql.Literal(BASE)))
-    probe = unit_vectors(1, 8, seed=3)[0]
-    assert vectors.search_kind(db, BASE) == "halfvec"
-    assert vectors.index_state(db, BASE) == "missing" and vectors.index_missing(db, BASE) == 8
-    assert f"Index Scan using {legacy_name(BASE)}" in search.explain_vector_side(db, BASE, 8, probe)
+    oid = db.execute("SELECT %s::regclass::oid", (legacy_name(BASE),)).fetchone()[0]
 
-    assert vectors.restore_index(db, BASE) is True
-    assert indexes(db) == {vectors.index_name(BASE): BASE}  # the halfvec one is gone
-    assert vectors.search_kind(db, BASE) == "bit" and vectors.index_state(db, BASE) == "ready"
-    definition = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-                            (vectors.index_name(BASE),)).fetchone()[0]
-    assert "binary_quantize(embedding))::bit(8)" in definition and "bit_hamming_ops" in definition, definition
-    assert f"Index Scan using {vectors.index_name(BASE)}" in search.explain_vector_side(db, BASE, 8, probe)
-    assert vectors.restore_index(db, BASE) is False  # nothing left to do
+    vectors.ensure_index(db, LARGE, 8)  # LARGE gets an index of its own; BASE's is left as it is
+    assert indexes(db) == {legacy_name(BASE): BASE, vectors.index_name(LARGE): LARGE}
 
-
-def test_a_failed_build_leaves_the_halfvec_index_serving(db, database_url):
-    """The build over the bits fails (here: its statement_timeout ends while it waits for an older
-    snapshot): the halfvec index an earlier version built is still there, and searches still scan
-    it; the next build replaces it."""
-    from harvester.store import db as store_db
-
-    vectors.write(db, LARGE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
-    db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
-                       " WHERE model = {}").format(sql.Identifier(legacy_name(LARGE)), sql.Literal(LARGE)))
-    blocker = store_db.connect_url(database_url)
-    try:
-        # a snapshot older than the build, which waits for it
-        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        blocker.execute("SELECT count(*) FROM embeddings")
-        with pytest.raises(vectors.IndexBuildError):
-            vectors.ensure_index(db, LARGE, 8, vectors.IndexSettings(build_timeout=0.5))
-    finally:
-        blocker.close()
-    # the build's invalid leftover (dropped by the next build, when no older snapshot holds it up)
-    # is never what search scans
-    assert legacy_name(LARGE) in indexes(db)
-    assert vectors.search_kind(db, LARGE) == "halfvec" and vectors.index_state(db, LARGE) == "missing"
-
-    assert vectors.restore_index(db, LARGE) is True
-    assert indexes(db) == {vectors.index_name(LARGE): LARGE}
-    assert vectors.search_kind(db, LARGE) == "bit"
+    vectors.ensure_index(db, BASE, 8)  # BASE's index takes its new name: the same index, not a second one
+    assert indexes(db) == {vectors.index_name(BASE): BASE, vectors.index_name(LARGE): LARGE}
+    assert db.execute("SELECT %s::regclass::oid", (vectors.index_name(BASE),)).fetchone()[0] == oid
 
 
 def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invalidated(db):
@@ -134,26 +82,26 @@ def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invali
     definitions = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
                              " AND strpos(indexdef, %s) > 0", (f"'{model}'",)).fetchall()
     assert len(definitions) == 1 and definitions[0][0] == vectors.index_name(model)
-    assert "bit(24)" in definitions[0][1]
+    assert "halfvec(24)" in definitions[0][1]
 
 
-def test_an_index_of_full_precision_vectors_is_rebuilt_over_the_bits(db):
+def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
     """Earlier versions indexed models of up to 2000 dimensions as vector; searches now ask for the
-    index over the bits: the next run's upsert (restore_index) or embed step (ensure_index)
-    replaces it, and searches use it again."""
+    halfvec index (half the size, built in about half the time): the next run's upsert (restore_index)
+    or embed step (ensure_index) replaces it, and searches use it again."""
     model = "older-model"
     db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
     vectors.write(db, model, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
     db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
                        " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)), sql.Literal(model)))
     probe = unit_vectors(1, 8, seed=3)[0]
-    # the old index does not serve the ordering searches use
+    # the old index (of the same name) does not serve the halfvec ordering searches use
     assert f"Index Scan using {vectors.index_name(model)}" not in vectors.explain_search(db, model, 8, probe)
 
     assert vectors.restore_index(db, model) is True
     definition = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                             (vectors.index_name(model),)).fetchone()[0]
-    assert "bit(8)" in definition and "bit_hamming_ops" in definition
+    assert "halfvec(8)" in definition and "halfvec_cosine_ops" in definition
     assert f"Index Scan using {vectors.index_name(model)}" in vectors.explain_search(db, model, 8, probe)
     assert vectors.restore_index(db, model) is False  # nothing left to do
 
@@ -162,14 +110,13 @@ def test_an_index_of_full_precision_vectors_is_rebuilt_over_the_bits(db):
                        " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"), sql.Literal(model)))
     vectors.ensure_index(db, model, 8)
     assert indexes(db) == {vectors.index_name(model): model}
-    assert "bit_hamming_ops" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+    assert "halfvec" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                                    (vectors.index_name(model),)).fetchone()[0]
 
 
 def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
-    """3,000 vectors of 384 dimensions: a graph of 3,000 x (48 + 720) bytes (their bits), 2.2 MB;
-    a tenth more is 3MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does
-    pgvector."""
+    """3,000 vectors of 384 dimensions: a graph of 3,000 x (768 + 720) bytes, 4.3 MB; a tenth more
+    is 5MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does pgvector."""
     model, other = "sizing/model-a", "sizing/model-b"
     for m in (model, other):
         vectors.write(db, m, 384, [f"{m}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=len(m)))
@@ -177,11 +124,11 @@ def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
     caplog.set_level("INFO", logger="harvester.store.vectors")
     assert vectors.ensure_index(db, model, 384, roomy)
     said = [r.getMessage() for r in caplog.records]
-    assert any("3000 vectors of 384 dimensions (bit), a graph of about 2 MB; maintenance_work_mem 3MB" in m
+    assert any("3000 vectors of 384 dimensions (halfvec), a graph of about 4 MB; maintenance_work_mem 5MB" in m
                for m in said), said
     assert not [m for m in said if "does not fit" in m or "no longer fits" in m]
     # the session's own setting is back as it was
-    assert db.execute("SELECT current_setting('maintenance_work_mem')").fetchone()[0] != "3MB"
+    assert db.execute("SELECT current_setting('maintenance_work_mem')").fetchone()[0] != "5MB"
 
     caplog.clear()
     tight = vectors.IndexSettings(build_memory="1MB", build_memory_max="1MB")
@@ -190,3 +137,82 @@ def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
     assert any("does not fit in HARVESTER_INDEX_BUILD_MEMORY_MAX=1MB" in m for m in said), said
     assert any("hnsw graph no longer fits into maintenance_work_mem after" in m and "(maintenance_work_mem 1MB)" in m
                for m in said), said
+
+
+def test_a_change_of_kind_is_built_beside_the_index_it_replaces_and_back(db, monkeypatch):
+    """HARVESTER_INDEX_KIND=bit: the index over the vectors' signs is built beside the halfvec one,
+    which searches scan until the new one is valid and which is dropped then; back to halfvec, the
+    same the other way."""
+    from harvester.store import search
+
+    db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
+    vectors.write(db, BASE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.ensure_index(db, BASE, 8)
+    probe = unit_vectors(1, 8, seed=3)[0]
+    halfvec_index, bits_index = vectors.index_name(BASE, "halfvec"), vectors.index_name(BASE, "bit")
+    assert halfvec_index != bits_index and len(bits_index) <= 63
+
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    assert vectors.index_name(BASE) == bits_index
+    assert vectors.search_kind(db, BASE) == "halfvec"  # the one there is, until the new one is valid
+    assert vectors.index_state(db, BASE) == "missing" and vectors.index_missing(db, BASE) == 8
+    assert f"Index Scan using {halfvec_index}" in search.explain_vector_side(db, BASE, 8, probe)
+
+    assert vectors.restore_index(db, BASE) is True
+    assert indexes(db) == {bits_index: BASE}  # the halfvec one is gone
+    assert vectors.search_kind(db, BASE) == "bit" and vectors.index_state(db, BASE) == "ready"
+    definition = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (bits_index,)).fetchone()[0]
+    assert "binary_quantize(embedding))::bit(8)" in definition and "bit_hamming_ops" in definition, definition
+    assert f"Index Scan using {bits_index}" in search.explain_vector_side(db, BASE, 8, probe)
+    assert vectors.restore_index(db, BASE) is False  # nothing left to do
+
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "halfvec")
+    assert vectors.search_kind(db, BASE) == "bit"
+    assert f"Index Scan using {bits_index}" in search.explain_vector_side(db, BASE, 8, probe)
+    assert vectors.restore_index(db, BASE) is True
+    assert indexes(db) == {halfvec_index: BASE}
+    assert vectors.search_kind(db, BASE) == "halfvec"
+    assert f"Index Scan using {halfvec_index}" in search.explain_vector_side(db, BASE, 8, probe)
+
+
+def test_a_failed_build_leaves_the_other_kind_serving(db, database_url, monkeypatch):
+    """The build over the bits fails (here: its statement_timeout ends while it waits for an older
+    snapshot): the halfvec index is still there, and searches still scan it; the next build
+    replaces it."""
+    from harvester.store import db as store_db
+
+    vectors.write(db, LARGE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.ensure_index(db, LARGE, 8)
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    blocker = store_db.connect_url(database_url)
+    try:
+        # a snapshot older than the build, which waits for it
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM embeddings")
+        with pytest.raises(vectors.IndexBuildError):
+            vectors.ensure_index(db, LARGE, 8, vectors.IndexSettings(kind="bit", build_timeout=0.5))
+    finally:
+        blocker.close()
+    # the build's invalid leftover (dropped by the next build, when no older snapshot holds it up)
+    # is never what search scans
+    assert vectors.index_name(LARGE, "halfvec") in indexes(db)
+    assert vectors.search_kind(db, LARGE) == "halfvec" and vectors.index_state(db, LARGE) == "missing"
+
+    assert vectors.restore_index(db, LARGE) is True
+    assert indexes(db) == {vectors.index_name(LARGE, "bit"): LARGE}
+    assert vectors.search_kind(db, LARGE) == "bit"
+
+
+def test_a_build_of_the_bits_is_given_the_memory_of_their_graph(db, caplog, monkeypatch):
+    """3,000 vectors of 384 dimensions as bits: a graph of 3,000 x (48 + 720) bytes, 2.2 MB; a
+    tenth more is 3MB (their halfvec graph: 4.3 MB, 5MB)."""
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    model = "sizing/bits"
+    vectors.write(db, model, 384, [f"{model}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=5))
+    caplog.set_level("INFO", logger="harvester.store.vectors")
+    assert vectors.ensure_index(db, model, 384, vectors.IndexSettings(kind="bit", build_memory="1MB",
+                                                                      build_memory_max="64MB"))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("3000 vectors of 384 dimensions (bit), a graph of about 2 MB; maintenance_work_mem 3MB" in m
+               for m in said), said
+    assert not [m for m in said if "does not fit" in m or "no longer fits" in m]

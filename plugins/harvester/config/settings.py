@@ -324,6 +324,10 @@ _ALL = (
     Setting("CB_PROBE_LEASE_SECS", "float", 120.0, "How long a probe holds its slot (it must outlast one call "
             "with its retries)", "breaker", 0, above=True),
     # -- vector indexes -----------------------------------------------------------------------------
+    Setting("HARVESTER_INDEX_KIND", "choice", "halfvec", "What the models' shared HNSW indexes hold: the vectors "
+            "(halfvec) or their signs, one bit a dimension (bit: about a fifth of the room, candidates ranked "
+            "exactly by the stored vectors, lower recall on some data); a change is built by the next run's "
+            "upsert beside the index it replaces", "index", choices=("halfvec", "bit")),
     Setting("HARVESTER_INDEX_BULK_MIN", "int", 10000, "New vectors that make a run a bulk load (written with no "
             "index, which is built once afterwards)", "index", 0, 10**9),
     Setting("HARVESTER_INDEX_BULK_SHARE", "float", 0.25, "The share of the model's vectors after the run that a "
@@ -353,11 +357,13 @@ _ALL = (
             "until the next run", "index", 0, 7 * _DAY),
     # -- search -----------------------------------------------------------------------------------
     Setting("HARVESTER_SEARCH_RERANK", "int", 1000, "The vector side ranks exactly this many of the nearest "
-            "datasets by the vectors' bits (the models' HNSW index), without a filter", "search", 1, 100000),
+            "datasets by the vectors' bits, without a filter, when the model's index holds bits "
+            "(HARVESTER_INDEX_KIND=bit; 0: no index, every dataset passing the filters ranked exactly)", "search",
+            0, 100000),
     Setting("HARVESTER_SEARCH_RERANK_FILTERED", "int", 400, "... and this many of the nearest that pass the "
             "filters, under filters", "search", 1, 100000),
-    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search of an earlier version's halfvec index "
-            "(searched while the index over the bits that replaces it is built)", "search", 1, 1000),
+    Setting("HARVESTER_SEARCH_EF_SEARCH", "int", 800, "hnsw.ef_search: the HNSW candidate list of an index of "
+            "the vectors (halfvec)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_PORTAL_EF_SEARCH", "int", 800, "hnsw.ef_search of a scan of a portal's own index "
             "(HARVESTER_PORTAL_INDEX_MIN_DATASETS)", "search", 1, 1000),
     Setting("HARVESTER_SEARCH_CANDIDATES", "int", 20, "Results each side (text, vector) brings to the fusion",

@@ -92,28 +92,34 @@ def fold(text: str) -> str:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Tuning, in the open. ``rerank`` / ``rerank_filtered``: how many of the nearest by the
-    vectors' bits the vector side ranks exactly, without / with filters; ``ef_search``: HNSW
-    candidate list (hnsw.ef_search) of an earlier version's halfvec index; ``candidates``: N,
+    """Tuning, in the open. ``ef_search``: HNSW candidate list (hnsw.ef_search) of an index of the
+    vectors; ``rerank`` / ``rerank_filtered``: how many of the nearest by the vectors' bits the
+    vector side ranks exactly, without / with filters, over an index of their bits (0: exact
+    search, no index, whatever the kind); ``candidates``: N,
     the results each side contributes to the fusion; ``rrf_k``: the RRF constant;
     ``max_scan_tuples``: how far a filtered HNSW scan may go to find N matches; ``exact_limit``:
     filters that leave at most this many datasets rank them exactly instead (0: never);
     ``text_cap``: the most matches of a text stage ranked (0: all);
     ``rare_matches`` / ``rare_share``: when the query's words together are rare enough that hybrid
     puts those datasets first (module docstring)."""
-    # hnsw.ef_search of a scan of an earlier version's halfvec index (store/vectors.py), while the
-    # index over the bits that replaces it is built. recall@10 of that index (no filter) against exact
-    # search at 1,000,000 datasets (bench/million_search_bench.py, m 16, ef_construction 64), two sets
+    # recall@10 of the HNSW side (no filter, the halfvec index) against exact search at 1,000,000
+    # datasets (bench/million_search_bench.py, pgvector's build defaults m 16, ef_construction 64), two sets
     # of queries: 0.850 / 0.918 at 150, 0.895 / 0.950 at 300, 0.925 / 0.955 at 500, 0.965 / 0.972 at
-    # 800; at 100,000: 0.938 at 150, 0.972 at 300.
+    # 800; at 100,000: 0.938 at 150, 0.972 at 300. A graph built with m 24, ef_construction 128
+    # reached at 150 what this one does at 300 (100,000: 0.972), in the same time a query, for 3.5
+    # times the build (285 s against 81 s): the first sync pays for the build, a query for ef_search.
     ef_search: int = 800
-    # The model's index holds the vectors' bits (store/vectors.py): the vector side takes the
-    # ``rerank`` nearest by Hamming distance (hnsw.ef_search as large) and ranks them exactly by their
-    # halfvec; under filters the ``rerank_filtered`` nearest that pass them (the scan's cost is per
-    # vector it visits, and a filter leaving 15% makes it visit seven for each that passes).
+    # When the model's index holds the vectors' bits (HARVESTER_INDEX_KIND=bit, store/vectors.py): the
+    # vector side takes the ``rerank`` nearest by Hamming distance (hnsw.ef_search as large) and ranks
+    # them exactly by their halfvec; under filters the ``rerank_filtered`` nearest that pass them (the
+    # scan's cost is per vector it visits, and a filter leaving 15% makes it visit seven for each that
+    # passes). On first_sync_bench's vectors (100,000, dozens of near-ties a query) the bits alone,
+    # every Hamming distance taken, hold 0.920 / 0.948 / 0.966 of the exact top 10 in their nearest
+    # 100 / 400 / 1,000, so no graph over them can do better; the halfvec index gave 0.990.
     # recall@10 at 1,000,000 stand-in vectors without a filter (bench/quantize_bench.py, m 16,
     # ef_construction 64): 0.823 at 100, 0.915 at 400, 0.962 at 1,000 (p95 13.8 / 18.8 / 38.8 ms);
     # the bits alone, every vector's Hamming distance taken: 0.985-0.994 at 100, 1.000 at 400.
+    # 0: no index, every dataset passing the filters ranked exactly (exact search: benches' truth)
     rerank: int = 1000
     rerank_filtered: int = 400
     candidates: int = 20
@@ -562,7 +568,7 @@ def _text_one_pass(conn, stages: tuple[str, ...], where: str, params: dict, limi
 
 
 # -- the vector side -------------------------------------------------------------------------------
-def _vector_statements(dimension: int, where: str, kind: str | None = "bit"):
+def _vector_statements(dimension: int, where: str, kind: str | None = None):
     """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
     that pass the filters, as (dataset id, cosine similarity). ``kind``: that of the model's index
     (vectors.search_kind): over the bits, the ``%(rerank)s`` nearest by Hamming distance that pass
@@ -685,9 +691,9 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     exactly instead (every one compared, no index); so does a filtered scan that ended short of
     ``limit``: whenever ``limit`` datasets pass the filters, ``limit`` come back.
     A portal filter on a portal with its own usable HNSW index (store/portal_indexes.py) scans
-    that index instead of the shared one, with ``settings.portal_ef_search``. The shared index
-    holds the vectors' bits: its ``settings.rerank`` nearest (``rerank_filtered`` under filters)
-    are ranked exactly (_vector_statements)."""
+    that index instead of the shared one, with ``settings.portal_ef_search``. When the shared
+    index holds the vectors' bits, its ``settings.rerank`` nearest (``rerank_filtered`` under
+    filters) are ranked exactly (vectors.nearest)."""
     import numpy as np
 
     from harvester.store import portal_indexes, vectors
@@ -698,19 +704,21 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     if few is None:  # (``few``: search() has asked already)
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
     # never prepared, as the text side's statements (_text_rows): planned for the filter's values
-    if few:
+    if few or not settings.rerank:  # rerank 0: exact search, every passing dataset compared
         exact = _vector_statements(dimension, where)[1]
         return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
+    max_scan_tuples = settings.max_scan_tuples
     if portal and portal_indexes.usable(conn, portal, model):
         statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
         exact = _vector_statements(dimension, where)[1]
     else:
         kind = vectors.search_kind(conn, model)
         statement, exact = _vector_statements(dimension, where, kind)
-        # pgvector's hnsw.ef_search is at most 1,000; past it the iterative scan goes on
-        ef_search = min(1000, rerank) if kind == "bit" else settings.ef_search
-    with _hnsw_scan(conn, ef_search, max(settings.max_scan_tuples, rerank)):
+        ef_search = settings.ef_search
+        if kind == "bit":  # pgvector's hnsw.ef_search is at most 1,000; past it the iterative scan goes on
+            ef_search, max_scan_tuples = min(1000, rerank), max(max_scan_tuples, rerank)
+    with _hnsw_scan(conn, ef_search, max_scan_tuples):
         rows = conn.execute(statement, values, prepare=False).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
         rows = conn.execute(exact, values, prepare=False).fetchall()

@@ -3,15 +3,21 @@
 Each model gets a partial HNSW index over its rows, so models of different sizes live side by side
 and one can replace another without dropping data. Vectors are stored in half precision
 (``halfvec``, sql/019: 2 bytes a dimension; a provider's float32 values are rounded once, as they
-are stored). The index holds each vector's signs only (``binary_quantize(embedding)::bit(D)``,
-Hamming distance): 96 bytes at 768 dimensions where a halfvec index holds 1,536, so the index is
-about a quarter of the room (601 bytes a vector at m 16 against about 2,050 on the million search
-bench) and its build several times faster (the graph fits in memory whole). Search takes the
-index's nearest few hundred and ranks them exactly by their stored halfvec
-(store/search.py): the bits choose candidates, never the order (bench/README.md, "Search at a
-million": the 400 nearest by Hamming distance, ranked exactly, hold the exact top 10). An index of
-the halfvec kind that an earlier version built keeps serving search until the bit index that
-replaces it is valid (ensure_index).
+are stored). What the index holds is ``HARVESTER_INDEX_KIND`` (IndexSettings.kind):
+
+- ``halfvec`` (default): the vectors, ranked by cosine distance (up to 4,000 dimensions).
+- ``bit``: their signs, one bit a dimension (``binary_quantize(embedding)::bit(D)``, Hamming
+  distance, up to 64,000 dimensions): 96 bytes at 768 dimensions where the halfvec index holds
+  1,536, so about a fifth of the room (398 bytes a vector on disk against about 2,050). Search takes
+  the nearest few hundred by the bits and ranks them by their stored halfvec (``nearest``): the
+  bits choose the candidates, never the order. What that loses depends on the data: nothing
+  measurable on the million search bench's stand-in vectors, but on vectors with many near-ties
+  the exact top 10 is not always among the 1,000 nearest by the bits (bench/README.md, "The
+  models' index over the bits").
+
+A change of kind is built by the next upsert (restore_index) beside the index it replaces, under
+a name of its own; searches scan the old one (``search_kind``) until the new one is valid, and it
+is dropped then.
 """
 from __future__ import annotations
 
@@ -32,8 +38,8 @@ from harvester.config.settings import fields_from_env
 from harvester.domain.run import format_duration
 from harvester.domain.sizes import build_memory, format_size, hnsw_graph_bytes, parse_size
 
-INDEX_KIND = "bit"   # what the models' shared indexes hold (their signs); portals' own indexes: halfvec
-EARLIER_KIND = "halfvec"  # what earlier versions' shared indexes held: search uses one until it is replaced
+KINDS = ("halfvec", "bit")  # what a model's shared index may hold (IndexSettings.kind); an index of
+# full-precision vectors (``vector``, before sql/019) is no use to search and is dropped
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,7 @@ class IndexSettings:
     ``build_timeout`` bounds a build (it is concurrent: nobody waits for it but the upsert that
     started it), ``build_wait`` how long that upsert waits for it after its commit before leaving
     it to finish in the server."""
+    kind: str = "halfvec"
     bulk_min: int = 10000
     bulk_share: float = 0.25
     build_memory: str = "1GB"
@@ -78,13 +85,13 @@ def _slug(model: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
 
 
-def index_name(model: str, kind: str = INDEX_KIND) -> str:
+def index_name(model: str, kind: str | None = None) -> str:
     """The model's HNSW index: a readable slug and a hash of the exact model name, so two models
     whose slugs agree (a shared long prefix, "a-b" and "a.b") never share a name; at most 63
-    characters, PostgreSQL's limit. The index over the bits has a name of its own, so that it is
-    built beside the halfvec index it replaces (the name of earlier versions' index)."""
+    characters, PostgreSQL's limit. ``kind`` (default: the configured one): an index over the bits
+    has a name of its own, so that either kind is built beside the other it replaces."""
     digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:10]
-    prefix = "embeddings_bits" if kind == "bit" else "embeddings_hnsw"
+    prefix = "embeddings_bits" if (kind or index_kind()) == "bit" else "embeddings_hnsw"
     return f"{prefix}_{_slug(model)[:36]}_{digest}"
 
 
@@ -101,41 +108,46 @@ class DimensionMismatch(ValueError):
             f"the model that made the stored vectors again")
 
 
-def index_kind(dimension: int) -> str:
-    """The type the model's shared index holds its vectors as (their bits whatever the dimension)."""
-    return INDEX_KIND
+def index_kind(dimension: int | None = None) -> str:
+    """What the models' shared indexes hold: HARVESTER_INDEX_KIND (halfvec or bit), whatever the
+    dimension."""
+    return IndexSettings.from_env().kind
 
 
-def index_expression(dimension: int, kind: str = INDEX_KIND) -> sql.Composable:
+def index_expression(dimension: int, kind: str | None = None) -> sql.Composable:
     """The indexed expression of an index of ``kind`` (bit: the vector's signs; halfvec: the vector);
     a query's ORDER BY must use it, ``distance`` and query_cast to use the index."""
+    kind = kind or index_kind()
     if kind == "bit":
         return sql.SQL("(binary_quantize(embedding)::bit({}))").format(sql.Literal(int(dimension)))
     return sql.SQL("(embedding::{}({}))").format(sql.SQL(kind), sql.Literal(int(dimension)))
 
 
-def query_cast(dimension: int, placeholder: str = "query", kind: str = INDEX_KIND) -> sql.Composable:
+def query_cast(dimension: int, placeholder: str = "query", kind: str | None = None) -> sql.Composable:
     """``%(placeholder)s`` (a float32 vector) as an index of ``kind`` holds it."""
+    kind = kind or index_kind()
     if kind == "bit":
         return sql.SQL("binary_quantize(%({})s::halfvec({}))::bit({})").format(
             sql.SQL(placeholder), sql.Literal(int(dimension)), sql.Literal(int(dimension)))
     return sql.SQL("%({})s::{}({})").format(sql.SQL(placeholder), sql.SQL(kind), sql.Literal(int(dimension)))
 
 
-def distance(kind: str = INDEX_KIND) -> sql.Composable:
+def distance(kind: str | None = None) -> sql.Composable:
     """The operator an index of ``kind`` orders by: Hamming distance for bits, cosine otherwise."""
-    return sql.SQL("<~>" if kind == "bit" else "<=>")
+    return sql.SQL("<~>" if (kind or index_kind()) == "bit" else "<=>")
 
 
-def opclass(dimension: int, kind: str = INDEX_KIND) -> str:
+def opclass(dimension: int, kind: str | None = None) -> str:
+    kind = kind or index_kind()
     return "bit_hamming_ops" if kind == "bit" else f"{kind}_cosine_ops"
 
 
-def nearest(dimension: int, kind: str | None = INDEX_KIND, condition: sql.Composable = sql.SQL("true"),
+def nearest(dimension: int, kind: str | None = None, condition: sql.Composable = sql.SQL("true"),
             query: str = "query") -> sql.Composable:
     """The statement of the nearest vectors of ``%(model)s`` to ``%(query)s`` that meet ``condition``
     (on ``embeddings e``), as (content_hash, cosine distance), nearest first, at most ``%(n)s``.
-    ``kind``: that of the model's index (search_kind). Over the bits, the index scan takes the
+    ``kind``: that of the model's index (search_kind; None: none, ranked as halfvec). Over the
+    bits, the index scan takes the
     ``%(rerank)s`` nearest by Hamming distance that meet the condition, and they are ranked by the
     cosine distance of their stored halfvec (read from the rows the scan returns): the bits
     choose the candidates, never the order. Over an earlier version's halfvec index (or none: a
@@ -167,11 +179,13 @@ def nearest(dimension: int, kind: str | None = INDEX_KIND, condition: sql.Compos
 
 
 def search_kind(conn, model: str) -> str | None:
-    """The kind of the model's index search scans: ``bit`` once it is valid, else ``halfvec`` while
-    an earlier version's index of that kind is (a rebuild under way), else None (no index: exact
-    scans). One look at the catalogue (pg_index), well under a millisecond."""
+    """The kind of the model's index search scans: the configured one (index_kind) once it is
+    valid, else the other while an index of that kind is (HARVESTER_INDEX_KIND changed, the new
+    index not built yet), else None (no index: exact scans). One look at the catalogue
+    (pg_index), well under a millisecond."""
     kinds = {kind for _, _, _, kind, state in _model_indexes(conn, model) if state == "valid"}
-    return next((kind for kind in (INDEX_KIND, EARLIER_KIND) if kind in kinds), None)
+    wanted = index_kind()
+    return next((kind for kind in (wanted, *KINDS) if kind in kinds), None)
 
 
 def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
@@ -275,19 +289,20 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
     finish. A build left invalid by a failure or a stopped server process is dropped and built
     again. An index of the model under an earlier version's name is renamed, not built twice; one
     of another size is dropped when no vector of that size is left (``harvester embeddings
-    invalidate --model``); one of full-precision vectors (an earlier version's) is dropped. A
-    halfvec index (an earlier version's) keeps serving searches while the index over the bits is
-    built beside it, and is dropped once that one is valid: no search goes without an index.
-    Raises DimensionMismatch when vectors of the model with another dimension are stored,
-    IndexBuildError when the build fails (its leftover is dropped; the halfvec one is kept).
+    invalidate --model``); one of full-precision vectors (an earlier version's) is dropped. One
+    of the other kind (``settings.kind`` changed: halfvec to bit or back) keeps serving searches
+    while the new one is built beside it, and is dropped once that one is valid: no search goes
+    without an index. Raises DimensionMismatch when vectors of the model with another dimension
+    are stored, IndexBuildError when the build fails (its leftover is dropped; the index of the
+    other kind is kept).
 
     ``conn`` must be in autocommit mode with no transaction open (CONCURRENTLY cannot run in one).
     The build waits for the transactions older than it (another portal's merge): its session has
     no lock_timeout, and ``settings.build_timeout`` bounds the whole statement."""
     settings = settings or IndexSettings.from_env()
     check_dimension(conn, model, dimension)
-    kind = index_kind(dimension)
-    name = index_name(model)
+    kind = settings.kind
+    name = index_name(model, kind)
     fitting, replaced = None, []
     for schema, index, size, held_as, state in _model_indexes(conn, model):
         if state == "building":
@@ -297,8 +312,8 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
         if state == "dead":
             log.warning("dropping the invalid HNSW index %s of %s, left by a build that did not finish", index, model)
             _drop_concurrently(conn, schema, index)
-        elif size == dimension and held_as == EARLIER_KIND:
-            replaced.append((schema, index))  # serves searches until its successor is valid
+        elif size == dimension and held_as in KINDS and held_as != kind:
+            replaced.append((schema, index, held_as))  # serves searches until its successor is valid
         elif size != dimension or held_as != kind:
             # no vector of that size is left (check_dimension): the index would refuse new ones; or an
             # index of full-precision vectors made by an earlier version
@@ -308,39 +323,39 @@ def ensure_index(conn, model: str, dimension: int, settings: IndexSettings | Non
     if fitting is not None:
         if fitting[1] != name:  # the name an earlier version gave it
             conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(*fitting), sql.Identifier(name)))
-        _drop_replaced(conn, model, replaced)
+        _drop_replaced(conn, model, replaced, kind)
         return False
-    if replaced:
-        log.info("replacing the halfvec HNSW index %s of %s by one over the vectors' bits (%s), built beside it: "
-                 "searches use the old one until the new one is valid", replaced[0][1], model, name)
-    built = _build(conn, model, dimension, name, settings)
+    for _, index, held_as in replaced:
+        log.info("replacing the HNSW index %s of %s (%s) by one of %s (%s, HARVESTER_INDEX_KIND), built beside it: "
+                 "searches use the old one until the new one is valid", index, model, held_as, kind, name)
+    built = _build(conn, model, dimension, name, kind, settings)
     if built:
-        _drop_replaced(conn, model, replaced)
+        _drop_replaced(conn, model, replaced, kind)
     return built
 
 
-def _drop_replaced(conn, model: str, replaced: list[tuple[str, str]]) -> None:
-    for schema, index in replaced:
-        log.info("dropping the halfvec HNSW index %s of %s: its index over the bits is valid", index, model)
+def _drop_replaced(conn, model: str, replaced: list[tuple[str, str, str]], kind: str) -> None:
+    for schema, index, held_as in replaced:
+        log.info("dropping the HNSW index %s of %s (%s): its index of %s is valid", index, model, held_as, kind)
         _drop_concurrently(conn, schema, index)
 
 
-def _build(conn, model: str, dimension: int, name: str, settings: IndexSettings) -> bool:
+def _build(conn, model: str, dimension: int, name: str, kind: str, settings: IndexSettings) -> bool:
     """CREATE INDEX CONCURRENTLY of the model's index, with the memory its graph needs; True when
     it is valid afterwards."""
     import psycopg
 
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
-    ).format(name=sql.Identifier(name), expr=index_expression(dimension),
-             ops=sql.SQL(opclass(dimension)), model=sql.Literal(model))
+    ).format(name=sql.Identifier(name), expr=index_expression(dimension, kind),
+             ops=sql.SQL(opclass(dimension, kind)), model=sql.Literal(model))
 
     vectors_held = held(conn, model)
-    graph = hnsw_graph_bytes(vectors_held, dimension, index_kind(dimension))
+    graph = hnsw_graph_bytes(vectors_held, dimension, kind)
     memory = format_size(build_memory(graph, parse_size(settings.build_memory), parse_size(settings.build_memory_max)))
     log.info("building the HNSW index %s of %s: %d vectors of %d dimensions (%s), a graph of about %s; "
              "maintenance_work_mem %s, %d parallel workers at most, statement_timeout %s", name, model, vectors_held,
-             dimension, index_kind(dimension), _mb(graph), memory, settings.build_workers,
+             dimension, kind, _mb(graph), memory, settings.build_workers,
              format_duration(timedelta(seconds=settings.build_timeout)))
     if graph * 1.1 > parse_size(memory):
         log.warning("the HNSW graph of %s (about %s) does not fit in HARVESTER_INDEX_BUILD_MEMORY_MAX=%s: the build "
