@@ -43,9 +43,8 @@ from harvester.config.settings import env_values
 log = logging.getLogger(__name__)
 
 PREFIX = "dataset_vectors_p_"
-# What a portal's index holds: the halfvec vectors themselves, ranked by cosine distance. (The
-# models' shared indexes hold only their bits, store/vectors.py: a portal's own index is what
-# answers a portal filter with nothing rejected, and stays exact in its order.)
+# What a portal's index holds: the halfvec vectors themselves, ranked by cosine distance, whatever
+# the models' shared indexes hold (HARVESTER_INDEX_KIND, store/vectors.py).
 KIND = "halfvec"
 # pg_try_advisory_lock(LOCK_CLASS, hashtext(portal)): two keys, apart from the one-key locks elsewhere
 LOCK_CLASS = 40029

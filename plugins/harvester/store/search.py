@@ -114,8 +114,9 @@ class SearchSettings:
     # them exactly by their halfvec; under filters the ``rerank_filtered`` nearest that pass them (the
     # scan's cost is per vector it visits, and a filter leaving 15% makes it visit seven for each that
     # passes). On first_sync_bench's vectors (100,000, dozens of near-ties a query) the bits alone,
-    # every Hamming distance taken, hold 0.920 / 0.948 / 0.966 of the exact top 10 in their nearest
-    # 100 / 400 / 1,000, so no graph over them can do better; the halfvec index gave 0.990.
+    # every Hamming distance taken, hold 0.890-0.920 / 0.932-0.948 / 0.952-0.966 of the exact top 10
+    # in their nearest 100 / 400 / 1,000, so no graph over them can do better; the halfvec index gave
+    # 0.968-0.990 (bench/index_kind_bench.py).
     # recall@10 at 1,000,000 stand-in vectors without a filter (bench/quantize_bench.py, m 16,
     # ef_construction 64): 0.823 at 100, 0.915 at 400, 0.962 at 1,000 (p95 13.8 / 18.8 / 38.8 ms);
     # the bits alone, every vector's Hamming distance taken: 0.985-0.994 at 100, 1.000 at 400.
@@ -569,8 +570,13 @@ def _text_one_pass(conn, stages: tuple[str, ...], where: str, params: dict, limi
 
 # -- the vector side -------------------------------------------------------------------------------
 def _vector_statements(dimension: int, where: str, kind: str | None = None):
-    """(HNSW statement, exact statement) of the vector side: the nearest vectors of live datasets
-    that pass the filters, as (dataset id, cosine similarity). ``kind``: that of the model's index
+    """(HNSW statement, exact statement) of the vector side."""
+    return _hnsw_statement(dimension, where, kind), _exact_statement(dimension, where)
+
+
+def _hnsw_statement(dimension: int, where: str, kind: str | None):
+    """The vector side over the model's shared index: the nearest vectors of live datasets that
+    pass the filters, as (dataset id, cosine similarity). ``kind``: that of the model's index
     (vectors.search_kind): over the bits, the ``%(rerank)s`` nearest by Hamming distance that pass
     the filters, ranked exactly (vectors.nearest)."""
     from psycopg import sql
@@ -580,7 +586,7 @@ def _vector_statements(dimension: int, where: str, kind: str | None = None):
     nearest = vectors.nearest(dimension, kind, sql.SQL(
         "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})"
     ).format(where=sql.SQL(where)))
-    hnsw = sql.SQL(
+    return sql.SQL(
         """
         WITH nn AS MATERIALIZED ({nearest})
         SELECT s.dataset_id, 1 - nn.distance
@@ -589,13 +595,19 @@ def _vector_statements(dimension: int, where: str, kind: str | None = None):
         ORDER BY nn.distance, s.dataset_id
         LIMIT %(n)s
         """).format(nearest=nearest, where=sql.SQL(where))
+
+
+def _exact_statement(dimension: int, where: str):
+    """The vector side without an index: every live dataset passing the filters compared."""
+    from psycopg import sql
+
     # Every distance computed first (materialized CTEs), between the stored half-precision vectors
     # (sql/019) and the query cast as the index casts it, so both paths rank alike, then sorted: an ORDER BY on the distance itself would be planned as
     # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
     # passes the filters. The vectors come from dataset_vectors (sql/010), fetched as one sorted
     # list of ids: rows in dataset order, read in that order. Datasets without a current copy of
     # the model (a run not committed yet, a model switch) are looked up in embeddings.
-    exact = sql.SQL(
+    return sql.SQL(
         """
         WITH f AS MATERIALIZED (
             SELECT s.dataset_id, s.content_hash FROM dataset_search s WHERE {where}
@@ -611,7 +623,6 @@ def _vector_statements(dimension: int, where: str, kind: str | None = None):
         )
         SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
         """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
-    return hnsw, exact
 
 
 def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
@@ -705,23 +716,22 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
     # never prepared, as the text side's statements (_text_rows): planned for the filter's values
     if few or not settings.rerank:  # rerank 0: exact search, every passing dataset compared
-        exact = _vector_statements(dimension, where)[1]
+        exact = _exact_statement(dimension, where)
         return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
     max_scan_tuples = settings.max_scan_tuples
     if portal and portal_indexes.usable(conn, portal, model):
         statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
-        exact = _vector_statements(dimension, where)[1]
     else:
         kind = vectors.search_kind(conn, model)
-        statement, exact = _vector_statements(dimension, where, kind)
+        statement = _hnsw_statement(dimension, where, kind)
         ef_search = settings.ef_search
         if kind == "bit":  # pgvector's hnsw.ef_search is at most 1,000; past it the iterative scan goes on
             ef_search, max_scan_tuples = min(1000, rerank), max(max_scan_tuples, rerank)
     with _hnsw_scan(conn, ef_search, max_scan_tuples):
         rows = conn.execute(statement, values, prepare=False).fetchall()
     if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
-        rows = conn.execute(exact, values, prepare=False).fetchall()
+        rows = conn.execute(_exact_statement(dimension, where), values, prepare=False).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 
 
