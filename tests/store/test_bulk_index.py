@@ -168,6 +168,51 @@ def test_a_model_that_has_its_index_keeps_it_whatever_a_run_brings(db, reader, p
     assert found == 300
 
 
+def test_a_bulk_load_during_a_change_of_kind_keeps_the_old_index_serving_and_says_so(
+        db, reader, portal_server, samples, gemini, monkeypatch, caplog):
+    """HARVESTER_INDEX_KIND changed while a run brings many vectors: the model has no index of the new
+    kind, so the run is a bulk load, but the index of the old kind is there: it serves searches and
+    takes the run's vectors until the upsert has built the new one, which then replaces it."""
+    from harvester.embeddings import get_provider
+
+    monkeypatch.setenv("HARVESTER_INDEX_BULK_MIN", "100")
+    records = distinct_records(samples, 400)
+    portal_server.set_records(records[:150])
+    portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
+    provider = get_provider()
+    pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
+    halfvec_index = vectors.index_name(MODEL, "halfvec")
+    assert model_indexes(db) == {halfvec_index: MODEL}
+
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    portal_server.set_records(records)
+    caplog.set_level(logging.INFO, logger="harvester")
+    caplog.clear()
+    run_id, planned = steps(db, reader, portal, provider, full_sync=True)
+    assert planned["pending_texts"] == 250 and planned["bulk_index"] is True
+    assert ("bulk load: 250 texts to embed against 150 vectors of gemini-embedding-001@768 held, which has no "
+            "bit index yet (HARVESTER_INDEX_KIND): its halfvec index serves searches") in caplog.text
+    assert "which has no HNSW index yet" not in caplog.text
+    pipeline.embed_changed(db, reader, portal, run_id, provider, bulk_index=True)
+    assert ("without upkeep of the bit index the upsert builds; its halfvec index, serving searches until then, "
+            "takes them") in caplog.text
+    assert "without index upkeep" not in caplog.text
+    assert model_indexes(db) == {halfvec_index: MODEL}, "nothing dropped while the run loads"
+    assert vectors.search_kind(db, MODEL) == "halfvec"
+    with db.transaction():  # the old index took the run's vectors: an index scan finds all 400
+        db.execute("SET LOCAL enable_seqscan = off")
+        db.execute("SET LOCAL hnsw.ef_search = 500")
+        probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
+        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 500) t",
+                           (MODEL, probe)).fetchone()[0]
+    assert found == 400
+
+    pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
+    assert model_indexes(db) == {vectors.index_name(MODEL, "bit"): MODEL}
+    assert vectors.search_kind(db, MODEL) == "bit" and vectors.index_state(db, MODEL) == "ready"
+
+
 def test_a_model_switch_is_a_bulk_load_and_leaves_the_other_models_index_alone(
         db, reader, portal_server, samples, gemini, monkeypatch):
     from harvester.embeddings import get_provider

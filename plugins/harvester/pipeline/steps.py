@@ -332,13 +332,14 @@ def _reconcile(conn, portal: Portal, run_id: int, source: Source, ids_per_reques
 
 def _plan_index(conn, portal: Portal, run_id: int, model: str, pending: int, settings: EmbedSettings,
                 index_settings: vectors.IndexSettings | None) -> bool:
-    """Whether this run is a bulk load of the model's vectors: the model has no HNSW index yet (its
-    first load, a model switch) and the run brings enough of them (IndexSettings). Then its vectors
-    are written without index upkeep and an upsert builds the index once, concurrently, when no
-    bulk load of the model is still running. A model that has its index (shared by every portal's
-    runs and searches) keeps it: no run drops or rebuilds it, whatever it brings. What the run
-    brings is what it embeds: its own new texts and at most HARVESTER_EMBED_BACKLOG_PER_RUN of
-    those earlier runs left pending."""
+    """Whether this run is a bulk load of the model's vectors: the model has no HNSW index of the
+    configured kind yet (its first load, a model switch, a change of HARVESTER_INDEX_KIND: then the
+    other kind's index serves searches and is kept up until the new one replaces it) and the run
+    brings enough of them (IndexSettings). Then its vectors are written without upkeep of the new
+    index and an upsert builds it once, concurrently, when no bulk load of the model is still
+    running. A model that has its index (shared by every portal's runs and searches) keeps it: no
+    run drops or rebuilds it, whatever it brings. What the run brings is what it embeds: its own
+    new texts and at most HARVESTER_EMBED_BACKLOG_PER_RUN of those earlier runs left pending."""
     index_settings = index_settings or vectors.IndexSettings.from_env()
     if pending < max(1, index_settings.bulk_min) or vectors.index_state(conn, model) != "missing":
         return False  # (no second count for a small run)
@@ -350,10 +351,18 @@ def _plan_index(conn, portal: Portal, run_id: int, model: str, pending: int, set
     if not vectors.bulk_load_wanted(held, incoming, index_settings):
         return False
     runs.set_bulk_model(conn, run_id, model)
-    log.info("bulk load: %d texts to embed against %d vectors of %s held, which has no HNSW index yet: the "
-             "vectors are written without one, and it is built once, concurrently, by the upsert of the last "
-             "bulk load of the model still running (searches of this model use exact scans until then)",
-             incoming, held, model)
+    serving = vectors.search_kind(conn, model)
+    if serving is None:
+        log.info("bulk load: %d texts to embed against %d vectors of %s held, which has no HNSW index yet: the "
+                 "vectors are written without one, and it is built once, concurrently, by the upsert of the last "
+                 "bulk load of the model still running (searches of this model use exact scans until then)",
+                 incoming, held, model)
+    else:  # HARVESTER_INDEX_KIND changed: the index of the other kind is there until the new one is valid
+        log.info("bulk load: %d texts to embed against %d vectors of %s held, which has no %s index yet "
+                 "(HARVESTER_INDEX_KIND): its %s index serves searches and takes these vectors meanwhile; the %s "
+                 "index is built once, concurrently, by the upsert of the last bulk load of the model still "
+                 "running, and replaces it when valid", incoming, held, model, vectors.index_kind(), serving,
+                 vectors.index_kind())
     return True
 
 
@@ -402,8 +411,14 @@ def embed_changed(conn, reader, portal: Portal, run_id: int, provider: Embedding
         log.info("embed_changed shard %d/%d: hash_compare found no text to embed", shard + 1, shards)
         return {"run_id": run_id, "shard": shard, "embedding_requests": 0, "embedded": 0, "left_pending": 0}
     if bulk_index:
-        log.info("embed_changed shard %d/%d: a bulk load of %s: its vectors go in without index upkeep", shard + 1,
-                 shards, provider.model)
+        serving = vectors.search_kind(conn, provider.model)
+        if serving is None:
+            log.info("embed_changed shard %d/%d: a bulk load of %s: its vectors go in without index upkeep",
+                     shard + 1, shards, provider.model)
+        else:  # a change of HARVESTER_INDEX_KIND: the old kind's index is kept up until the new one replaces it
+            log.info("embed_changed shard %d/%d: a bulk load of %s: its vectors go in without upkeep of the %s index "
+                     "the upsert builds; its %s index, serving searches until then, takes them", shard + 1, shards,
+                     provider.model, vectors.index_kind(), serving)
     counts = embed_pending(conn, reader, portal.url, run_id, provider, shard=shard, shards=shards,
                            settings=settings, breaker_config=breaker_config, label=f"{portal.name} ")
     return {"run_id": run_id, "shard": shard, **counts}
