@@ -3,6 +3,7 @@ by `harvester db migrate` and by whichever task of a run comes first (a deploy w
 flight), waiting a bounded time for their locks."""
 from __future__ import annotations
 
+import hashlib
 import logging
 from datetime import datetime, timezone
 
@@ -348,9 +349,70 @@ def test_039_drops_the_url_hash_index_no_statement_used_and_a_url_is_still_found
         assert conn.execute("SELECT to_regclass('datasets_url_hash')").fetchone()[0] is not None
         assert "datasets_url_hash" not in "\n".join(before), before
 
-        assert migrations.migrate(conn) == ["039_drop_unused_url_hash_index.sql"]
+        assert migrations.migrate(conn)[0] == "039_drop_unused_url_hash_index.sql"
         assert conn.execute("SELECT to_regclass('datasets_url_hash')").fetchone()[0] is None
         assert [r[0] for r in conn.execute(plan)] == before
         for url, source in (("HTTPS://P.EXAMPLE/dataset/a/", "a"), ("https://p.example/data.json#b", "b")):
             assert history.find_dataset(conn, "https://p.example", url=url)["source_id"] == source
         assert history.find_dataset(conn, "https://p.example", url="https://p.example/dataset/c") is None
+
+
+def test_040_looks_content_hashes_up_through_hash_indexes_that_find_the_same_rows(empty_database_url,
+                                                                                 migrate_before):
+    """040 (issue 40): datasets.content_hash and dataset_search.content_hash are indexed by hash,
+    under their old names. Every kind of lookup by a content hash the code makes (equality, = ANY,
+    a join from vectors to their datasets) goes through the new index and finds the rows it found
+    through the B-tree, texts shared by several datasets included."""
+    insert = ("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+              " first_seen_at, updated_at, last_seen_at, raw)"
+              " SELECT 'https://p.example', 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
+              " md5((i % 700)::text) || md5('c'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(), '{}'"
+              " FROM generate_series(1, 2000) i")
+    def md5(text):
+        return hashlib.md5(text.encode()).hexdigest()
+
+    values = (1, 2, 699, 5000)  # shared by 3, 3, 2 and no dataset
+    h = [md5(str(v)) + md5("c") for v in values]
+    lookups = [
+        ("SELECT id FROM datasets WHERE content_hash = %s ORDER BY id", (h[0],), "datasets_content_hash"),
+        ("SELECT id FROM datasets WHERE content_hash = ANY(%s) ORDER BY id", (h,), "datasets_content_hash"),
+        ("SELECT s.dataset_id FROM unnest(%s::text[]) nn(h) JOIN dataset_search s ON s.content_hash = nn.h"
+         " ORDER BY 1", (h,), "dataset_search_content_hash"),
+        ("SELECT nn.h FROM unnest(%s::text[]) nn(h) WHERE EXISTS (SELECT 1 FROM dataset_search s"
+         " WHERE s.content_hash = nn.h AND s.removed_at IS NULL) ORDER BY 1", (h,), "dataset_search_content_hash"),
+    ]
+
+    def found(conn):
+        return [conn.execute(query, params).fetchall() for query, params, _ in lookups]
+
+    def through_index(conn):
+        """Whether each lookup's plan reads its index once other plans are ruled out."""
+        with conn.transaction():
+            for setting in ("enable_seqscan", "enable_hashjoin", "enable_mergejoin"):
+                conn.execute(f"SET LOCAL {setting} = off")
+            return [index in "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + query, params))
+                    for query, params, index in lookups]
+
+    def kinds(conn):
+        return conn.execute(
+            "SELECT c.relname, am.amname FROM pg_class c JOIN pg_am am ON am.oid = c.relam"
+            " WHERE c.relname IN ('datasets_content_hash', 'dataset_search_content_hash') ORDER BY 1").fetchall()
+
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 40)
+        conn.execute(insert)
+        conn.execute("ANALYZE datasets, dataset_search")
+        assert kinds(conn) == [("dataset_search_content_hash", "btree"), ("datasets_content_hash", "btree")]
+        before = found(conn)
+        assert [len(rows) for rows in before] == [3, 8, 8, 3], before
+        assert through_index(conn) == [True] * len(lookups)
+
+        assert migrations.migrate(conn)[0] == "040_content_hash_lookups_by_hash_index.sql"
+        assert kinds(conn) == [("dataset_search_content_hash", "hash"), ("datasets_content_hash", "hash")]
+        assert through_index(conn) == [True] * len(lookups)
+        assert found(conn) == before
+        # written afterwards: found through the new index too
+        conn.execute("UPDATE datasets SET content_hash = %s WHERE source_id = 's5'", (h[3],))
+        assert conn.execute(lookups[0][0], (h[3],)).fetchall() == conn.execute(
+            "SELECT id FROM datasets WHERE source_id = 's5'").fetchall()
+        assert conn.execute("SELECT count(*) FROM dataset_search WHERE content_hash = %s", (h[3],)).fetchone()[0] == 1
