@@ -292,3 +292,27 @@ def test_the_kept_connections_are_keyed_without_the_password(catalogue):
     assert claims[0].database != claims[1].database
     # the second connections opened with each password are kept, idle, under those keys
     assert {c.database for c in claims} <= set(second._idle)
+
+
+@pytest.mark.parametrize("query", [
+    "water quality river", "river water quality county", "quality river -county", '"water quality" river',
+    'river "water quality" -county', "IFPA grants by year", "rivers county",
+])
+def test_every_stage_implies_the_last_which_the_one_read_tests_first(catalogue, query):
+    """_text_one_pass tests a row against the last, broadest stage first and gives up on a row that
+    misses it: right only while each stage of text_query implies the last. Over every document of
+    the catalogue and documents of other configurations (english's stems beside simple's words)."""
+    from harvester.store.search import text_query
+
+    catalogue.execute("UPDATE dataset_search SET config = 'english'::regconfig,"
+                      " document = to_tsvector('english', 'the rivers of the county, their water and its quality')"
+                      " WHERE dataset_id IN (SELECT dataset_id FROM dataset_search ORDER BY dataset_id DESC LIMIT 5)")
+    stages = text_query(catalogue, query).stages
+    assert len(stages) >= 2, stages
+    counts = catalogue.execute(
+        "SELECT s.i, count(*) FILTER (WHERE d.document @@ s.q::tsquery),"
+        " count(*) FILTER (WHERE d.document @@ s.q::tsquery AND NOT d.document @@ %s::tsquery)"
+        " FROM dataset_search d, unnest(%s::text[]) WITH ORDINALITY s(q, i) GROUP BY s.i ORDER BY s.i",
+        (stages[-1], list(stages))).fetchall()
+    assert sum(matched for _, matched, _ in counts[:-1]) > 0, counts  # the earlier stages do match rows
+    assert [missed for _, _, missed in counts] == [0] * len(stages), counts
