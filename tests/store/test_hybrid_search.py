@@ -348,6 +348,55 @@ def test_the_vector_side_scans_the_hnsw_index_with_the_filter_inside(conn, embed
     assert "formats @> '{csv}'" in plan[hnsw:] and "Limit" in plan[:hnsw], plan
 
 
+def test_a_filtered_scan_of_the_bits_that_ends_short_of_its_candidates_ranks_exactly(conn, embed, monkeypatch):
+    """Over the bits, the vector side ranks the ``rerank_filtered`` nearest that pass the filters.
+    A filtered scan that stops before that many passed (max_scan_tuples, or fewer datasets pass
+    than PostgreSQL expected) would rank its top 10 from too few: it is ranked exactly instead, as
+    a scan that found fewer than 10 is. The HNSW plan is forced, as on a large catalogue."""
+    from harvester.store import vectors
+
+    statements: list[str] = []
+
+    class Recording:  # records what search() sends; nothing of ours replaced
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def execute(self, query, params=None, **kwargs):
+            statements.append(query if isinstance(query, str) else query.as_string(self.inner))
+            return self.inner.execute(query, params, **kwargs)
+
+    monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
+    assert vectors.restore_index(conn, MODEL_NAME) is True
+    try:
+        query = embed("air quality")
+        check = lambda d: "txt" in _formats(d[3])  # noqa: E731  (24 datasets of ~900)
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        conn.execute("SET enable_sort = off")
+        assert "Index Scan using embeddings_bits" in explain_vector_side(
+            conn, MODEL_NAME, 384, query, SearchFilters(format="txt"), settings=SearchSettings(exact_limit=0))
+        for rerank, exact_after in ((400, True), (20, False)):
+            statements.clear()
+            found = search(Recording(conn), "air quality", mode="vector", filters=SearchFilters(format="txt"),
+                           limit=10, query_vector=query,
+                           settings=SearchSettings(exact_limit=0, rerank_filtered=rerank))
+            assert all(check(_dataset(conn, i["source_id"])) for i in found.items)
+            vector_side = [s for s in statements if "FROM dataset_vectors v" in s or "<~>" in s]
+            # 24 pass: a scan asked for 400 ends short and the exact statement follows; for 20, not
+            assert ["<~>" in s for s in vector_side] == ([True, False] if exact_after else [True]), vector_side
+            if exact_after:
+                assert [i["similarity"] for i in found.items] == _exact_similarities(conn, query, check)[:10]
+    finally:
+        conn.execute("RESET enable_seqscan")
+        conn.execute("RESET enable_bitmapscan")
+        conn.execute("RESET enable_sort")
+        monkeypatch.setenv("HARVESTER_INDEX_KIND", "halfvec")
+        assert vectors.restore_index(conn, MODEL_NAME) is True
+
+
 # -- one function, settings, the contract ----------------------------------------------------------------
 def test_the_result_contract_and_a_precomputed_query_vector(conn, embed, monkeypatch):
     vector = embed("public transport stops")

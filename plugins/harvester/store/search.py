@@ -595,7 +595,7 @@ def _hnsw_statement(dimension: int, where: str, kind: str | None):
     return sql.SQL(
         """
         WITH nn AS MATERIALIZED ({nearest})
-        SELECT s.dataset_id, 1 - nn.distance
+        SELECT s.dataset_id, 1 - nn.distance, nn.candidates
         FROM nn JOIN dataset_search s ON s.content_hash = nn.content_hash
         WHERE {where}
         ORDER BY nn.distance, s.dataset_id
@@ -725,7 +725,7 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
         exact = _exact_statement(dimension, where)
         return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
-    max_scan_tuples = settings.max_scan_tuples
+    max_scan_tuples, kind = settings.max_scan_tuples, None
     if portal and portal_indexes.usable(conn, portal, model):
         statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
     else:
@@ -736,7 +736,10 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
             ef_search, max_scan_tuples = min(1000, rerank), max(max_scan_tuples, rerank)
     with _hnsw_scan(conn, ef_search, max_scan_tuples):
         rows = conn.execute(statement, values, prepare=False).fetchall()
-    if narrowing and len(rows) < limit:  # the estimate was too high, or max_scan_tuples was reached
+    # the estimate was too high, or max_scan_tuples was reached: fewer than limit passed; over the
+    # bits, fewer than the rerank candidates did (their top 10 would be ranked from too few: at a
+    # million datasets under a sparse filter, 68 of 400 gave recall@10 0.58)
+    if narrowing and (len(rows) < limit or kind == "bit" and rows[0][2] < rerank):
         rows = conn.execute(_exact_statement(dimension, where), values, prepare=False).fetchall()
     return [(r[0], float(r[1])) for r in rows]
 

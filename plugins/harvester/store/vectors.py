@@ -145,7 +145,9 @@ def opclass(dimension: int, kind: str | None = None) -> str:
 def nearest(dimension: int, kind: str | None = None, condition: sql.Composable = sql.SQL("true"),
             query: str = "query") -> sql.Composable:
     """The statement of the nearest vectors of ``%(model)s`` to ``%(query)s`` that meet ``condition``
-    (on ``embeddings e``), as (content_hash, cosine distance), nearest first, at most ``%(n)s``.
+    (on ``embeddings e``), as (content_hash, cosine distance, candidates), nearest first, at most
+    ``%(n)s``; ``candidates``: over the bits, how many the index scan gave to rank (fewer than
+    ``%(rerank)s`` when the filtered scan stopped early), else NULL.
     ``kind``: that of the model's index (search_kind; None: none, ranked as halfvec). Over the
     bits, the index scan takes the
     ``%(rerank)s`` nearest by Hamming distance that meet the condition, and they are ranked by the
@@ -156,7 +158,7 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     if kind == "bit":
         return sql.SQL(
             """
-            SELECT c.content_hash, c.distance FROM (
+            SELECT c.content_hash, c.distance, count(*) OVER () AS candidates FROM (
                 SELECT e.content_hash, e.embedding <=> {q} AS distance
                 FROM embeddings e
                 WHERE e.model = %(model)s AND {condition}
@@ -170,7 +172,7 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     expr = index_expression(dimension, "halfvec")
     return sql.SQL(
         """
-        SELECT e.content_hash, {expr} <=> {q} AS distance
+        SELECT e.content_hash, {expr} <=> {q} AS distance, NULL::bigint AS candidates
         FROM embeddings e
         WHERE e.model = %(model)s AND {condition}
         ORDER BY {expr} <=> {q}
