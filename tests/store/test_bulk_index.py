@@ -72,6 +72,17 @@ def index_oid(db, model):
     return row[0]
 
 
+def found_by_the_halfvec_index(db, up_to: int) -> int:
+    """How many vectors of MODEL a scan of its halfvec HNSW index yields (at most ``up_to``)."""
+    with db.transaction():
+        db.execute("SET LOCAL enable_seqscan = off")
+        db.execute(f"SET LOCAL hnsw.ef_search = {int(up_to)}")
+        probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
+        return db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+                          " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT %s) t",
+                          (MODEL, probe, up_to)).fetchone()[0]
+
+
 def steps(db, reader, portal, provider, full_sync=False):
     """A run step by step (what the DAG's tasks do), returning hash_compare's plan; stops before upsert."""
     run_id = pipeline.begin(db, portal, full_sync=full_sync)["run_id"]
@@ -158,14 +169,7 @@ def test_a_model_that_has_its_index_keeps_it_whatever_a_run_brings(db, reader, p
     finally:
         big_server.stop()
     assert index_oid(db, MODEL) == oid, "the shared index was never dropped"
-    with db.transaction():
-        db.execute("SET LOCAL enable_seqscan = off")
-        db.execute("SET LOCAL hnsw.ef_search = 400")
-        probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
-        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
-                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 400) t",
-                           (MODEL, probe)).fetchone()[0]
-    assert found == 300
+    assert found_by_the_halfvec_index(db, 400) == 300
 
 
 def test_a_bulk_load_during_a_change_of_kind_keeps_the_old_index_serving_and_says_so(
@@ -199,14 +203,7 @@ def test_a_bulk_load_during_a_change_of_kind_keeps_the_old_index_serving_and_say
     assert "without index upkeep" not in caplog.text
     assert model_indexes(db) == {halfvec_index: MODEL}, "nothing dropped while the run loads"
     assert vectors.search_kind(db, MODEL) == "halfvec"
-    with db.transaction():  # the old index took the run's vectors: an index scan finds all 400
-        db.execute("SET LOCAL enable_seqscan = off")
-        db.execute("SET LOCAL hnsw.ef_search = 500")
-        probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
-        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
-                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 500) t",
-                           (MODEL, probe)).fetchone()[0]
-    assert found == 400
+    assert found_by_the_halfvec_index(db, 500) == 400, "the old index took the run's vectors"
 
     pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
     assert model_indexes(db) == {vectors.index_name(MODEL, "bit"): MODEL}
