@@ -95,15 +95,20 @@ def connect(url: str, timeout: float = 60) -> psycopg.Connection:
             time.sleep(0.2)
 
 
-def wait_until_recovered(server, timeout: float = 60) -> None:
+def wait_until_recovered(server, killed=(), timeout: float = 60) -> None:
     """Until the server is back from its last crash: a connection opened before the postmaster
-    learns of the crash would be cut when it does."""
+    learns of the crash would be cut when it does. ``killed``: the backends killed, each of whose
+    deaths the postmaster must have logged first (the client sees its connection closed a moment
+    before the postmaster hears of it: a log read in between shows no crash yet)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         log = server.logfile.read_text(errors="replace")
-        if log.rfind("ready to accept connections") > log.rfind("terminated by signal"):
+        if all(f"(PID {pid}) was terminated by signal" in log for pid in killed) \
+                and log.rfind("ready to accept connections") > log.rfind("terminated by signal"):
             break
         time.sleep(0.1)
+    else:
+        raise AssertionError(f"the server did not log its recovery from the crash of {list(killed)} in {timeout} s")
     connect(server.url()).close()
 
 
@@ -142,7 +147,7 @@ def crashing(crash_server, server_port):
     proxy = SigillProxy(server_port, crash=True)
     yield proxy
     proxy.close()
-    wait_until_recovered(crash_server)
+    wait_until_recovered(crash_server, proxy.killed)
 
 
 @pytest.fixture
@@ -178,7 +183,7 @@ def test_without_the_log_the_message_still_says_what_to_do(crashing):
 def test_the_server_recovers_and_passes_the_check_directly(crash_server, crashing, server_port):
     with connect(crashing.url()) as conn, pytest.raises(VectorExtensionError):
         ensure_vector_works(conn)
-    wait_until_recovered(crash_server)
+    wait_until_recovered(crash_server, crashing.killed)
     with connect(crash_server.url()) as conn:  # the same server, not through the proxy
         ensure_vector_works(conn, server_log=crash_server.logfile)
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -197,7 +202,7 @@ def test_the_check_runs_once_per_process_and_server(crash_server, forwarding, cr
     with connect(crashing.url()) as conn, pytest.raises(VectorExtensionError):
         ensure_vector_works(conn)
     assert len(crashing.killed) == 1
-    wait_until_recovered(crash_server)
+    wait_until_recovered(crash_server, crashing.killed)
     with connect(crashing.url()) as conn, pytest.raises(VectorExtensionError) as again:
         ensure_vector_works(conn, server_log=crash_server.logfile)
     assert crashing.hnsw_statements == 1 and len(crashing.killed) == 1, "a second crash for nothing"
