@@ -100,7 +100,10 @@ def snapshot(db_url: str, steady_urls: list[str]) -> dict:
             "datasets": content(conn, "datasets", ("id",), steady, (steady_urls,)),
             "datasets_all": content(conn, "datasets", ("id",)),
             "dataset_search": content(conn, "dataset_search", ("dataset_id",), steady_ids, (steady_urls,)),
-            "dataset_vectors": content(conn, "dataset_vectors", ("dataset_id", "model"), steady_ids, (steady_urls,)),
+            # (041 keeps a copy's model through its scope, and its text's hash as bytes: read as hex)
+            "dataset_vectors": content(conn, "dataset_vectors", ("dataset_id", "model"), steady_ids, (steady_urls,),
+                                       extra={"model": "(SELECT k.model FROM vector_scopes k WHERE k.id = t.scope)",
+                                              "text_hash": "right(t.content_hash::text, 64)"}),
             # (a current version's last_seen_at as read: its dataset's where it holds none, sql/033)
             "dataset_versions": content(conn, "dataset_versions", ("dataset_id", "version_number"),
                                         extra={"title": "t.title", "description": "t.description",
@@ -132,7 +135,7 @@ def compare(before: dict, after: dict, in_flight_urls: list[str]) -> list[str]:
                              skip={"is_current", "last_seen_at", "read_last_seen_at", "snapshot"})
     problems += compare_rows("embeddings", before["embeddings"], after["embeddings"], vector_cols={"embedding"})
     problems += compare_rows("dataset_vectors", before["dataset_vectors"], after["dataset_vectors"],
-                             vector_cols={"embedding"})
+                             skip={"content_hash"}, vector_cols={"embedding"})
     return problems
 
 

@@ -17,7 +17,8 @@ DRIFT = COPY_DRIFT
 def copies(db) -> dict[str, tuple[str, str]]:
     """source_id -> (model, xmin of the copy's row: a new one whenever the row was written)."""
     return {r[0]: (r[1], r[2]) for r in db.execute(
-        "SELECT d.source_id, v.model, v.xmin::text FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id")}
+        "SELECT d.source_id, k.model, v.xmin::text FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id"
+        " JOIN vector_scopes k ON k.id = v.scope")}
 
 
 def _later(minutes: int) -> str:

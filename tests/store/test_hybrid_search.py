@@ -581,8 +581,10 @@ def test_copy_for_search_writes_only_what_is_missing_or_behind(conn, corpus):
         ids = [r[0] for r in conn.execute("SELECT v.dataset_id FROM dataset_vectors v JOIN datasets d ON d.id ="
                                           " v.dataset_id WHERE d.portal_url = %s ORDER BY 1 LIMIT 3", (portal,))]
         conn.execute("DELETE FROM dataset_vectors WHERE dataset_id = %s", (ids[0],))
-        conn.execute("UPDATE dataset_vectors SET content_hash = 'an older text' WHERE dataset_id = %s", (ids[1],))
-        conn.execute("UPDATE dataset_vectors SET model = 'another-model' WHERE dataset_id = %s", (ids[2],))
+        conn.execute("UPDATE dataset_vectors SET content_hash = sha256('an older text') WHERE dataset_id = %s",
+                     (ids[1],))
+        conn.execute("UPDATE dataset_vectors SET scope = %s WHERE dataset_id = %s",
+                     (vectors.scope(conn, portal, "another-model"), ids[2]))
         assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 3
         # the datasets a run linked: those only
         assert vectors.copy_for_search(conn, portal, MODEL_NAME, [ids[0]]) == 1
@@ -619,9 +621,14 @@ def test_the_exact_path_reads_the_copies_and_looks_up_the_rest(conn, embed):
         conn.execute("UPDATE dataset_vectors SET embedding = %s WHERE dataset_id = ANY(%s)", (far, ids))
         assert similarities() != truth
         # ... and only a current one of the query's model counts: the others are looked up in embeddings
-        conn.execute("UPDATE dataset_vectors SET content_hash = 'an older text' WHERE dataset_id = ANY(%s)",
+        conn.execute("UPDATE dataset_vectors SET content_hash = sha256('an older text') WHERE dataset_id = ANY(%s)",
                      (ids[0::3],))
-        conn.execute("UPDATE dataset_vectors SET model = 'another-model' WHERE dataset_id = ANY(%s)", (ids[1::3],))
+        conn.execute("INSERT INTO vector_scopes (portal_url, model) SELECT DISTINCT portal_url, 'another-model'"
+                     " FROM dataset_search WHERE dataset_id = ANY(%s) ON CONFLICT DO NOTHING", (ids[1::3],))
+        assert conn.execute("UPDATE dataset_vectors v SET scope = k.id FROM dataset_search s, vector_scopes k"
+                            " WHERE v.dataset_id = ANY(%s) AND s.dataset_id = v.dataset_id"
+                            " AND k.portal_url = s.portal_url AND k.model = 'another-model'",
+                            (ids[1::3],)).rowcount == len(ids[1::3])
         conn.execute("DELETE FROM dataset_vectors WHERE dataset_id = ANY(%s)", (ids[2::3],))
         assert similarities() == truth
         raise _Rollback

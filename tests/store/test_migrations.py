@@ -417,3 +417,83 @@ def test_040_looks_datasets_up_by_content_hash_through_a_hash_index_that_finds_t
         assert conn.execute(lookups[0][0], (h[3],)).fetchall() == conn.execute(
             "SELECT id FROM datasets WHERE source_id = 's5'").fetchall()
         assert conn.execute("SELECT count(*) FROM dataset_search WHERE content_hash = %s", (h[3],)).fetchone()[0] == 1
+
+
+def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_database_url, migrate_before):
+    """041 (issue 40): dataset_vectors is written anew with each copy's portal and model as a scope
+    (vector_scopes) and its text's hash as bytes: at 768 dimensions five rows a page, whatever the
+    length of the portal's URL and the model's name. Every copy is carried with its vector, portal,
+    model and hash; a hand-made copy whose hash is no hexadecimal is left behind and its portal's
+    checked mark with it; the per-portal indexes of the old table are gone from portal_indexes too.
+    The table keeps its options, its key, its cascade and the trigger of deleted vectors, and the
+    runs' writer finds what is missing."""
+    import numpy as np
+
+    from harvester.store import portal_indexes, vectors
+
+    portals = ["https://open.data.example.gov/catalogue/a/rather/long/path/of/a/portal", "https://p.example"]
+    models = ["a-model-with-a-rather-long-name-of-sixty-characters-or-thereabouts@768", "m@768"]
+    n = 61
+    rng = np.random.default_rng(41)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 41)
+        conn.execute(
+            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+            " first_seen_at, updated_at, last_seen_at, raw)"
+            " SELECT (%s::text[])[1 + i %% 2], 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
+            " encode(sha256(('c' || i)::bytea), 'hex'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(),"
+            " '{}' FROM generate_series(1, %s) i", (portals, n))
+        hashes = [r[0] for r in conn.execute("SELECT content_hash FROM datasets ORDER BY id")]
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, 768,"
+                            " %s::halfvec)", [(h, m, str(rng.standard_normal(768).round(3).tolist()))
+                                              for h in hashes for m in models])
+        # each portal's copies of its model (the first portal's of the long name)
+        conn.execute("INSERT INTO dataset_vectors (dataset_id, model, content_hash, embedding, portal_url)"
+                     " SELECT d.id, e.model, e.content_hash, e.embedding, d.portal_url FROM datasets d"
+                     " JOIN embeddings e ON e.content_hash = d.content_hash"
+                     " AND e.model = (%s::text[])[array_position(%s::text[], d.portal_url)] ORDER BY d.id",
+                     (models, portals))
+        hand_made = conn.execute("UPDATE dataset_vectors SET content_hash = 'not a hash' WHERE dataset_id ="
+                                 " (SELECT max(dataset_id) FROM dataset_vectors WHERE portal_url = %s)"
+                                 " RETURNING dataset_id", (portals[1],)).fetchone()[0]
+        for portal, model in zip(portals, models):
+            conn.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES (%s, %s)", (portal, model))
+        conn.execute("CREATE INDEX dataset_vectors_p_old ON dataset_vectors USING hnsw"
+                     " ((embedding::halfvec(768)) halfvec_cosine_ops) WHERE portal_url = %s" % psycopg.sql.Literal(
+                         portals[0]).as_string(conn))
+        conn.execute("INSERT INTO portal_indexes (portal_url, model, index_name, dimension, datasets, build_seconds,"
+                     " bytes) VALUES (%s, %s, 'dataset_vectors_p_old', 768, 31, 0.1, 1)", (portals[0], models[0]))
+        before = {r[0]: r[1:] for r in conn.execute(
+            "SELECT dataset_id, portal_url, model, content_hash, embedding::text FROM dataset_vectors"
+            " WHERE dataset_id <> %s", (hand_made,))}
+        assert len(before) == n - 1 and len(set(before[i][3] for i in before)) == n - 1
+
+        assert migrations.migrate(conn)[0] == "041_dataset_vectors_five_a_page.sql"
+        after = {r[0]: r[1:] for r in conn.execute(
+            "SELECT v.dataset_id, k.portal_url, k.model, encode(v.content_hash, 'hex'), v.embedding::text"
+            " FROM dataset_vectors v JOIN vector_scopes k ON k.id = v.scope")}
+        assert after == before
+        assert conn.execute("SELECT portal_url FROM dataset_vectors_checked").fetchall() == [(portals[0],)]
+        assert portal_indexes.listing(conn) == []
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'dataset_vectors_p_old'").fetchone()[0] == 0
+        per_page = [r[0] for r in conn.execute("SELECT count(*) FROM dataset_vectors"
+                                               " GROUP BY (ctid::text::point)[0] ORDER BY 1 DESC")]
+        assert per_page[0] == 5 and len(per_page) == -(-(n - 1) // 5), per_page
+        assert conn.execute("SELECT max(pg_column_size(v.*)) FROM dataset_vectors v").fetchone()[0] <= 1624
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'dataset_vectors'").fetchone()[0]
+        assert sorted(options) == ["autovacuum_vacuum_scale_factor=0.02", "toast_tuple_target=8160"]
+        assert conn.execute("SELECT corr(dataset_id, (ctid::text::point)[0]) FROM dataset_vectors").fetchone()[0] > 0.99
+
+        # the writer copies what was left behind, and marks the portal checked again
+        assert vectors.copy_for_search(conn, portals[1], models[1]) == 1
+        assert vectors.copies_checked(conn, portals[1], models[1])
+        assert vectors.copy_for_search(conn, portals[1], models[1]) == 0
+        # a vector deleted from embeddings takes its copy with it; a dataset deleted, its copy
+        first, second = sorted(d for d in after if after[d][0] == portals[0])[:2]
+        conn.execute("DELETE FROM embeddings WHERE content_hash = %s AND model = %s", (after[first][2], models[0]))
+        conn.execute("DELETE FROM datasets WHERE id = %s", (second,))
+        assert conn.execute("SELECT count(*) FROM dataset_vectors WHERE dataset_id IN (%s, %s)",
+                            (first, second)).fetchone()[0] == 0
+        assert not vectors.copies_checked(conn, portals[0], models[0])
+        assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == n - 2

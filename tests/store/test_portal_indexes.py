@@ -44,15 +44,21 @@ def test_029_fills_the_portal_of_an_existing_databases_copies(empty_database_url
                      " SELECT d.id, e.model, e.content_hash, e.embedding::vector FROM datasets d"
                      " JOIN embeddings e ON e.content_hash = d.content_hash")
         before = conn.execute("SELECT dataset_id, embedding::text FROM dataset_vectors ORDER BY 1").fetchall()
-        assert migrations.migrate(conn)[0].startswith("029_")
+        assert migrate_before(conn, 30) == ["029_portal_vector_indexes.sql"]
         assert conn.execute("SELECT count(*) FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id"
                             " WHERE v.portal_url = d.portal_url").fetchone()[0] == sum(SIZES.values())
         assert conn.execute("SELECT dataset_id, embedding::text FROM dataset_vectors ORDER BY 1").fetchall() == before
         assert conn.execute("SELECT count(*) FROM portal_indexes").fetchone()[0] == 0
+        # 041 keeps the portal as the copy's scope
+        migrations.migrate(conn)
+        assert conn.execute("SELECT count(*) FROM dataset_vectors v JOIN datasets d ON d.id = v.dataset_id"
+                            " JOIN vector_scopes k ON k.id = v.scope"
+                            " WHERE k.portal_url = d.portal_url").fetchone()[0] == sum(SIZES.values())
         # the writers set it from now on
         conn.execute("DELETE FROM dataset_vectors")
         vectors.copy_for_search(conn, MID, MODEL)
-        assert conn.execute("SELECT DISTINCT portal_url FROM dataset_vectors").fetchall() == [(MID,)]
+        assert conn.execute("SELECT DISTINCT k.portal_url FROM dataset_vectors v"
+                            " JOIN vector_scopes k ON k.id = v.scope").fetchall() == [(MID,)]
 
 
 def _valid(conn) -> dict[str, str]:
@@ -70,15 +76,17 @@ def test_large_portals_get_their_index_and_lose_it_when_no_longer_wanted(db):
     done = portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)
     assert done["action"] == "built" and done["datasets"] == 300, done
     name = portal_indexes.index_name(BIG, MODEL)
-    assert "it''s" in _valid(conn)[name] and MODEL in _valid(conn)[name]
-    assert portal_indexes.usable(conn, BIG, MODEL)
+    scope = vectors.existing_scope(conn, BIG, MODEL)
+    assert _valid(conn)[name] == f"(scope = {scope})"
+    assert conn.execute("SELECT portal_url, model FROM vector_scopes WHERE id = %s", (scope,)).fetchone() == (BIG, MODEL)
+    assert portal_indexes.usable(conn, BIG, MODEL) == scope
     assert [(r["portal_url"], r["state"], r["searched"]) for r in portal_indexes.listing(conn)] == [(BIG, "valid", True)]
     assert portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)["action"] == "kept"
     # below it: none; a portal that is the whole catalogue's 90% or more: none
     assert portal_indexes.maintain(conn, SMALL, MODEL, settings=LOW)["action"] == "none"
     assert portal_indexes.maintain(conn, BIG, MODEL, settings=PortalIndexSettings(
         min_datasets=100, max_share=0.5))["dropped"] == [name]
-    assert not _valid(conn) and not portal_indexes.usable(conn, BIG, MODEL)
+    assert not _valid(conn) and portal_indexes.usable(conn, BIG, MODEL) is None
     assert portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)["action"] == "built"
 
     # a model switch: the old model's index dropped; the new one's waits for the copies to be complete
@@ -106,11 +114,11 @@ def test_an_invalid_index_is_dropped_and_built_again_and_a_held_portal_is_skippe
     assert portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)["action"] == "built"
     # what a build that timed out or whose server process was stopped leaves behind
     conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass", (name,))
-    assert not portal_indexes.usable(conn, BIG, MODEL)
+    assert portal_indexes.usable(conn, BIG, MODEL) is None
     assert portal_indexes.listing(conn)[0]["state"] == "dead"
     done = portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)
     assert done["action"] == "built" and name in done["dropped"], done
-    assert portal_indexes.usable(conn, BIG, MODEL)
+    assert portal_indexes.usable(conn, BIG, MODEL) is not None
 
     # another connection maintains the portal's index: this one skips, and does nothing
     conn.execute(psycopg.sql.SQL("DROP INDEX {}").format(psycopg.sql.Identifier(name)))
@@ -135,13 +143,13 @@ def test_a_failed_build_is_a_warning_and_its_leftover_is_dropped_and_built_again
         writer.execute("LOCK TABLE dataset_vectors IN ROW EXCLUSIVE MODE")
         assert portal_indexes.after_run(conn, BIG, MODEL) is None
         assert "harvester embeddings portal-indexes --build" in caplog.text
-        assert not portal_indexes.usable(conn, BIG, MODEL) and portal_indexes.listing(conn) == []
+        assert portal_indexes.usable(conn, BIG, MODEL) is None and portal_indexes.listing(conn) == []
         left = conn.execute("SELECT count(*) FROM pg_class WHERE relname = %s", (name,)).fetchone()[0]
         writer.rollback()
     assert not _valid(conn)
     done = portal_indexes.after_run(conn, BIG, MODEL)
     assert done["action"] == "built" and (name in done["dropped"]) == bool(left), (done, left)
-    assert portal_indexes.usable(conn, BIG, MODEL)
+    assert portal_indexes.usable(conn, BIG, MODEL) is not None
 
 
 @pytest.mark.parametrize("portal", [BIG, MID])
@@ -150,7 +158,7 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
     fill(conn)
     for p in SIZES:
         portal_indexes.maintain(conn, p, MODEL, settings=LOW)
-    assert portal_indexes.usable(conn, portal, MODEL)
+    assert portal_indexes.usable(conn, portal, MODEL) is not None
     filters = SearchFilters(portal_url=portal)
     conn.execute("SET enable_seqscan = off")
     plan = explain_vector_side(conn, MODEL, 3, _vector(5), filters, portal_index=True)
@@ -181,7 +189,7 @@ def test_search_scans_the_portals_index_and_finds_what_exact_search_finds(db, po
         assert all(i["portal_url"] == portal for i in got.items)
     # a copy behind (the portal unchecked): the shared index answers, the same
     conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal,))
-    assert not portal_indexes.usable(conn, portal, MODEL)
+    assert portal_indexes.usable(conn, portal, MODEL) is None
     got = search(conn, "x", mode="vector", filters=filters, limit=10, settings=indexed, query_vector=_vector(3),
                  provider=GivenVectors(MODEL))
     truth = search(conn, "x", mode="vector", filters=filters, limit=10, settings=exact, query_vector=_vector(3),
@@ -203,10 +211,10 @@ def test_a_large_portals_run_builds_its_index_after_its_commit(db, reader, porta
     portal = Portal(name="p", url=portal_server.base_url, politeness_delay=0)
     provider = get_provider()
     pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
-    assert not portal_indexes.usable(db, portal.url, provider.model)  # the whole catalogue: none
+    assert portal_indexes.usable(db, portal.url, provider.model) is None  # the whole catalogue: none
     monkeypatch.setenv("HARVESTER_PORTAL_INDEX_MAX_SHARE", "1")
     pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
-    assert portal_indexes.usable(db, portal.url, provider.model)
+    assert portal_indexes.usable(db, portal.url, provider.model) is not None
     assert [r["datasets"] for r in portal_indexes.listing(db)] == [30]
     # an operator sees it, and can rebuild it, without SQL
     from harvester.cli.main import main
@@ -242,7 +250,7 @@ def test_the_vector_side_leaves_the_callers_settings_as_they_were(db):
     conn = db
     fill(conn)
     portal_indexes.maintain(conn, BIG, MODEL, settings=LOW)
-    assert portal_indexes.usable(conn, BIG, MODEL)
+    assert portal_indexes.usable(conn, BIG, MODEL) is not None
     conn.execute("SELECT set_config('hnsw.ef_search', '55', false), set_config('hnsw.max_scan_tuples', '7000', false)")
     session = _scan_settings(conn)
     assert session == ("55", "off", "7000")

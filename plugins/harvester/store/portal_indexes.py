@@ -5,7 +5,7 @@ used to scan the model's shared HNSW index with the filter checked per vector: w
 holds 5-50% of the catalogue, pgvector's iterative scan under that filter found 84-94% of the true
 ten nearest, or gave up and ranked the portal exactly (64-120 ms at p95 at a million). A partial
 HNSW index on ``dataset_vectors`` holding one portal's copies of one model's vectors (``WHERE
-portal_url = '<portal>' AND model = '<model>'``) answers such a query with nothing to reject.
+scope = <id>``: vector_scopes, sql/041) answers such a query with nothing to reject.
 
 The life cycle (``maintain``), after each run of a portal commits (pipeline/steps.py ``upsert``)
 or from ``harvester embeddings portal-indexes --build``:
@@ -87,19 +87,21 @@ def _state(conn, name: str) -> str | None:
     return row[0] if row else None
 
 
-def usable(conn, portal_url: str, model: str) -> bool:
-    """Whether search may scan the portal's index of ``model``: recorded, valid, and the portal's
-    copies last checked complete for the model (a model switch or a first sync still copying
-    leaves it unchecked: search takes the shared index until the next full pass)."""
-    return conn.execute(
+def usable(conn, portal_url: str, model: str) -> int | None:
+    """The scope (vector_scopes, sql/041) whose predicate the portal's index of ``model`` has, when
+    search may scan that index: recorded, valid, and the portal's copies last checked complete for
+    the model (a model switch or a first sync still copying leaves it unchecked: search takes the
+    shared index until the next full pass). None otherwise."""
+    row = conn.execute(
         """
-        SELECT EXISTS (
-            SELECT 1 FROM portal_indexes r
-            JOIN pg_class c ON c.relname = r.index_name AND c.relnamespace = current_schema()::regnamespace
-            JOIN pg_index i ON i.indexrelid = c.oid AND i.indisvalid
-            JOIN dataset_vectors_checked k ON k.portal_url = r.portal_url AND k.model = r.model
-            WHERE r.portal_url = %s AND r.model = %s)
-        """, (portal_url, model)).fetchone()[0]
+        SELECT v.id FROM portal_indexes r
+        JOIN pg_class c ON c.relname = r.index_name AND c.relnamespace = current_schema()::regnamespace
+        JOIN pg_index i ON i.indexrelid = c.oid AND i.indisvalid
+        JOIN dataset_vectors_checked k ON k.portal_url = r.portal_url AND k.model = r.model
+        JOIN vector_scopes v ON v.portal_url = r.portal_url AND v.model = r.model
+        WHERE r.portal_url = %s AND r.model = %s
+        """, (portal_url, model)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def listing(conn) -> list[dict]:
@@ -224,12 +226,14 @@ def _build(conn, portal_url, model, name, dimension, portal_live, settings, dead
                  " set_config('max_parallel_maintenance_workers', %s, false),"
                  " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
                  (memory, str(index.build_workers), f"{int(settings.lock_timeout * 1000)}ms", f"{int(timeout * 1000)}ms"))
+    scope = vectors.existing_scope(conn, portal_url, model)
+    if scope is None:
+        return {"action": "none", "datasets": portal_live, "reason": "no copy of the model's vectors"}
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY {name} ON dataset_vectors USING hnsw ({expr} {ops})"
-        " WHERE portal_url = {portal} AND model = {model}").format(
+        " WHERE scope = {scope}").format(
         name=sql.Identifier(name), expr=vectors.index_expression(dimension, KIND),
-        ops=sql.SQL(vectors.opclass(dimension, KIND)),
-        portal=sql.Literal(portal_url), model=sql.Literal(model))
+        ops=sql.SQL(vectors.opclass(dimension, KIND)), scope=sql.Literal(scope))
     log.info("building the HNSW index %s of portal %s, model %s: about %d vectors; maintenance_work_mem %s, "
              "statement_timeout %.0fs, lock_timeout %.0fs (it first waits for the transactions older than it)",
              name, portal_url, model, portal_live, memory, timeout, settings.lock_timeout)

@@ -611,8 +611,9 @@ def _exact_statement(dimension: int, where: str):
     # (sql/019) and the query cast as the index casts it, so both paths rank alike, then sorted: an ORDER BY on the distance itself would be planned as
     # an HNSW scan, which without the iterative scan stops at ef_search and may find nothing that
     # passes the filters. The vectors come from dataset_vectors (sql/010), fetched as one sorted
-    # list of ids: rows in dataset order, read in that order. Datasets without a current copy of
-    # the model (a run not committed yet, a model switch) are looked up in embeddings.
+    # list of ids: rows in dataset order, read in that order; a copy is of the model when its scope
+    # is one of the model's (sql/041). Datasets without a current copy of the model (a run not
+    # committed yet, a model switch) are looked up in embeddings.
     return sql.SQL(
         """
         WITH f AS MATERIALIZED (
@@ -620,31 +621,29 @@ def _exact_statement(dimension: int, where: str):
         ), c AS MATERIALIZED (
             SELECT v.dataset_id, v.content_hash, v.embedding <=> %(query)s::halfvec({dim}) AS distance
             FROM dataset_vectors v
-            WHERE v.dataset_id = ANY(ARRAY(SELECT f.dataset_id FROM f)) AND v.model = %(model)s
+            WHERE v.dataset_id = ANY(ARRAY(SELECT f.dataset_id FROM f))
+              AND v.scope = ANY(ARRAY(SELECT k.id FROM vector_scopes k WHERE k.model = %(model)s))
         ), d AS (
             SELECT f.dataset_id, coalesce(c.distance, (
                        SELECT e.embedding <=> %(query)s::halfvec({dim}) FROM embeddings e
                        WHERE e.content_hash = f.content_hash AND e.model = %(model)s)) AS distance
-            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
+            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = decode(f.content_hash, 'hex')
         )
         SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
         """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
 
 
-def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
+def _portal_statement(dimension: int, where: str, scope: int):
     """The vector side's statement over a portal's own HNSW index (sql/029, store/portal_indexes.py):
-    the portal and the model are literals, so that the planner matches the partial index's predicate
-    (a parameter would not match it, and psycopg prepares a statement run five times: a generic plan).
+    the scope of the portal's copies of the model (sql/041) is a literal, so that the planner matches
+    the partial index's predicate (a parameter would not match it, and psycopg prepares a statement
+    run five times: a generic plan).
     The other filters are checked per vector through dataset_search, as is that the copy is of the
     dataset's current text: a filter of the index scan (the OFFSET 0 keeps PostgreSQL from turning
     the EXISTS into a join, planned as a sort of every vector of the portal)."""
     from psycopg import sql
 
     from harvester.store import portal_indexes, vectors
-
-    def literal(value: str) -> sql.Composable:
-        # quoted by psycopg; a % in it (a URL's %20) doubled, as the statement also has parameters
-        return sql.SQL(sql.Literal(value).as_string(None).replace("%", "%%"))
 
     kind = portal_indexes.KIND
     expr, q = vectors.index_expression(dimension, kind), vectors.query_cast(dimension, kind=kind)
@@ -653,14 +652,14 @@ def _portal_statement(dimension: int, where: str, portal_url: str, model: str):
         WITH nn AS MATERIALIZED (
             SELECT v.dataset_id, {expr} <=> {q} AS distance
             FROM dataset_vectors v
-            WHERE v.portal_url = {portal} AND v.model = {model}
+            WHERE v.scope = {scope}
               AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.dataset_id = v.dataset_id
-                            AND s.content_hash = v.content_hash AND {where} OFFSET 0)
+                            AND decode(s.content_hash, 'hex') = v.content_hash AND {where} OFFSET 0)
             ORDER BY {expr} <=> {q}
             LIMIT %(n)s
         )
         SELECT nn.dataset_id, 1 - nn.distance FROM nn ORDER BY nn.distance, nn.dataset_id LIMIT %(n)s
-        """).format(expr=expr, q=q, portal=literal(portal_url), model=literal(model), where=sql.SQL(where))
+        """).format(expr=expr, q=q, scope=sql.Literal(int(scope)), where=sql.SQL(where))
 
 
 _SCAN_SETTINGS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples")
@@ -726,8 +725,9 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
         return [(r[0], float(r[1])) for r in conn.execute(exact, values, prepare=False).fetchall()]
     portal = params.get("f_portal")
     max_scan_tuples, kind = settings.max_scan_tuples, None
-    if portal and portal_indexes.usable(conn, portal, model):
-        statement, ef_search = _portal_statement(dimension, where, portal, model), settings.portal_ef_search
+    scope = portal_indexes.usable(conn, portal, model) if portal else None
+    if scope is not None:
+        statement, ef_search = _portal_statement(dimension, where, scope), settings.portal_ef_search
     else:
         kind = vectors.search_kind(conn, model)
         statement = _hnsw_statement(dimension, where, kind)
@@ -758,7 +758,8 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
 
     hnsw, exact_statement = _vector_statements(dimension, where, vectors.search_kind(conn, model))
     if portal_index:
-        hnsw = _portal_statement(dimension, where, filters.portal_url, model)
+        scope = vectors.existing_scope(conn, filters.portal_url, model)
+        hnsw = _portal_statement(dimension, where, -1 if scope is None else scope)
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         plan = conn.execute(sql.SQL("EXPLAIN ") + (exact_statement if exact else hnsw), {

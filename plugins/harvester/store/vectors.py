@@ -688,8 +688,9 @@ def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int
             SELECT s.dataset_id, s.content_hash, s.removed_at FROM dataset_search s
             WHERE s.portal_url = %(portal)s AND (%(ids)s::bigint[] IS NULL OR s.dataset_id = ANY(%(ids)s::bigint[]))
               AND NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = s.dataset_id
-                                AND c.model = %(model)s AND c.content_hash = s.content_hash)
-        )""", {"portal": portal_url, "model": model, "ids": None if dataset_ids is None else list(dataset_ids)})
+                                AND c.scope = %(scope)s AND c.content_hash = decode(s.content_hash, 'hex'))
+        )""", {"portal": portal_url, "model": model, "scope": scope(conn, portal_url, model),
+               "ids": None if dataset_ids is None else list(dataset_ids)})
     if dataset_ids is None:
         if behind:
             conn.execute("DELETE FROM dataset_vectors_checked WHERE portal_url = %s", (portal_url,))
@@ -714,25 +715,27 @@ def link(conn, portal_url: str, model: str) -> int:
         ), b AS MATERIALIZED (
             SELECT l.id AS dataset_id, l.content_hash, l.removed_at FROM l
             WHERE NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = l.id
-                                AND c.model = %(model)s AND c.content_hash = l.content_hash)
-        )""", {"portal": portal_url, "model": model}, count="(SELECT count(*) FROM l)")
+                                AND c.scope = %(scope)s AND c.content_hash = decode(l.content_hash, 'hex'))
+        )""", {"portal": portal_url, "model": model, "scope": scope(conn, portal_url, model)},
+        count="(SELECT count(*) FROM l)")
     return int(linked)
 
 
 def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
     """The copies of the datasets of ``behind`` (CTEs ending in ``b``: dataset_id, content_hash,
     removed_at of datasets of the portal ``params["portal"]`` whose copy is missing or behind)
-    written, each with its portal (sql/029: the per-portal indexes' predicate); returns (copies written, live
-    datasets of b left without one, ``count``)."""
+    written, each with the scope of its portal and model (``params["scope"]``; sql/041: the per-portal
+    indexes' predicate) and its text's hash as bytes; returns (copies written, live datasets of b
+    left without one, ``count``)."""
     return conn.execute(
         f"""
         WITH {behind}, w AS (
-            INSERT INTO dataset_vectors AS v (dataset_id, portal_url, model, content_hash, embedding)
-            SELECT b.dataset_id, %(portal)s, e.model, e.content_hash, e.embedding
+            INSERT INTO dataset_vectors AS v (dataset_id, scope, embedding, content_hash)
+            SELECT b.dataset_id, %(scope)s, e.embedding, decode(e.content_hash, 'hex')
             FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
             ORDER BY b.dataset_id
             ON CONFLICT (dataset_id) DO UPDATE SET
-                model = EXCLUDED.model, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
+                scope = EXCLUDED.scope, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
             RETURNING v.dataset_id
         )
         SELECT (SELECT count(*) FROM w),
@@ -740,6 +743,29 @@ def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
                   AND NOT EXISTS (SELECT 1 FROM w WHERE w.dataset_id = b.dataset_id)),
                {count}
         """, params).fetchone()
+
+
+def scope(conn, portal_url: str, model: str) -> int:
+    """The id of the portal's copies of ``model``'s vectors (vector_scopes, sql/041): what a copy's
+    row holds instead of the portal's URL and the model's name, and what a per-portal index's
+    predicate names. Created on first use, in the caller's transaction (a run's upsert, which one run
+    of a portal at a time writes: two runs never wait on each other's new scope)."""
+    row = conn.execute(
+        """
+        WITH n AS (INSERT INTO vector_scopes (portal_url, model) VALUES (%(portal)s, %(model)s)
+                   ON CONFLICT (portal_url, model) DO NOTHING RETURNING id)
+        SELECT id FROM n UNION ALL SELECT id FROM vector_scopes WHERE portal_url = %(portal)s AND model = %(model)s
+        """, {"portal": portal_url, "model": model}).fetchone()
+    if row is None:  # another transaction created it after this statement's snapshot: visible now
+        return existing_scope(conn, portal_url, model)
+    return int(row[0])
+
+
+def existing_scope(conn, portal_url: str, model: str) -> int | None:
+    """The scope of the portal's copies of ``model``'s vectors, None when none was ever written."""
+    row = conn.execute("SELECT id FROM vector_scopes WHERE portal_url = %s AND model = %s",
+                       (portal_url, model)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def copies_checked(conn, portal_url: str, model: str) -> bool:

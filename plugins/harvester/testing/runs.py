@@ -14,8 +14,9 @@ COPY_DRIFT = """
     SELECT count(*) FROM datasets d
     JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
     LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
-    WHERE v.dataset_id IS NULL OR v.model <> e.model OR v.content_hash <> e.content_hash
-       OR v.embedding <> e.embedding
+    LEFT JOIN vector_scopes k ON k.id = v.scope
+    WHERE v.dataset_id IS NULL OR k.model IS DISTINCT FROM e.model OR k.portal_url IS DISTINCT FROM d.portal_url
+       OR v.content_hash <> decode(e.content_hash, 'hex') OR v.embedding <> e.embedding
 """
 
 
