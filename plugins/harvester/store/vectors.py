@@ -750,12 +750,12 @@ def scope(conn, portal_url: str, model: str) -> int:
     row holds instead of the portal's URL and the model's name, and what a per-portal index's
     predicate names. Created on first use, in the caller's transaction (a run's upsert, which one run
     of a portal at a time writes: two runs never wait on each other's new scope)."""
-    row = conn.execute(
-        """
-        WITH n AS (INSERT INTO vector_scopes (portal_url, model) VALUES (%(portal)s, %(model)s)
-                   ON CONFLICT (portal_url, model) DO NOTHING RETURNING id)
-        SELECT id FROM n UNION ALL SELECT id FROM vector_scopes WHERE portal_url = %(portal)s AND model = %(model)s
-        """, {"portal": portal_url, "model": model}).fetchone()
+    found = existing_scope(conn, portal_url, model)
+    if found is not None:
+        return found
+    # (only when missing: an INSERT that finds a conflict would still use up an identity value)
+    row = conn.execute("INSERT INTO vector_scopes (portal_url, model) VALUES (%s, %s)"
+                       " ON CONFLICT (portal_url, model) DO NOTHING RETURNING id", (portal_url, model)).fetchone()
     if row is None:  # another transaction created it after this statement's snapshot: visible now
         return existing_scope(conn, portal_url, model)
     return int(row[0])
