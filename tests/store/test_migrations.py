@@ -475,8 +475,11 @@ def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_datab
             " FROM dataset_vectors v JOIN vector_scopes k ON k.id = v.scope")}
         assert after == before
         assert conn.execute("SELECT portal_url FROM dataset_vectors_checked").fetchall() == [(portals[0],)]
-        assert portal_indexes.listing(conn) == []
+        # the portal's index went with the old table: listed as missing, not searched, until built again
         assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'dataset_vectors_p_old'").fetchone()[0] == 0
+        assert [(r["index_name"], r["state"], r["searched"]) for r in portal_indexes.listing(conn)] == [
+            ("dataset_vectors_p_old", "missing", False)]
+        assert portal_indexes.usable(conn, portals[0], models[0]) is None
         per_page = [r[0] for r in conn.execute("SELECT count(*) FROM dataset_vectors"
                                                " GROUP BY (ctid::text::point)[0] ORDER BY 1 DESC")]
         assert per_page[0] == 5 and len(per_page) == -(-(n - 1) // 5), per_page
@@ -489,6 +492,17 @@ def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_datab
         assert vectors.copy_for_search(conn, portals[1], models[1]) == 1
         assert vectors.copies_checked(conn, portals[1], models[1])
         assert vectors.copy_for_search(conn, portals[1], models[1]) == 0
+        # the portal's next maintenance builds its index again, over its scope
+        settings = portal_indexes.PortalIndexSettings(min_datasets=10, max_share=0.9)
+        done = portal_indexes.maintain(conn, portals[0], models[0], settings=settings)
+        name = portal_indexes.index_name(portals[0], models[0])
+        assert done["action"] == "built" and done["dropped"] == [] and done["datasets"] == 30, done
+        assert [(r["index_name"], r["state"], r["searched"]) for r in portal_indexes.listing(conn)] == [
+            (name, "valid", True)]
+        scope = vectors.existing_scope(conn, portals[0], models[0])
+        assert portal_indexes.usable(conn, portals[0], models[0]) == scope
+        assert conn.execute("SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
+                            " WHERE i.indexrelid = %s::regclass", (name,)).fetchone()[0] == f"(scope = {scope})"
         # a vector deleted from embeddings takes its copy with it; a dataset deleted, its copy
         first, second = sorted(d for d in after if after[d][0] == portals[0])[:2]
         conn.execute("DELETE FROM embeddings WHERE content_hash = %s AND model = %s", (after[first][2], models[0]))
