@@ -31,7 +31,8 @@ def test_250_new_texts_take_exactly_3_requests(harvest, portal_server, db, sampl
     assert status == "committed"
     assert (stats["embedding_requests"], stats["embedded"], stats["skipped"]) == (3, 250, 0)
     assert sorted(batch_sizes(gemini)) == [50, 100, 100]  # (in flight at once: they arrive in any order)
-    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("gemini-embedding-001@768", 768)]
+    assert db.execute("SELECT DISTINCT m.name, e.dimension FROM embeddings e"
+                      " JOIN embedding_models m ON m.id = e.model").fetchall() == [("gemini-embedding-001@768", 768)]
     # Each text was sent once and only once.
     assert len(gemini.texts) == len(set(gemini.texts)) == 250
 
@@ -269,7 +270,8 @@ def test_an_ollama_outage_opens_the_breaker_at_the_dimension_probe_and_the_run_c
     assert (status, stats["fetched"], stats["embedded"], stats["skipped"]) == ("committed", 0, len(records), 0)
     assert stats["embedding_requests"] == len(ollama.requests) == 2  # the probe and one batch
     assert db.execute("SELECT state FROM circuit_breakers").fetchone()[0] == "closed"
-    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("ollama/nomic-embed-text", 768)]
+    assert db.execute("SELECT DISTINCT m.name, e.dimension FROM embeddings e"
+                      " JOIN embedding_models m ON m.id = e.model").fetchall() == [("ollama/nomic-embed-text", 768)]
     assert pending_datasets(db) == 0
 
 

@@ -98,7 +98,8 @@ def test_title_change_re_embeds_exactly_that_dataset(harvest, portal_server, db,
     assert title == "Purchase card transactions, corrected"
     assert content_hash != old_hash and embedded == content_hash
     # Its vector is of the new text: the old vector is no longer linked to it.
-    assert db.execute("SELECT count(*) FROM embeddings WHERE content_hash = %s", (content_hash,)).fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM embeddings WHERE content_hash = decode(%s, 'hex')",
+                      (content_hash,)).fetchone()[0] == 1
 
 
 def test_tag_change_updates_without_embedding(harvest, portal_server, db, samples):

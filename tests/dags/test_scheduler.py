@@ -317,7 +317,8 @@ def test_four_portals_at_once_with_searches(site, monkeypatch):
                 from harvester.store import vectors
 
                 with site.connect() as conn:
-                    models = [m for (m,) in conn.execute("SELECT DISTINCT model FROM embeddings").fetchall()]
+                    models = [m for (m,) in conn.execute("SELECT DISTINCT m.name FROM embeddings e"
+                                                         " JOIN embedding_models m ON m.id = e.model").fetchall()]
                     states = {m: vectors.index_state(conn, m) for m in models}
                 if not models or any(state != "ready" for state in states.values()):
                     problems.append(f"round 1: after the bulk loads the models' HNSW indexes are {states}")

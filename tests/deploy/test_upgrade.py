@@ -110,7 +110,11 @@ def snapshot(db_url: str, steady_urls: list[str]) -> dict:
                                                "read_last_seen_at": "coalesce(t.last_seen_at, (SELECT d.last_seen_at"
                                                                     " FROM datasets d WHERE d.id = t.dataset_id))"}),
             "dataset_changes": content(conn, "dataset_changes", ("id",)),
-            "embeddings": content(conn, "embeddings", ("content_hash", "model")),
+            # (042 keeps a vector's model as an id in embedding_models, and its text's hash as bytes)
+            "embeddings": content(conn, "embeddings", ("text_hash", "model_name"), extra={
+                "text_hash": "right(t.content_hash::text, 64)",
+                "model_name": "(SELECT m.name FROM embedding_models m WHERE m.id = t.model)"
+                if conn.execute("SELECT to_regclass('embedding_models') IS NOT NULL").fetchone()[0] else "t.model"}),
             "sync_runs": content(conn, "sync_runs", ("run_id",)),
             "portal_sync_status": content(conn, "portal_sync_status", ("portal_url",), steady, (steady_urls,)),
         }
@@ -133,7 +137,8 @@ def compare(before: dict, after: dict, in_flight_urls: list[str]) -> list[str]:
     # the one its dataset's row gives, sql/031: history_problems checks that the readers still give it)
     problems += compare_rows("dataset_versions (of portals in flight)", moving_versions, after["dataset_versions"],
                              skip={"is_current", "last_seen_at", "read_last_seen_at", "snapshot"})
-    problems += compare_rows("embeddings", before["embeddings"], after["embeddings"], vector_cols={"embedding"})
+    problems += compare_rows("embeddings", before["embeddings"], after["embeddings"], skip={"content_hash", "model"},
+                             vector_cols={"embedding"})
     problems += compare_rows("dataset_vectors", before["dataset_vectors"], after["dataset_vectors"],
                              skip={"content_hash"}, vector_cols={"embedding"})
     return problems

@@ -28,7 +28,8 @@ def settings(concurrency, **more):
 
 
 def vector_count(db):
-    return db.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0]
+    return db.execute("SELECT count(*) FROM embeddings WHERE model ="
+                      " (SELECT id FROM embedding_models WHERE name = %s)", (MODEL,)).fetchone()[0]
 
 
 def pending(db, run_id, portal):

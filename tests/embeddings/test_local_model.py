@@ -67,10 +67,11 @@ def test_a_local_model_directory_stores_its_own_name_and_dimension(harvest, port
     assert harvest.run().state == "success"
     status, stats, _ = last_run(db)
     assert (status, stats["embedded"], stats["skipped"]) == ("committed", len(records), 0)
-    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("local/custom-model", 32)]
+    assert db.execute("SELECT DISTINCT m.name, e.dimension FROM embeddings e"
+                      " JOIN embedding_models m ON m.id = e.model").fetchall() == [("local/custom-model", 32)]
     index = db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                        (vectors.index_name("local/custom-model"),)).fetchone()
-    assert index and "halfvec(32)" in index[0] and "'local/custom-model'" in index[0]
+    assert index and "halfvec(32)" in index[0] and f"(model = {vectors.model_id(db, 'local/custom-model')})" in index[0]
 
     # Search embeds the query with the same model, through its index.
     capsys.readouterr()
@@ -166,9 +167,11 @@ def test_a_dimension_that_no_longer_matches_fails_at_once_then_invalidate_fixes_
     assert harvest.run().state == "success"
     status, stats, _ = last_run(db)
     assert (status, stats["embedded"], stats["skipped"]) == ("committed", len(records), 0)
-    assert db.execute("SELECT DISTINCT model, dimension FROM embeddings").fetchall() == [("local/custom-model", 48)]
+    assert db.execute("SELECT DISTINCT m.name, e.dimension FROM embeddings e"
+                      " JOIN embedding_models m ON m.id = e.model").fetchall() == [("local/custom-model", 48)]
     indexes = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
-                         " AND strpos(indexdef, %s) > 0", ("'local/custom-model'",)).fetchall()
+                         " AND indexdef LIKE %s", (f"% WHERE (model = {vectors.model_id(db, 'local/custom-model')})",)
+                         ).fetchall()
     assert len(indexes) == 1 and indexes[0][0] == vectors.index_name("local/custom-model")
     assert "halfvec(48)" in indexes[0][1]
 

@@ -32,7 +32,8 @@ def texts_of(db, run_id, n):
 
 
 def stored(db):
-    return {r[0] for r in db.execute("SELECT content_hash FROM embeddings WHERE model = %s", (MODEL,))}
+    return {r[0] for r in db.execute("SELECT encode(content_hash, 'hex') FROM embeddings WHERE model ="
+                                     " (SELECT id FROM embedding_models WHERE name = %s)", (MODEL,))}
 
 
 def failures(db):
@@ -248,7 +249,8 @@ def test_a_text_another_run_refuses_while_this_run_waits_for_it_is_neither_sent_
         from harvester.store import db as store_db
 
         with store_db.open_cli() as conn:
-            while conn.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0] < 95:
+            while conn.execute("SELECT count(*) FROM embeddings WHERE model ="
+                               " (SELECT id FROM embedding_models WHERE name = %s)", (MODEL,)).fetchone()[0] < 95:
                 threading.Event().wait(0.05)
             claims.refuse(conn, MODEL, other, {h: ("not-finite", "NaN") for h in theirs}, attempts=3,
                           backoff_seconds=3600, max_backoff_seconds=86400)
@@ -472,7 +474,8 @@ def ollama_failures(db):
 
 
 def ollama_stored(db):
-    return {r[0] for r in db.execute("SELECT content_hash FROM embeddings WHERE model = %s", (OLLAMA_MODEL,))}
+    return {r[0] for r in db.execute("SELECT encode(content_hash, 'hex') FROM embeddings WHERE model ="
+                                     " (SELECT id FROM embedding_models WHERE name = %s)", (OLLAMA_MODEL,))}
 
 
 def embed_batches(fake):

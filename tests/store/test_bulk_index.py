@@ -60,11 +60,7 @@ def test_settings_from_the_environment():
 # -- in runs ---------------------------------------------------------------------------------------
 def model_indexes(db) -> dict[str, str]:
     """index name -> its model, for the HNSW indexes on embeddings."""
-    rows = db.execute(
-        "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-        " JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'"
-        " WHERE i.indrelid = 'embeddings'::regclass").fetchall()
-    return {name: predicate.split("'")[1] for name, predicate in rows}
+    return vectors.model_indexes(db)
 
 
 def index_oid(db, model):
@@ -78,7 +74,8 @@ def found_by_the_halfvec_index(db, up_to: int) -> int:
         db.execute("SET LOCAL enable_seqscan = off")
         db.execute(f"SET LOCAL hnsw.ef_search = {int(up_to)}")
         probe = db.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
-        return db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+        return db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model ="
+                          " (SELECT id FROM embedding_models WHERE name = %s)"
                           " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT %s) t",
                           (MODEL, probe, up_to)).fetchone()[0]
 
@@ -111,7 +108,8 @@ def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, por
     for work in planned["embed_shards"]:
         pipeline.embed_changed(db, reader, portal, run_id, provider, shard=work["shard"], shards=work["shards"],
                                bulk_index=True)
-    assert db.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0] == 250
+    assert db.execute("SELECT count(*) FROM embeddings WHERE model ="
+                      " (SELECT id FROM embedding_models WHERE name = %s)", (MODEL,)).fetchone()[0] == 250
     assert model_indexes(db) == {}, "vectors were written with no index to keep up"
 
     stats = pipeline.upsert(db, portal, run_id, provider.model, provider.max_batch)
@@ -125,7 +123,8 @@ def test_a_first_sync_loads_without_the_index_and_builds_it_once(db, reader, por
     # the index holds every vector: an index scan finds as many as the table has
     with db.transaction():
         db.execute("SET LOCAL hnsw.ef_search = 400")
-        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+        found = db.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model ="
+                           " (SELECT id FROM embedding_models WHERE name = %s)"
                            " ORDER BY embedding::vector(768) <=> %s::vector(768) LIMIT 300) t",
                            (MODEL, probe)).fetchone()[0]
     assert found == 250
@@ -248,7 +247,8 @@ def test_a_run_that_fails_during_a_bulk_load_gets_its_index_back_from_the_next_r
     with pytest.raises(Exception, match="API key"):
         pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider)
     assert model_indexes(db) == {}
-    kept = db.execute("SELECT count(*) FROM embeddings WHERE model = %s", (MODEL,)).fetchone()[0]
+    kept = db.execute("SELECT count(*) FROM embeddings WHERE model ="
+                      " (SELECT id FROM embedding_models WHERE name = %s)", (MODEL,)).fetchone()[0]
     # the vectors paid for are kept (with requests in flight together, the last batch may have landed too)
     assert 100 <= kept < 250
 
@@ -335,7 +335,8 @@ def test_the_index_is_built_concurrently_during_the_merge_and_the_commit_does_no
             register_vector(other)
             vectors.write(other, MODEL, 768, ["f" * 64], [[0.5] * 768])
             probe = other.execute("SELECT embedding::vector(768)::real[] FROM embeddings LIMIT 1").fetchone()[0]
-            assert other.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model = %s"
+            assert other.execute("SELECT count(*) FROM (SELECT 1 FROM embeddings WHERE model ="
+                                 " (SELECT id FROM embedding_models WHERE name = %s)"
                                  " ORDER BY embedding::halfvec(768) <=> %s::halfvec(768) LIMIT 5) t",
                                  (MODEL, probe)).fetchone()[0] == 5
     thread.join(60)

@@ -115,7 +115,7 @@ def test_a_checked_portal_looks_for_texts_to_embed_among_its_unlinked_datasets_o
     # A vector gone behind the triggers' back: a checked portal trusts the link, an unchecked one looks.
     with db.transaction():
         db.execute("SET LOCAL session_replication_role = replica")
-        db.execute("DELETE FROM embeddings WHERE content_hash = %s", (content_hash,))
+        db.execute("DELETE FROM embeddings WHERE content_hash = decode(%s, 'hex')", (content_hash,))
     assert vectors.count_pending(db, 0, portal.url, provider.model) == 0
     db.execute("DELETE FROM dataset_vectors_checked")
     assert vectors.count_pending(db, 0, portal.url, provider.model) == 1
@@ -132,7 +132,7 @@ def test_a_vector_deleted_by_hand_unmarks_the_portals_of_its_text(db, reader, po
 
     # Not through `harvester embeddings invalidate` (which unlinks the datasets): the link stays.
     source_id, content_hash = db.execute("SELECT source_id, content_hash FROM datasets ORDER BY id LIMIT 1").fetchone()
-    db.execute("DELETE FROM embeddings WHERE content_hash = %s", (content_hash,))
+    db.execute("DELETE FROM embeddings WHERE content_hash = decode(%s, 'hex')", (content_hash,))
     assert not vectors.copies_checked(db, portal.url, provider.model)
     assert source_id not in copies(db)
 
@@ -140,7 +140,7 @@ def test_a_vector_deleted_by_hand_unmarks_the_portals_of_its_text(db, reader, po
     pipeline.harvest(db, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
     assert vectors.copies_checked(db, portal.url, provider.model)
     db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-               " SELECT 'f' || repeat('0', 63), model, dimension, embedding FROM embeddings LIMIT 1")
+               " SELECT decode('f' || repeat('0', 63), 'hex'), model, dimension, embedding FROM embeddings LIMIT 1")
     assert vectors.prune(db) == 1
     assert vectors.copies_checked(db, portal.url, provider.model)
     assert db.execute(DRIFT, {"model": provider.model}).fetchone()[0] == 0

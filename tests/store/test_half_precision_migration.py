@@ -202,7 +202,8 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
         assert conn.execute(COPY_DRIFT, {"model": provider.model}).fetchone()[0] == 0
         # its new vector, searched for, finds it first, through the rebuilt index and filtered (exact)
         own = conn.execute("SELECT e.embedding::vector::real[] FROM embeddings e JOIN datasets d"
-                           " ON d.content_hash = e.content_hash AND e.model = %s WHERE d.id = %s",
+                           " ON decode(d.content_hash, 'hex') = e.content_hash"
+                           " AND e.model = (SELECT id FROM embedding_models WHERE name = %s) WHERE d.id = %s",
                            (provider.model, first)).fetchone()[0]
         for filters in (None, search.SearchFilters(portal_url=portal.url)):
             found = search.search(conn, "", mode="vector", limit=1, provider=provider, query_vector=own,

@@ -328,7 +328,8 @@ def _exact_similarities(conn, query, check) -> list[float]:
     import numpy as np
 
     rows = conn.execute("SELECT d.source_id, 1 - (e.embedding <=> %s::vector) FROM datasets d"
-                        " JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %s"
+                        " JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex')"
+                        " AND e.model = (SELECT id FROM embedding_models WHERE name = %s)"
                         " WHERE d.removed_at IS NULL", (np.asarray(query, dtype=np.float32), MODEL_NAME)).fetchall()
     return sorted((round(float(sim), 4) for source_id, sim in rows if check(_dataset(conn, source_id))),
                   reverse=True)
@@ -562,8 +563,10 @@ class _Rollback(Exception):
 # -- dataset_vectors: the vectors by dataset, for the exact path -------------------------------------------
 
 def test_each_run_copies_its_datasets_vectors_beside_them(conn):
-    vectors_held = conn.execute("SELECT count(*) FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash"
-                                " AND e.model = %s", (MODEL_NAME,)).fetchone()[0]
+    vectors_held = conn.execute("SELECT count(*) FROM datasets d JOIN embeddings e"
+                                " ON e.content_hash = decode(d.content_hash, 'hex')"
+                                " AND e.model = (SELECT id FROM embedding_models WHERE name = %s)",
+                                (MODEL_NAME,)).fetchone()[0]
     assert vectors_held > 800
     assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == vectors_held
     assert conn.execute(COPY_DRIFT, {"model": MODEL_NAME}).fetchone()[0] == 0

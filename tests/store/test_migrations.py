@@ -505,9 +505,107 @@ def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_datab
                             " WHERE i.indexrelid = %s::regclass", (name,)).fetchone()[0] == f"(scope = {scope})"
         # a vector deleted from embeddings takes its copy with it; a dataset deleted, its copy
         first, second = sorted(d for d in after if after[d][0] == portals[0])[:2]
-        conn.execute("DELETE FROM embeddings WHERE content_hash = %s AND model = %s", (after[first][2], models[0]))
+        conn.execute("DELETE FROM embeddings WHERE content_hash = decode(%s, 'hex')"
+                     " AND model = (SELECT id FROM embedding_models WHERE name = %s)", (after[first][2], models[0]))
         conn.execute("DELETE FROM datasets WHERE id = %s", (second,))
         assert conn.execute("SELECT count(*) FROM dataset_vectors WHERE dataset_id IN (%s, %s)",
                             (first, second)).fetchone()[0] == 0
         assert not vectors.copies_checked(conn, portals[0], models[0])
         assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == n - 2
+
+
+def test_042_packs_the_vectors_five_to_a_page_and_keeps_every_vector(empty_database_url, migrate_before):
+    """042 (issue 40): embeddings is written anew with each vector's model as an id
+    (embedding_models) and its text's hash as bytes: at 768 dimensions five rows a page, whatever the
+    length of the model's name. Every vector is carried with its hash, model, dimension, creation
+    time and run; a hand-made vector whose hash is not lowercase hexadecimal (no dataset's text has
+    it) is left behind. The models' indexes go with the old table: missing until the next
+    upsert (or `harvester embeddings reindex`) builds them over the model's id. The key, the checks and
+    the trigger of deleted vectors hold on the new table, and runs' statements find what they did."""
+    import numpy as np
+    from pgvector.psycopg import register_vector
+
+    from harvester.store import claims, vectors
+
+    models = ["a-model-with-a-rather-long-name-of-sixty-characters-or-thereabouts@768", "m@768"]
+    n = 31
+    rng = np.random.default_rng(42)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 42)
+        conn.execute(
+            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+            " first_seen_at, updated_at, last_seen_at, raw)"
+            " SELECT 'https://p.example', 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
+            " encode(sha256(('c' || i)::bytea), 'hex'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(),"
+            " '{}' FROM generate_series(1, %s) i", (n,))
+        hashes = [r[0] for r in conn.execute("SELECT content_hash FROM datasets ORDER BY id")]
+        conn.execute("INSERT INTO sync_runs (portal_url, portal_name, status, mode) VALUES ('https://p.example', 'p',"
+                     " 'committed', 'full')")
+        run = conn.execute("SELECT max(run_id) FROM sync_runs").fetchone()[0]
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding, created_at, run_id)"
+                            " VALUES (%s, %s, 768, %s::halfvec, now() - make_interval(days => %s), %s)",
+                            [(h, m, str(rng.standard_normal(768).round(3).tolist()), i, run if i % 2 else None)
+                             for i, h in enumerate(hashes) for m in models])
+        # hand-made vectors: no run writes such a hash, and no dataset's text has it
+        conn.execute("UPDATE embeddings SET content_hash = 'not a hash' WHERE content_hash = %s AND model = %s",
+                     (hashes[0], models[1]))
+        conn.execute("UPDATE embeddings SET content_hash = upper(content_hash) WHERE content_hash = %s AND model = %s",
+                     (hashes[1], models[1]))
+        conn.execute("UPDATE datasets SET embedded_content_hash = content_hash WHERE source_id NOT IN ('s1', 's2')")
+        conn.execute("CREATE INDEX embeddings_hnsw_old ON embeddings USING hnsw ((embedding::halfvec(768))"
+                     " halfvec_cosine_ops) WHERE model = 'm@768'")
+        before = {tuple(r[:2]): r[2:] for r in conn.execute(
+            "SELECT content_hash, model, dimension, embedding::text, created_at, run_id FROM embeddings"
+            " WHERE content_hash ~ '^[0-9a-f]+$'")}
+        assert len(before) == 2 * n - 2
+
+        assert migrations.migrate(conn) == ["042_embeddings_five_a_page.sql"]
+        after = {tuple(r[:2]): r[2:] for r in conn.execute(
+            "SELECT encode(e.content_hash, 'hex'), m.name, e.dimension, e.embedding::text, e.created_at, e.run_id"
+            " FROM embeddings e JOIN embedding_models m ON m.id = e.model")}
+        assert after == before
+        per_page = [r[0] for r in conn.execute("SELECT count(*) FROM embeddings GROUP BY (ctid::text::point)[0]"
+                                               " ORDER BY 1 DESC")]
+        assert per_page[0] == 5 and len(per_page) == -(-(2 * n - 2) // 5), per_page
+        assert conn.execute("SELECT max(pg_column_size(e.*)) FROM embeddings e").fetchone()[0] <= 1624
+        # the model's index went with the old table: missing until built again, over the model's id
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'embeddings_hnsw_old'").fetchone()[0] == 0
+        assert vectors.indexed_models(conn) == set()
+        assert vectors.index_state(conn, models[1]) == "missing" and vectors.index_missing(conn, models[1]) == 768
+        assert vectors.restore_index(conn, models[1]) is True
+        assert vectors.indexed_models(conn) == {models[1]}
+        number = vectors.model_id(conn, models[1])
+        assert conn.execute("SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i WHERE i.indexrelid = %s::regclass",
+                            (vectors.index_name(models[1]),)).fetchone()[0] == f"(model = {number})"
+        for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):  # 60 rows: the plan at scale
+            conn.execute(f"SET {setting} = off")
+        register_vector(conn)
+        assert f"Index Scan using {vectors.index_name(models[1])}" in vectors.explain_search(
+            conn, models[1], 768, rng.standard_normal(768))
+        conn.execute("RESET ALL")
+        # the key and the checks hold; runs' statements find the carried vectors by their hex hashes
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("INSERT INTO embeddings (model, dimension, content_hash, embedding)"
+                         " SELECT model, dimension, content_hash, embedding FROM embeddings LIMIT 1")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("INSERT INTO embeddings (model, dimension, content_hash, embedding)"
+                         " VALUES (%s, 3, '\\x00', '[1,2]')", (number,))
+        assert claims.landed(conn, models[0], hashes[:3]) == set(hashes[:3])
+        assert claims.landed(conn, models[1], hashes[:3]) == {hashes[2]}
+        assert vectors.coverage(conn) == {models[0]: (n, n), models[1]: (n - 2, n)}
+        assert vectors.write(conn, models[1], 768, [hashes[0]], [rng.standard_normal(768)]) == 1
+        assert claims.landed(conn, models[1], hashes[:1]) == {hashes[0]}
+        assert conn.execute("SELECT count(*) FROM embedding_models").fetchone()[0] == 2  # no new id for a model
+        # a vector deleted takes its copies for search with it
+        scope = vectors.scope(conn, "https://p.example", models[1])
+        conn.execute("INSERT INTO dataset_vectors (dataset_id, scope, embedding, content_hash)"
+                     " SELECT d.id, %s, e.embedding, e.content_hash FROM datasets d"
+                     " JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex') AND e.model = %s",
+                     (scope, number))
+        conn.execute("INSERT INTO dataset_vectors_checked (portal_url, model) VALUES ('https://p.example', %s)",
+                     (models[1],))
+        assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == n - 1
+        assert vectors.invalidate(conn, models[1], source_id="s3") == 1
+        assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == n - 2
+        assert not vectors.copies_checked(conn, "https://p.example", models[1])

@@ -80,11 +80,13 @@ def test_invalidate_and_prune(demo, db, capsys):
     stats = json.loads(capsys.readouterr().out)
     assert (stats["embedded"], stats["embedding_requests"], stats["created"], stats["updated"]) == (1, 1, 0, 0)
 
-    db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES ('orphan', %s, 384, %s)",
+    db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES"
+               " (decode(md5('orphan'), 'hex'), (SELECT id FROM embedding_models WHERE name = %s), 384, %s)",
                (MODEL_NAME, "[" + ",".join(["0"] * 383 + ["1"]) + "]"))
     assert main(["embeddings", "prune"]) == 0
     assert capsys.readouterr().out.strip() == "pruned 1 vectors no dataset uses"
-    assert db.execute("SELECT count(*) FROM embeddings WHERE content_hash = %s", (content_hash,)).fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM embeddings WHERE content_hash = decode(%s, 'hex')",
+                      (content_hash,)).fetchone()[0] == 1
 
     assert main(["embeddings", "invalidate", "--portal", "demo", "--dataset", source_id]) == 2
     assert "exactly one of --portal, --dataset, --model" in capsys.readouterr().err
@@ -97,8 +99,10 @@ def test_invalidating_a_model_marks_only_the_datasets_it_leaves_without_a_vector
 
     assert embedded() == {True}
     # An earlier model's vectors go: the datasets keep those of the active model.
+    db.execute("INSERT INTO embedding_models (name) VALUES ('earlier-model')")
     db.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-               " SELECT content_hash, 'earlier-model', dimension, embedding FROM embeddings")
+               " SELECT content_hash, (SELECT id FROM embedding_models WHERE name = 'earlier-model'), dimension,"
+               " embedding FROM embeddings")
     assert main(["embeddings", "invalidate", "--model", "earlier-model"]) == 0
     capsys.readouterr()
     assert embedded() == {True}

@@ -32,7 +32,8 @@ def fill(conn) -> None:
 def _exact(conn, portal: str, query: list[float], k: int) -> list[str]:
     """The truth: every live dataset of the portal whose current text has a vector, by distance."""
     return [r[0] for r in conn.execute(
-        "SELECT d.source_id FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %s"
+        "SELECT d.source_id FROM datasets d JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex')"
+        " AND e.model = (SELECT id FROM embedding_models WHERE name = %s)"
         " WHERE d.portal_url = %s AND d.removed_at IS NULL"
         " ORDER BY e.embedding <=> %s::halfvec, d.id LIMIT %s", (MODEL, portal, str(query), k)).fetchall()]
 

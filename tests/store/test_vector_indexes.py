@@ -2,6 +2,7 @@
 indexes of databases made by earlier versions renamed rather than built twice, a model whose
 dimension changed refused while its old vectors are stored, and HARVESTER_INDEX_KIND (the vectors
 or their bits) changed both ways, the old index serving searches until the new one is valid."""
+import hashlib
 import re
 
 import numpy as np
@@ -20,12 +21,14 @@ def legacy_name(model: str) -> str:
     return "embeddings_hnsw_" + re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")[:40]
 
 
+def h(text: str) -> str:
+    """A text's content hash, as runs key its vector."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def indexes(db) -> dict[str, str]:
-    """index name -> the model of its predicate."""
-    rows = db.execute(
-        "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-        " WHERE i.indrelid = 'embeddings'::regclass AND i.indpred IS NOT NULL").fetchall()
-    return {name: predicate.split("'")[1] for name, predicate in rows}
+    """index name -> the model of its predicate (``model = <its id in embedding_models>``, sql/042)."""
+    return vectors.model_indexes(db)
 
 
 def unit_vectors(n: int, dimension: int, seed: int = 0):
@@ -43,7 +46,8 @@ def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
         name = vectors.index_name(model)
         assert found[name] == model and len(name) <= 63  # not cut short by PostgreSQL
 
-    vectors.write(db, LARGE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.write(db, LARGE, 8, [h(f"h{i}") for i in range(50)], unit_vectors(50, 8))
+    db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
     plan = vectors.explain_search(db, LARGE, 8, unit_vectors(1, 8)[0])
     assert f"Index Scan using {vectors.index_name(LARGE)}" in plan, plan
 
@@ -51,7 +55,8 @@ def test_models_with_a_long_common_prefix_each_get_their_own_index(db):
 def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
     # A database made by an earlier version: BASE's index holds the name LARGE would have had.
     db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::halfvec(8)) halfvec_cosine_ops)"
-                       " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)), sql.Literal(BASE)))
+                       " WHERE model = {}").format(sql.Identifier(legacy_name(BASE)),
+                                              sql.Literal(vectors.model_id(db, BASE, create=True))))
     oid = db.execute("SELECT %s::regclass::oid", (legacy_name(BASE),)).fetchone()[0]
 
     vectors.ensure_index(db, LARGE, 8)  # LARGE gets an index of its own; BASE's is left as it is
@@ -65,7 +70,7 @@ def test_an_index_under_its_old_name_is_renamed_not_built_again(db):
 def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invalidated(db):
     model = "local/my-model"
     vectors.ensure_index(db, model, 16)
-    vectors.write(db, model, 16, ["h1", "h2"], unit_vectors(2, 16))
+    vectors.write(db, model, 16, [h("h1"), h("h2")], unit_vectors(2, 16))
 
     with pytest.raises(vectors.DimensionMismatch) as info:
         vectors.ensure_index(db, model, 24)
@@ -78,9 +83,9 @@ def test_a_model_whose_dimension_changed_is_refused_until_its_vectors_are_invali
 
     assert vectors.invalidate(db, model, all_of_model=True) == 2
     vectors.ensure_index(db, model, 24)  # the index of 16 dimensions would refuse the new vectors: replaced
-    vectors.write(db, model, 24, ["h1"], unit_vectors(1, 24))
+    vectors.write(db, model, 24, [h("h1")], unit_vectors(1, 24))
     definitions = db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'embeddings'"
-                             " AND strpos(indexdef, %s) > 0", (f"'{model}'",)).fetchall()
+                             " AND indexdef LIKE %s", (f"% WHERE (model = {vectors.model_id(db, model)})",)).fetchall()
     assert len(definitions) == 1 and definitions[0][0] == vectors.index_name(model)
     assert "halfvec(24)" in definitions[0][1]
 
@@ -91,9 +96,10 @@ def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
     or embed step (ensure_index) replaces it, and searches use it again."""
     model = "older-model"
     db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
-    vectors.write(db, model, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.write(db, model, 8, [h(f"h{i}") for i in range(50)], unit_vectors(50, 8))
     db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
-                       " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)), sql.Literal(model)))
+                       " WHERE model = {}").format(sql.Identifier(vectors.index_name(model)),
+                                              sql.Literal(vectors.model_id(db, model))))
     probe = unit_vectors(1, 8, seed=3)[0]
     # the old index (of the same name) does not serve the halfvec ordering searches use
     assert f"Index Scan using {vectors.index_name(model)}" not in vectors.explain_search(db, model, 8, probe)
@@ -107,7 +113,8 @@ def test_an_index_of_full_precision_vectors_is_rebuilt_as_halfvec(db):
 
     db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(vectors.index_name(model))))
     db.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ((embedding::vector(8)) vector_cosine_ops)"
-                       " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"), sql.Literal(model)))
+                       " WHERE model = {}").format(sql.Identifier("embeddings_hnsw_older"),
+                                              sql.Literal(vectors.model_id(db, model))))
     vectors.ensure_index(db, model, 8)
     assert indexes(db) == {vectors.index_name(model): model}
     assert "halfvec" in db.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
@@ -119,7 +126,7 @@ def test_a_build_is_given_the_memory_its_graph_needs_and_says_so(db, caplog):
     is 5MB. With a cap of 1MB the graph does not fit: Harvester warns, and so does pgvector."""
     model, other = "sizing/model-a", "sizing/model-b"
     for m in (model, other):
-        vectors.write(db, m, 384, [f"{m}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=len(m)))
+        vectors.write(db, m, 384, [h(f"{m}-{i}") for i in range(3000)], unit_vectors(3000, 384, seed=len(m)))
     roomy = vectors.IndexSettings(build_memory="1MB", build_memory_max="64MB")
     caplog.set_level("INFO", logger="harvester.store.vectors")
     assert vectors.ensure_index(db, model, 384, roomy)
@@ -146,7 +153,7 @@ def test_a_change_of_kind_is_built_beside_the_index_it_replaces_and_back(db, mon
     from harvester.store import search
 
     db.execute("SET enable_seqscan = off")  # 50 rows: read the plan PostgreSQL takes at scale
-    vectors.write(db, BASE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.write(db, BASE, 8, [h(f"h{i}") for i in range(50)], unit_vectors(50, 8))
     vectors.ensure_index(db, BASE, 8)
     probe = unit_vectors(1, 8, seed=3)[0]
     halfvec_index, bits_index = vectors.index_name(BASE, "halfvec"), vectors.index_name(BASE, "bit")
@@ -181,7 +188,7 @@ def test_a_failed_build_leaves_the_other_kind_serving(db, database_url, monkeypa
     replaces it."""
     from harvester.store import db as store_db
 
-    vectors.write(db, LARGE, 8, [f"h{i}" for i in range(50)], unit_vectors(50, 8))
+    vectors.write(db, LARGE, 8, [h(f"h{i}") for i in range(50)], unit_vectors(50, 8))
     vectors.ensure_index(db, LARGE, 8)
     monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
     blocker = store_db.connect_url(database_url)
@@ -208,7 +215,7 @@ def test_a_build_of_the_bits_is_given_the_memory_of_their_graph(db, caplog, monk
     tenth more is 3MB (their halfvec graph: 4.3 MB, 5MB)."""
     monkeypatch.setenv("HARVESTER_INDEX_KIND", "bit")
     model = "sizing/bits"
-    vectors.write(db, model, 384, [f"{model}-{i}" for i in range(3000)], unit_vectors(3000, 384, seed=5))
+    vectors.write(db, model, 384, [h(f"{model}-{i}") for i in range(3000)], unit_vectors(3000, 384, seed=5))
     caplog.set_level("INFO", logger="harvester.store.vectors")
     assert vectors.ensure_index(db, model, 384, vectors.IndexSettings(kind="bit", build_memory="1MB",
                                                                       build_memory_max="64MB"))

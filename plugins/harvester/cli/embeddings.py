@@ -105,8 +105,12 @@ def _reindex(conn, model: str | None) -> int:
     concurrently, with the memory its graph needs (store/vectors.ensure_index logs what it sets)."""
     from harvester.store import vectors
 
-    models = [model] if model else [r[0] for r in conn.execute("SELECT DISTINCT model FROM embeddings ORDER BY 1")]
-    if model and not conn.execute("SELECT EXISTS (SELECT 1 FROM embeddings WHERE model = %s)", (model,)).fetchone()[0]:
+    models = [model] if model else [r[0] for r in conn.execute(
+        "SELECT m.name FROM embedding_models m WHERE EXISTS (SELECT 1 FROM embeddings e WHERE e.model = m.id)"
+        " ORDER BY 1")]
+    if model and not conn.execute("SELECT EXISTS (SELECT 1 FROM embeddings"
+                                  " WHERE model = (SELECT id FROM embedding_models WHERE name = %s))",
+                                  (model,)).fetchone()[0]:
         return error(f"no vector of model {model!r} is stored (see `harvester stats`)")
     for name in models:
         state = vectors.index_state(conn, name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from harvester.store import staging
+from harvester.store import staging, vectors
 
 
 @dataclass
@@ -53,8 +53,9 @@ def take(conn, model: str, run_id: int, hashes: Sequence[str], ttl_seconds: floa
         rows = conn.execute(
             """
             WITH stored AS (
-                SELECT e.content_hash FROM embeddings e
-                WHERE e.model = %(model)s AND e.content_hash = ANY(%(hashes)s::text[])
+                SELECT encode(e.content_hash, 'hex') AS content_hash FROM embeddings e
+                WHERE e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s)
+                  AND e.content_hash = ANY(%(keys)s::bytea[])
             ), held AS (
                 SELECT f.content_hash FROM embedding_failures f
                 WHERE f.model = %(model)s AND f.content_hash = ANY(%(hashes)s::text[])
@@ -77,7 +78,8 @@ def take(conn, model: str, run_id: int, hashes: Sequence[str], ttl_seconds: floa
             SELECT content_hash, 'stored' FROM stored
             UNION ALL
             SELECT content_hash, 'held' FROM held
-            """, {"model": model, "run": run_id, "hashes": wanted, "ttl": float(ttl_seconds)}).fetchall()
+            """, {"model": model, "run": run_id, "hashes": wanted, "keys": vectors.keys(wanted),
+                  "ttl": float(ttl_seconds)}).fetchall()
     for content_hash, what in rows:
         getattr(out, what).add(content_hash)
     if out.mine:
@@ -167,8 +169,9 @@ def landed(conn, model: str, hashes: Sequence[str] | set[str]) -> set[str]:
     if not hashes:
         return set()
     return {row[0] for row in conn.execute(
-        "SELECT content_hash FROM embeddings WHERE model = %s AND content_hash = ANY(%s::text[])",
-        (model, sorted(hashes))).fetchall()}
+        "SELECT encode(content_hash, 'hex') FROM embeddings"
+        " WHERE model = (SELECT id FROM embedding_models WHERE name = %s) AND content_hash = ANY(%s::bytea[])",
+        (model, vectors.keys(sorted(hashes)))).fetchall()}
 
 
 def prune(conn) -> int:

@@ -149,8 +149,10 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             s.description, s.tags, s.organization, s.metadata_modified, %(seen)s, %(seen)s, %(seen)s,
             NULL,
             -- a new dataset whose vector is there is linked as it is written (see ``prelink``)
-            CASE WHEN %(prelink)s AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash
-                                                AND e.model = %(model)s) THEN s.content_hash END,
+            CASE WHEN %(prelink)s AND EXISTS (SELECT 1 FROM embeddings e
+                                                WHERE e.content_hash = decode(s.content_hash, 'hex')
+                                                  AND e.model = (SELECT m.id FROM embedding_models m
+                                                                 WHERE m.name = %(model)s)) THEN s.content_hash END,
             s.raw, s.language::regconfig, coalesce(s.language::regconfig, %(config)s::regconfig)
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')

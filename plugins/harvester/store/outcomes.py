@@ -103,7 +103,8 @@ def record_deferred(conn, run_id: int, portal_url: str, model: str) -> int:
         FROM staging_records s
         LEFT JOIN embedding_failures f ON f.content_hash = s.content_hash AND f.model = %(model)s
         WHERE s.run_id = %(run)s AND {_TAKEN_IN}
-          AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = s.content_hash AND e.model = %(model)s)
+          AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = decode(s.content_hash, 'hex')
+                            AND e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s))
         """, params).rowcount
     conn.execute(
         f"""

@@ -455,7 +455,8 @@ def embedding_totals(conn, model: str) -> list[dict]:
             FROM sync_runs WHERE status = 'committed' GROUP BY portal_name, portal_url
         ), live AS (
             SELECT d.portal_url, count(*) AS datasets, count(e.content_hash) AS with_vector
-            FROM datasets d LEFT JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
+            FROM datasets d LEFT JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex')
+                                                  AND e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s)
             WHERE d.removed_at IS NULL AND d.portal_url IN (SELECT portal_url FROM r)
             GROUP BY d.portal_url
         )

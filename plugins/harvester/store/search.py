@@ -590,7 +590,7 @@ def _hnsw_statement(dimension: int, where: str, kind: str | None):
     from harvester.store import vectors
 
     nearest = vectors.nearest(dimension, kind, sql.SQL(
-        "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})"
+        "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = encode(e.content_hash, 'hex') AND {where})"
     ).format(where=sql.SQL(where)))
     return sql.SQL(
         """
@@ -626,7 +626,7 @@ def _exact_statement(dimension: int, where: str):
         ), d AS (
             SELECT f.dataset_id, coalesce(c.distance, (
                        SELECT e.embedding <=> %(query)s::halfvec({dim}) FROM embeddings e
-                       WHERE e.content_hash = f.content_hash AND e.model = %(model)s)) AS distance
+                       WHERE e.content_hash = decode(f.content_hash, 'hex') AND e.model = %(model_id)s::integer)) AS distance
             FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = decode(f.content_hash, 'hex')
         )
         SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
@@ -715,7 +715,8 @@ def _vector_side(conn, model: str, dimension: int, query_vector, where: str, par
     from harvester.store import portal_indexes, vectors
 
     rerank = max(limit, settings.rerank_filtered if narrowing else settings.rerank)
-    values = {**params, "model": model, "n": limit, "rerank": rerank,
+    number = vectors.model_id(conn, model)
+    values = {**params, "model": model, "model_id": -1 if number is None else number, "n": limit, "rerank": rerank,
               "query": np.asarray(query_vector, dtype=np.float32)}
     if few is None:  # (``few``: search() has asked already)
         few = narrowing and _estimated_matches(conn, where, params) <= settings.exact_limit
@@ -763,7 +764,8 @@ def explain_vector_side(conn, model: str, dimension: int, query_vector, filters:
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         plan = conn.execute(sql.SQL("EXPLAIN ") + (exact_statement if exact else hnsw), {
-            **params, "model": model, "n": settings.candidates, "rerank": settings.rerank,
+            **params, "model": model, "model_id": vectors.model_id(conn, model) or -1, "n": settings.candidates,
+            "rerank": settings.rerank,
             "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
     return "\n".join(r[0] for r in plan)
 

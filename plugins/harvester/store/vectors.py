@@ -43,6 +43,11 @@ KINDS = ("halfvec", "bit")  # what a model's shared index may hold (IndexSetting
 
 log = logging.getLogger(__name__)
 
+# A model's id, in a statement with a ``%(model)s`` parameter (its name): what an embeddings row holds
+# instead of the name (sql/042). Evaluated once per statement, and the key's index takes it. A
+# statement that must match a model's partial index takes the id itself as a parameter (model_id).
+MODEL_ID = "(SELECT m.id FROM embedding_models m WHERE m.name = %(model)s)"
+
 
 @dataclass(frozen=True)
 class IndexSettings:
@@ -144,9 +149,10 @@ def opclass(dimension: int, kind: str | None = None) -> str:
 
 def nearest(dimension: int, kind: str | None = None, condition: sql.Composable = sql.SQL("true"),
             query: str = "query") -> sql.Composable:
-    """The statement of the nearest vectors of ``%(model)s`` to ``%(query)s`` that meet ``condition``
-    (on ``embeddings e``), as (content_hash, cosine distance, candidates), nearest first, at most
-    ``%(n)s``; ``candidates``: over the bits, how many the index scan gave to rank (fewer than
+    """The statement of the nearest vectors of the model ``%(model_id)s`` (model_id: a parameter, so
+    that the planner matches the model's partial index) to ``%(query)s`` that meet ``condition``
+    (on ``embeddings e``), as (content_hash in hexadecimal, cosine distance, candidates), nearest
+    first, at most ``%(n)s``; ``candidates``: over the bits, how many the index scan gave to rank (fewer than
     ``%(rerank)s`` when the filtered scan stopped early), else NULL.
     ``kind``: that of the model's index (search_kind; None: none, ranked as halfvec). Over the
     bits, the index scan takes the
@@ -158,10 +164,10 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     if kind == "bit":
         return sql.SQL(
             """
-            SELECT c.content_hash, c.distance, count(*) OVER () AS candidates FROM (
+            SELECT encode(c.content_hash, 'hex') AS content_hash, c.distance, count(*) OVER () AS candidates FROM (
                 SELECT e.content_hash, e.embedding <=> {q} AS distance
                 FROM embeddings e
-                WHERE e.model = %(model)s AND {condition}
+                WHERE e.model = %(model_id)s::integer AND {condition}
                 ORDER BY {bits} <~> {query_bits}
                 LIMIT %(rerank)s
             ) c
@@ -172,9 +178,9 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     expr = index_expression(dimension, "halfvec")
     return sql.SQL(
         """
-        SELECT e.content_hash, {expr} <=> {q} AS distance, NULL::bigint AS candidates
+        SELECT encode(e.content_hash, 'hex') AS content_hash, {expr} <=> {q} AS distance, NULL::bigint AS candidates
         FROM embeddings e
-        WHERE e.model = %(model)s AND {condition}
+        WHERE e.model = %(model_id)s::integer AND {condition}
         ORDER BY {expr} <=> {q}
         LIMIT %(n)s
         """).format(expr=expr, q=q, condition=condition)
@@ -192,9 +198,9 @@ def search_kind(conn, model: str) -> str | None:
 
 def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
     """(schema, name, dimension, type: bit, halfvec or vector, state) of each HNSW index on embeddings
-    whose predicate is exactly ``model = <model>``, whatever its name. ``state``: ``valid``,
-    ``building`` (CREATE INDEX CONCURRENTLY under way on some connection) or ``dead`` (invalid and
-    nobody builds it: a build that failed or whose server process was stopped)."""
+    whose predicate is exactly ``model = <the model's id>`` (sql/042), whatever its name. ``state``:
+    ``valid``, ``building`` (CREATE INDEX CONCURRENTLY under way on some connection) or ``dead``
+    (invalid and nobody builds it: a build that failed or whose server process was stopped)."""
     return conn.execute(
         """
         SELECT n.nspname, c.relname, a.atttypmod, format_type(a.atttypid, NULL),
@@ -207,7 +213,8 @@ def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
         JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'
         JOIN pg_attribute a ON a.attrelid = i.indexrelid AND a.attnum = 1
         WHERE i.indrelid = 'embeddings'::regclass
-          AND pg_get_expr(i.indpred, i.indrelid) = '(model = ' || quote_literal(%s::text) || '::text)'
+          AND pg_get_expr(i.indpred, i.indrelid) = (SELECT '(model = ' || m.id || ')' FROM embedding_models m
+                                                    WHERE m.name = %s)
         ORDER BY c.relname = %s DESC, c.relname
         """, (model, index_name(model))).fetchall()
 
@@ -215,25 +222,35 @@ def _model_indexes(conn, model: str) -> list[tuple[str, str, int, str, str]]:
 def indexed_models(conn) -> set[str]:
     """The models that have an HNSW index on embeddings (every model that ever stored a vector gets
     one): read from the catalog, without touching the table."""
+    return set(model_indexes(conn).values())
+
+
+def model_indexes(conn) -> dict[str, str]:
+    """{index name: model} of the HNSW indexes on embeddings whose predicate names a model
+    (``model = <its id in embedding_models>``, sql/042), whatever their state."""
     rows = conn.execute(
         """
-        SELECT pg_get_expr(i.indpred, i.indrelid)
+        SELECT c.relname, pg_get_expr(i.indpred, i.indrelid)
         FROM pg_index i
         JOIN pg_class c ON c.oid = i.indexrelid
         JOIN pg_am am ON am.oid = c.relam AND am.amname = 'hnsw'
         WHERE i.indrelid = 'embeddings'::regclass AND i.indpred IS NOT NULL
         """).fetchall()
-    models = set()
-    for (predicate,) in rows:
-        found = re.fullmatch(r"\(model = '((?:[^']|'')*)'::text\)", predicate or "")
+    ids = {}
+    for index, predicate in rows:
+        found = re.fullmatch(r"\(model = (\d+)\)", predicate or "")
         if found:
-            models.add(found.group(1).replace("''", "'"))
-    return models
+            ids[index] = int(found.group(1))
+    if not ids:
+        return {}
+    names = dict(conn.execute("SELECT id, name FROM embedding_models WHERE id = ANY(%s)",
+                              (sorted(set(ids.values())),)).fetchall())
+    return {index: names[number] for index, number in ids.items() if number in names}
 
 
 def _other_dimension(conn, model: str, dimension: int) -> int | None:
-    row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s AND dimension <> %s LIMIT 1",
-                       (model, dimension)).fetchone()
+    row = conn.execute("SELECT dimension FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)"
+                       " AND dimension <> %s LIMIT 1", (model, dimension)).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -347,10 +364,11 @@ def _build(conn, model: str, dimension: int, name: str, kind: str, settings: Ind
     it is valid afterwards."""
     import psycopg
 
+    number = model_id(conn, model, create=True)  # (autocommit: a model's index may come before its vectors)
     statement = sql.SQL(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON embeddings USING hnsw ({expr} {ops}) WHERE model = {model}"
     ).format(name=sql.Identifier(name), expr=index_expression(dimension, kind),
-             ops=sql.SQL(opclass(dimension, kind)), model=sql.Literal(model))
+             ops=sql.SQL(opclass(dimension, kind)), model=sql.Literal(number))
 
     vectors_held = held(conn, model)
     graph = hnsw_graph_bytes(vectors_held, dimension, kind)
@@ -402,7 +420,8 @@ def _mb(size: float) -> str:
 
 def held(conn, model: str) -> int:
     """How many vectors of ``model`` are stored (what its index holds)."""
-    return conn.execute("SELECT count(*) FROM embeddings WHERE model = %s", (model,)).fetchone()[0]
+    return conn.execute("SELECT count(*) FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)",
+                        (model,)).fetchone()[0]
 
 
 def drop_index(conn, model: str) -> list[str]:
@@ -423,7 +442,8 @@ def index_missing(conn, model: str) -> int | None:
     nothing to build."""
     if index_state(conn, model) != "missing":
         return None
-    row = conn.execute("SELECT dimension FROM embeddings WHERE model = %s LIMIT 1", (model,)).fetchone()
+    row = conn.execute("SELECT dimension FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)"
+                       " LIMIT 1", (model,)).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -469,7 +489,8 @@ def _pending(checked: bool, held_back: bool = False) -> str:
                           WHERE s.run_id = %(run)s AND s.source_id = d.source_id
                             AND s.outcome IN ('created', 'updated'))
     ) t
-    WHERE NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = t.content_hash AND e.model = %(model)s)
+    WHERE NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = decode(t.content_hash, 'hex')
+                        AND e.model = {MODEL_ID})
       AND get_byte(decode(t.content_hash, 'hex'), 0) %% %(shards)s = %(shard)s
       {held}
 """
@@ -577,10 +598,10 @@ def reuse(conn, run_id: int, model: str, started_at=None) -> dict:
     provider call, and what that saved, estimated at four characters a token. A vector written
     before sql/016 (no run recorded) counts when it is older than the run (``started_at``)."""
     reused, tokens = conn.execute(
-        """
+        f"""
         SELECT count(*), coalesce(sum(ceil((length(s.title) + length(s.description) + 2) / 4.0)), 0)
         FROM staging_records s
-        JOIN embeddings e ON e.content_hash = s.content_hash AND e.model = %(model)s
+        JOIN embeddings e ON e.content_hash = decode(s.content_hash, 'hex') AND e.model = {MODEL_ID}
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated') AND s.content_changed
           AND (e.run_id <> %(run)s OR (e.run_id IS NULL AND e.created_at < %(started)s))
         """, {"model": model, "started": started_at, "run": run_id}).fetchone()
@@ -646,16 +667,18 @@ def write(conn, model: str, dimension: int, hashes: Sequence[str], vectors: Sequ
             raise ValueError(f"model {model} returned a vector with a value that half precision cannot store "
                              f"(beyond +-{HALFVEC_MAX:g}, or not a number) for text {content_hash}: vectors are "
                              "stored as halfvec; nothing of this batch was stored")
-        rows.append((content_hash, model, dimension, array, run_id))
-    rows.sort(key=lambda row: row[0])
+        rows.append((content_hash, keys([content_hash])[0], dimension, array, run_id))
+    rows.sort(key=lambda row: row[1])
     import psycopg
 
     for attempt in range(1, _WRITE_ATTEMPTS + 1):
         try:
             with conn.transaction(), conn.cursor() as cur:
+                number = model_id(conn, model, create=True)
                 cur.executemany(
-                    "INSERT INTO embeddings (content_hash, model, dimension, embedding, run_id)"
-                    " VALUES (%s, %s, %s, %b, %s) ON CONFLICT (content_hash, model) DO NOTHING", rows)
+                    "INSERT INTO embeddings (model, dimension, content_hash, embedding, run_id)"
+                    " VALUES (%s, %s, %s, %b, %s) ON CONFLICT (content_hash, model) DO NOTHING",
+                    [(number, d, key, array, run) for _, key, d, array, run in rows])
                 if run_id is not None:
                     cur.execute("DELETE FROM embedding_claims WHERE model = %s AND run_id = %s"
                                 " AND content_hash = ANY(%s::text[])", (model, run_id, [r[0] for r in rows]))
@@ -710,7 +733,8 @@ def link(conn, portal_url: str, model: str) -> int:
         l AS (
             UPDATE datasets d SET embedded_content_hash = d.content_hash
             WHERE d.portal_url = %(portal)s AND d.embedded_content_hash IS DISTINCT FROM d.content_hash
-              AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash AND e.model = %(model)s)
+              AND EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = decode(d.content_hash, 'hex')
+                            AND e.model = """ + MODEL_ID + """)
             RETURNING d.id, d.content_hash, d.removed_at
         ), b AS MATERIALIZED (
             SELECT l.id AS dataset_id, l.content_hash, l.removed_at FROM l
@@ -731,8 +755,8 @@ def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
         f"""
         WITH {behind}, w AS (
             INSERT INTO dataset_vectors AS v (dataset_id, scope, embedding, content_hash)
-            SELECT b.dataset_id, %(scope)s, e.embedding, decode(e.content_hash, 'hex')
-            FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = %(model)s
+            SELECT b.dataset_id, %(scope)s, e.embedding, e.content_hash
+            FROM b JOIN embeddings e ON e.content_hash = decode(b.content_hash, 'hex') AND e.model = {MODEL_ID}
             ORDER BY b.dataset_id
             ON CONFLICT (dataset_id) DO UPDATE SET
                 scope = EXCLUDED.scope, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
@@ -761,6 +785,35 @@ def scope(conn, portal_url: str, model: str) -> int:
     return int(row[0])
 
 
+def keys(hashes) -> list[bytes]:
+    """Texts' content hashes (hexadecimal SHA-256, domain/dataset.py) as embeddings' key holds them
+    (sql/042); ValueError naming the first that is not hexadecimal."""
+    out = []
+    for content_hash in hashes:
+        try:
+            out.append(bytes.fromhex(content_hash))
+        except (TypeError, ValueError):
+            raise ValueError(f"text hash {content_hash!r} is not hexadecimal: vectors are keyed by their text's "
+                             "SHA-256 (sql/042)") from None
+    return out
+
+
+def model_id(conn, model: str, create: bool = False) -> int | None:
+    """The id of ``model`` in embedding_models (sql/042), None when none of its vectors was ever
+    stored; with ``create``, made when missing, in the caller's transaction (vectors are written in
+    one that commits at once: another writer of the model's first vectors waits for it, then finds
+    it)."""
+    row = conn.execute("SELECT id FROM embedding_models WHERE name = %s", (model,)).fetchone()
+    if row is not None or not create:
+        return None if row is None else int(row[0])
+    # (only when missing: an INSERT that finds a conflict would still use up an identity value)
+    row = conn.execute("INSERT INTO embedding_models (name) VALUES (%s) ON CONFLICT (name) DO NOTHING RETURNING id",
+                       (model,)).fetchone()
+    if row is None:  # another transaction created it after this statement's snapshot: visible now
+        return model_id(conn, model)
+    return int(row[0])
+
+
 def existing_scope(conn, portal_url: str, model: str) -> int | None:
     """The scope of the portal's copies of ``model``'s vectors, None when none was ever written."""
     row = conn.execute("SELECT id FROM vector_scopes WHERE portal_url = %s AND model = %s",
@@ -785,18 +838,21 @@ def coverage(conn, portal_url: str | None = None) -> dict[str, tuple[int, int]]:
                         " AND (%(portal)s::text IS NULL OR portal_url = %(portal)s)", params).fetchone()[0]
     rows = conn.execute(
         """
-        SELECT e.model, count(*) FROM datasets d JOIN embeddings e ON e.content_hash = d.content_hash
+        SELECT m.name, count(*) FROM datasets d
+        JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex')
+        JOIN embedding_models m ON m.id = e.model
         WHERE d.removed_at IS NULL AND (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
-        GROUP BY e.model
+        GROUP BY m.name
         """, params).fetchall()
     return {model: (int(n), int(live)) for model, n in rows}
 
 
 def explain_search(conn, model: str, dimension: int, query_vector) -> str:
     expr, q = index_expression(dimension), query_cast(dimension)
-    plan = conn.execute(sql.SQL("EXPLAIN SELECT content_hash FROM embeddings e WHERE e.model = %(model)s"
+    plan = conn.execute(sql.SQL("EXPLAIN SELECT content_hash FROM embeddings e WHERE e.model = %(model_id)s::integer"
                                 " ORDER BY {expr} {op} {q} LIMIT 10").format(expr=expr, op=distance(), q=q),
-                        {"model": model, "query": np.asarray(query_vector, dtype=np.float32)}).fetchall()
+                        {"model_id": model_id(conn, model), "query": np.asarray(query_vector, dtype=np.float32)}
+                        ).fetchall()
     return "\n".join(row[0] for row in plan)
 
 
@@ -815,13 +871,14 @@ def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: st
         return conn.execute(
             """
             WITH gone AS (
-                DELETE FROM embeddings WHERE model = %(model)s RETURNING content_hash
+                DELETE FROM embeddings WHERE model = """ + MODEL_ID + """ RETURNING content_hash
             ), unlinked AS (
                 UPDATE datasets d SET embedded_content_hash = NULL
                 FROM gone
-                WHERE d.content_hash = gone.content_hash AND d.embedded_content_hash IS NOT NULL
-                  AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = d.content_hash
-                                    AND e.model = %(active)s AND e.model <> %(model)s)
+                WHERE d.content_hash = encode(gone.content_hash, 'hex') AND d.embedded_content_hash IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = gone.content_hash
+                                    AND e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(active)s)
+                                    AND %(active)s::text IS DISTINCT FROM %(model)s::text)
             )
             SELECT count(*) FROM gone
             """, {"model": model, "active": active_model}).fetchone()[0]
@@ -831,10 +888,10 @@ def invalidate(conn, model: str, *, portal_url: str | None = None, source_id: st
         gone = conn.execute(
             """
             DELETE FROM embeddings e USING datasets d
-            WHERE e.model = %(model)s AND e.content_hash = d.content_hash
+            WHERE e.model = """ + MODEL_ID + """ AND e.content_hash = decode(d.content_hash, 'hex')
               AND (%(portal)s::text IS NULL OR d.portal_url = %(portal)s)
               AND (%(source)s::text IS NULL OR d.source_id = %(source)s)
-            RETURNING e.content_hash
+            RETURNING encode(e.content_hash, 'hex')
             """, {"model": model, "portal": portal_url, "source": source_id}).fetchall()
         # Every dataset with those texts (in any portal) is pending again.
         conn.execute("UPDATE datasets SET embedded_content_hash = NULL WHERE content_hash = ANY(%s)",
@@ -874,13 +931,13 @@ def prune(conn) -> int:
     return conn.execute(
         """
         DELETE FROM embeddings e
-        WHERE NOT EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = e.content_hash)
-          AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.content_hash = e.content_hash)
+        WHERE NOT EXISTS (SELECT 1 FROM datasets d WHERE d.content_hash = encode(e.content_hash, 'hex'))
+          AND NOT EXISTS (SELECT 1 FROM staging_records s WHERE s.content_hash = encode(e.content_hash, 'hex'))
         """).rowcount
 
 
 def cache_stats(conn) -> dict:
-    models = conn.execute("SELECT model, dimension, count(*) FROM embeddings GROUP BY model, dimension"
-                          " ORDER BY model").fetchall()
+    models = conn.execute("SELECT m.name, e.dimension, count(*) FROM embeddings e JOIN embedding_models m ON m.id = e.model"
+                          " GROUP BY m.name, e.dimension ORDER BY m.name").fetchall()
     size = conn.execute("SELECT pg_total_relation_size('embeddings')").fetchone()[0]
     return {"models": [{"model": m, "dimension": d, "vectors": n} for m, d, n in models], "bytes": int(size)}

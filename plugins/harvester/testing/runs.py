@@ -12,11 +12,12 @@ from harvester.store import db as store_db
 # Datasets whose copy in dataset_vectors differs from their vector in embeddings (0 when in step).
 COPY_DRIFT = """
     SELECT count(*) FROM datasets d
-    JOIN embeddings e ON e.content_hash = d.content_hash AND e.model = %(model)s
+    JOIN embedding_models m ON m.name = %(model)s
+    JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex') AND e.model = m.id
     LEFT JOIN dataset_vectors v ON v.dataset_id = d.id
     LEFT JOIN vector_scopes k ON k.id = v.scope
-    WHERE v.dataset_id IS NULL OR k.model IS DISTINCT FROM e.model OR k.portal_url IS DISTINCT FROM d.portal_url
-       OR v.content_hash <> decode(e.content_hash, 'hex') OR v.embedding <> e.embedding
+    WHERE v.dataset_id IS NULL OR k.model IS DISTINCT FROM m.name OR k.portal_url IS DISTINCT FROM d.portal_url
+       OR v.content_hash <> e.content_hash OR v.embedding <> e.embedding
 """
 
 

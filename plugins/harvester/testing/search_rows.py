@@ -50,8 +50,18 @@ def insert_texts(conn, rows: list[tuple[str, str, str, str]], config: str = "eng
 
 
 def insert_vectors(conn, count: int, model: str) -> None:
-    """The vector of ``model`` (``spiral_vector``) for the texts of datasets 0 to ``count`` - 1."""
+    """The vector of ``model`` (``spiral_vector``) for the texts of datasets 0 to ``count`` - 1, in
+    a database of today's schema or (migration tests) one from before sql/042."""
+    from harvester.store import vectors
+
+    if not conn.execute("SELECT to_regclass('embedding_models') IS NOT NULL").fetchone()[0]:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
+                            " VALUES (md5('c' || %s), %s, 3, %s::vector)",
+                            [(str(n), model, str(spiral_vector(n))) for n in range(count)])
+        return
+    number = vectors.model_id(conn, model, create=True)
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-                        " VALUES (md5('c' || %s), %s, 3, %s::halfvec)",
-                        [(str(n), model, str(spiral_vector(n))) for n in range(count)])
+        cur.executemany("INSERT INTO embeddings (model, dimension, content_hash, embedding)"
+                        " VALUES (%s, 3, decode(md5('c' || %s), 'hex'), %s::halfvec)",
+                        [(number, str(n), str(spiral_vector(n))) for n in range(count)])
