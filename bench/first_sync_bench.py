@@ -598,10 +598,13 @@ class Bench:
         # with it (inside an outer transaction it would be a savepoint, and the setting would stay)
         with psycopg.connect(self.db_url("bench"), autocommit=True) as conn:
             model, dimension = conn.execute(
-                "SELECT model, vector_dims(embedding) FROM embeddings GROUP BY 1, 2 ORDER BY count(*) DESC LIMIT 1"
-            ).fetchone()
-            count = conn.execute("SELECT count(*) FROM embeddings WHERE model = %s", (model,)).fetchone()[0]
-            stored = conn.execute("SELECT embedding::text FROM embeddings WHERE model = %s ORDER BY random() LIMIT %s",
+                "SELECT m.name, vector_dims(e.embedding) FROM embeddings e JOIN embedding_models m ON m.id = e.model"
+                " GROUP BY 1, 2 ORDER BY count(*) DESC LIMIT 1").fetchone()
+            number = vectors.model_id(conn, model)
+            count = conn.execute("SELECT count(*) FROM embeddings WHERE model ="
+                                 " (SELECT id FROM embedding_models WHERE name = %s)", (model,)).fetchone()[0]
+            stored = conn.execute("SELECT embedding::text FROM embeddings WHERE model ="
+                                  " (SELECT id FROM embedding_models WHERE name = %s) ORDER BY random() LIMIT %s",
                                   (model, self.args.queries + 3)).fetchall()
             queries = []
             for (text,) in stored:
@@ -612,7 +615,7 @@ class Bench:
             # exactly (no index)
             knn = sql.SQL("SELECT content_hash FROM ({}) nn").format(
                 vectors.nearest(dimension, vectors.index_kind(), query="q"))
-            full = sql.SQL("SELECT content_hash FROM embeddings WHERE model = %(model)s "
+            full = sql.SQL("SELECT encode(content_hash, 'hex') FROM embeddings WHERE model = %(model_id)s::integer "
                            "ORDER BY embedding::vector({dim}) <=> %(q)s::vector({dim}) LIMIT {k}").format(
                 dim=sql.Literal(dimension), k=sql.Literal(K))
             hnsw = sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef))
@@ -623,13 +626,13 @@ class Bench:
                     conn.execute(setting)
                     t0 = time.perf_counter()
                     found = {r[0] for r in conn.execute(full if setting is exact else knn,
-                                                        {"model": model, "q": q, "n": K, "rerank": rerank})}
+                                                        {"model_id": number, "q": q, "n": K, "rerank": rerank})}
                     return found, (time.perf_counter() - t0) * 1000
 
             with conn.transaction():  # the plan the HNSW side really gets (it depends on ef_search)
                 conn.execute(hnsw)
                 explain = conn.execute(sql.SQL("EXPLAIN ") + knn,
-                                       {"model": model, "q": queries[0], "n": K, "rerank": rerank})
+                                       {"model_id": number, "q": queries[0], "n": K, "rerank": rerank})
                 plan = "\n".join(r[0] for r in explain)
             for q in warm_up:
                 timed(exact, q)

@@ -62,13 +62,17 @@ def main() -> int:
     server.start()
     try:
         with store_db.prepare(store_db.connect_url(server.url("bench"))) as conn:
-            model, dim = conn.execute("SELECT model, vector_dims(embedding) FROM embeddings GROUP BY 1, 2"
+            model, dim = conn.execute("SELECT m.name, vector_dims(e.embedding) FROM embeddings e"
+                                      " JOIN embedding_models m ON m.id = e.model GROUP BY 1, 2"
                                       " ORDER BY count(*) DESC LIMIT 1").fetchone()
-            count = conn.execute("SELECT count(*) FROM embeddings WHERE model = %s", (model,)).fetchone()[0]
+            number = vectors.model_id(conn, model)
+            count = conn.execute("SELECT count(*) FROM embeddings WHERE model ="
+                                 " (SELECT id FROM embedding_models WHERE name = %s)", (model,)).fetchone()[0]
             rng = np.random.default_rng(7)
             conn.execute("SELECT setseed(0.7)")  # the same queries each time on the same database
             queries = []
-            for (text,) in conn.execute("SELECT embedding::text FROM embeddings WHERE model = %s ORDER BY random()"
+            for (text,) in conn.execute("SELECT embedding::text FROM embeddings WHERE model ="
+                                        " (SELECT id FROM embedding_models WHERE name = %s) ORDER BY random()"
                                         " LIMIT %s", (model, args.queries)).fetchall():
                 v = np.array(json.loads(text)) + rng.normal(0, 0.01, dim)
                 queries.append((v / np.linalg.norm(v)).astype(np.float32))
@@ -89,14 +93,16 @@ def main() -> int:
             with conn.transaction():
                 conn.execute("SET LOCAL enable_indexscan = off")
                 truths = [{r[0] for r in conn.execute(
-                    f"SELECT content_hash FROM embeddings WHERE model = %s"
+                    f"SELECT encode(content_hash, 'hex') FROM embeddings WHERE model ="
+                    f" (SELECT id FROM embedding_models WHERE name = %s)"
                     f" ORDER BY embedding <=> %s::halfvec({dim}) LIMIT {K}", (model, q))} for q in queries]
             alone = sql.SQL(
-                "SELECT content_hash FROM (SELECT content_hash, embedding FROM embeddings WHERE model = %(model)s"
+                "SELECT encode(content_hash, 'hex') FROM (SELECT content_hash, embedding FROM embeddings"
+                " WHERE model = %(model_id)s::integer"
                 " ORDER BY {bits} <~> {query_bits} LIMIT %(rerank)s) c ORDER BY embedding <=> {q} LIMIT {k}").format(
                 bits=vectors.index_expression(dim, "bit"), query_bits=vectors.query_cast(dim, kind="bit"),
                 q=vectors.query_cast(dim, kind="halfvec"), k=sql.Literal(K))
-            figures = [recall(alone, {"model": model, "rerank": n}, "SET LOCAL enable_indexscan = off")
+            figures = [recall(alone, {"model_id": number, "rerank": n}, "SET LOCAL enable_indexscan = off")
                        for n in map(int, args.bits_alone.split(","))]
             print(f"| the bits alone, every Hamming distance, nearest {' / '.join(args.bits_alone.split(','))}"
                   f" ranked exactly | - | - | {' / '.join(f'{r:.3f}' for r in figures)} |", flush=True)
@@ -107,7 +113,7 @@ def main() -> int:
                 started = time.perf_counter()
                 conn.execute(sql.SQL("CREATE INDEX {} ON embeddings USING hnsw ({} {}) {} WHERE model = {}").format(
                     sql.Identifier(vectors.index_name(model, kind)), vectors.index_expression(dim, kind),
-                    sql.SQL(vectors.opclass(dim, kind)), sql.SQL(options), sql.Literal(model)))
+                    sql.SQL(vectors.opclass(dim, kind)), sql.SQL(options), sql.Literal(number)))
                 took = time.perf_counter() - started
                 size = conn.execute("SELECT pg_relation_size(%s::regclass)",
                                     (vectors.index_name(model, kind),)).fetchone()[0]
@@ -117,12 +123,12 @@ def main() -> int:
                 m, efc = (int(x) for x in spec.split(":"))
                 took, per = build("bit", f"WITH (m = {m}, ef_construction = {efc})")
                 sizes = [int(x) for x in args.rerank.split(",")]
-                figures = [recall(vectors.nearest(dim, "bit"), {"model": model, "n": K, "rerank": n},
+                figures = [recall(vectors.nearest(dim, "bit"), {"model_id": number, "n": K, "rerank": n},
                                   f"SET LOCAL hnsw.ef_search = {min(1000, n)}") for n in sizes]
                 print(f"| HNSW over the bits, m {m}, ef_construction {efc}, rerank {' / '.join(map(str, sizes))} | "
                       f"{took:.1f} s | {per:,.0f} | {' / '.join(f'{r:.3f}' for r in figures)} |", flush=True)
             took, per = build("halfvec", "")
-            figure = recall(vectors.nearest(dim, "halfvec"), {"model": model, "n": K},
+            figure = recall(vectors.nearest(dim, "halfvec"), {"model_id": number, "n": K},
                             f"SET LOCAL hnsw.ef_search = {args.ef_search}")
             print(f"| HNSW over the halfvec, m 16, ef_construction 64, ef_search {args.ef_search} | {took:.1f} s | "
                   f"{per:,.0f} | {figure:.3f} |")

@@ -127,9 +127,11 @@ def load_slice(conn, rows, stand_in) -> None:
                 if r["content_hash"] not in seen:
                     seen.add(r["content_hash"])
                     copy.write_row((r["content_hash"], HalfVector(stand_in.embed(r["title"], r["description"]))))
-        cur.execute("INSERT INTO embeddings (content_hash, model, dimension, embedding)"
-                    " SELECT content_hash, %s, %s, embedding FROM bench_vectors ON CONFLICT DO NOTHING",
-                    (MODEL, DIMENSION))
+        from harvester.store import vectors
+
+        cur.execute("INSERT INTO embeddings (model, dimension, content_hash, embedding)"
+                    " SELECT %s, %s, decode(content_hash, 'hex'), embedding FROM bench_vectors ON CONFLICT DO NOTHING",
+                    (vectors.model_id(cur.connection, MODEL, create=True), DIMENSION))
 
 
 def build(server, args, bases, stand_in) -> dict:
@@ -286,14 +288,17 @@ def measure(server, args, bases, stand_in) -> None:
             # (no dataset is removed here; without a filter, embeddings alone is read: one scan)
             if not filters:
                 hashes = [r[0] for r in conn.execute(
-                    f"SELECT content_hash FROM embeddings WHERE model = %(m)s"
+                    f"SELECT encode(content_hash, 'hex') FROM embeddings"
+                    f" WHERE model = (SELECT id FROM embedding_models WHERE name = %(m)s)"
                     f" ORDER BY embedding <=> %(q)s::halfvec({DIMENSION}) LIMIT {K}", {"m": MODEL, "q": v})]
                 ids = dict(conn.execute("SELECT content_hash, min(dataset_id) FROM dataset_search"
                                         " WHERE content_hash = ANY(%s) GROUP BY 1", (hashes,)).fetchall())
                 return [ids[h] for h in hashes if h in ids]
             return [r[0] for r in conn.execute(
-                f"SELECT s.dataset_id FROM dataset_search s JOIN embeddings e ON e.content_hash = s.content_hash"
-                f" AND e.model = %(m)s WHERE s.removed_at IS NULL AND s.portal_url = %(p)s"
+                f"SELECT s.dataset_id FROM dataset_search s JOIN embeddings e"
+                f" ON e.content_hash = decode(s.content_hash, 'hex')"
+                f" AND e.model = (SELECT id FROM embedding_models WHERE name = %(m)s)"
+                f" WHERE s.removed_at IS NULL AND s.portal_url = %(p)s"
                 f" ORDER BY e.embedding <=> %(q)s::halfvec({DIMENSION}), s.dataset_id LIMIT {K}",
                 {"m": MODEL, "q": v, "p": filters.get("portal_url")}).fetchall()]
 

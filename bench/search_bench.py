@@ -222,7 +222,8 @@ def relevance(server, args) -> bool:
     with db.prepare(db.connect_url(url)) as conn, db.prepare(db.connect_url(url)) as reader:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         if reuse:
-            models = {r[0] for r in conn.execute("SELECT DISTINCT model FROM embeddings").fetchall()}
+            models = {r[0] for r in conn.execute("SELECT DISTINCT m.name FROM embeddings e"
+                                                 " JOIN embedding_models m ON m.id = e.model").fetchall()}
             if provider.model not in models:
                 print(f"--reuse: the kept database holds vectors of {sorted(models)}, not {provider.model}: "
                       "run without --reuse", file=sys.stderr)
@@ -500,6 +501,8 @@ def synthetic_rows(n: int, seed: int = 11, first: int = 0, bases: list | None = 
 
 def load(conn, rows, stand_in, model: str) -> tuple[float, float]:
     """COPY the rows into datasets and their vectors into embeddings; (seconds datasets, seconds vectors)."""
+    from harvester.store import vectors
+
 
     now = datetime.now(timezone.utc)
     columns = ("portal_url", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
@@ -518,10 +521,12 @@ def load(conn, rows, stand_in, model: str) -> tuple[float, float]:
 
     started = time.perf_counter()
     with conn.transaction(), conn.cursor() as cur:
+        number = vectors.model_id(conn, model, create=True)
         with cur.copy("COPY embeddings (content_hash, model, dimension, embedding) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "text", "int4", "halfvec"])  # stored in half precision (sql/019)
+            # the hash as bytes and the model's id (sql/042), stored in half precision (sql/019)
+            copy.set_types(["bytea", "int4", "int2", "halfvec"])
             for r in rows:
-                copy.write_row((r["content_hash"], model, DIMENSION,
+                copy.write_row((bytes.fromhex(r["content_hash"]), number, DIMENSION,
                                 HalfVector(stand_in.embed(r["title"], r["description"]))))
     return datasets_s, time.perf_counter() - started
 
@@ -594,11 +599,11 @@ def scale(server, args) -> bool:
         query_vectors = [stand_in.embed(q) for q in query_texts]
         knn = vectors.nearest(DIMENSION, kind, query="q")
         # the truth: every stored vector compared, exactly (no index)
-        exact_knn = sql.SQL("SELECT e.content_hash, embedding::vector({dim}) <=> %(q)s::vector({dim}) FROM embeddings e "
-                            "WHERE e.model = %(model)s ORDER BY 2 LIMIT {k}").format(
+        exact_knn = sql.SQL("SELECT encode(e.content_hash, 'hex'), embedding::vector({dim}) <=> %(q)s::vector({dim})"
+                            " FROM embeddings e WHERE e.model = %(model_id)s::integer ORDER BY 2 LIMIT {k}").format(
             dim=sql.Literal(DIMENSION), k=sql.Literal(K))
         plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN ") + knn, {
-            "model": model, "q": query_vectors[0], "n": K, "rerank": chosen}))
+            "model_id": vectors.model_id(conn, model), "q": query_vectors[0], "n": K, "rerank": chosen}))
         if "hnsw" not in plan.lower() and vectors.index_name(model) not in plan:
             print("warning: the nearest-neighbour query does not use the HNSW index:\n" + plan)
         exact, exact_ms = [], []
@@ -606,7 +611,7 @@ def scale(server, args) -> bool:
             with conn.transaction():
                 conn.execute("SET LOCAL enable_indexscan = off")
                 t0 = time.perf_counter()
-                exact.append(conn.execute(exact_knn, {"model": model, "q": q}).fetchall())
+                exact.append(conn.execute(exact_knn, {"model_id": vectors.model_id(conn, model), "q": q}).fetchall())
                 exact_ms.append((time.perf_counter() - t0) * 1000)
         recall = {}
         for ef in ef_values:
@@ -615,7 +620,8 @@ def scale(server, args) -> bool:
                 with conn.transaction():
                     conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(min(1000, ef))))
                     t0 = time.perf_counter()
-                    found = conn.execute(knn, {"model": model, "q": q, "n": K, "rerank": ef}).fetchall()
+                    found = conn.execute(knn, {"model_id": vectors.model_id(conn, model), "q": q, "n": K,
+                                               "rerank": ef}).fetchall()
                     ms.append((time.perf_counter() - t0) * 1000)
                 wanted = max(1, min(K, len(truth)))
                 got.append(len({r[0] for r in found} & {r[0] for r in truth}) / wanted)
