@@ -52,8 +52,10 @@ ALTER TABLE embeddings ALTER COLUMN model SET NOT NULL, ALTER COLUMN dimension S
     ALTER COLUMN created_at SET NOT NULL, ALTER COLUMN created_at SET DEFAULT now(),
     ADD CONSTRAINT embeddings_dimension_check CHECK (dimension > 0),
     ADD CONSTRAINT embeddings_check CHECK (vector_dims(embedding) = dimension),
-    ADD PRIMARY KEY (content_hash, model),
-    ADD FOREIGN KEY (model) REFERENCES embedding_models (id);
+    ADD PRIMARY KEY (content_hash, model);
+-- No foreign key to embedding_models: its check would lock the model's one row (FOR KEY SHARE) for
+-- every vector written, by every run of every portal embedding with that model at once. Ids come
+-- only from that table (store/vectors.model_id), and no statement deletes a model's row.
 
 -- A vector deleted (`harvester embeddings invalidate`) takes its copies for search with it, and the
 -- checked marks of its model (sql/012, sql/041).
