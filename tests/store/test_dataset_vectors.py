@@ -4,6 +4,8 @@ against the local Gemini-protocol server."""
 import copy
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from harvester.pipeline import steps as pipeline
 from harvester.config.portals import Portal
 from harvester.store import vectors
@@ -183,27 +185,33 @@ def test_a_dataset_back_from_removal_after_a_model_switch_gets_the_new_models_ve
     assert db.execute(DRIFT, {"model": second.model}).fetchone()[0] == 0
 
 
-def test_a_scope_is_made_once_and_two_transactions_making_it_get_one(database_url):
-    """vector_scopes (sql/041): a portal's scope of a model is looked up, made only when missing (no
-    identity value used up by the runs that find it), and a transaction that meets another's new,
-    uncommitted scope of the same portal and model waits for it and gets its id."""
+@pytest.mark.parametrize("table, make, find", [
+    ("vector_scopes", lambda conn, key: vectors.scope(conn, f"https://{key}.example", "m"),
+     lambda conn, key: vectors.existing_scope(conn, f"https://{key}.example", "m")),
+    ("embedding_models", lambda conn, key: vectors.model_id(conn, key, create=True), vectors.model_id),
+], ids=["scope", "model"])
+def test_a_scope_or_a_models_id_is_made_once_and_two_transactions_making_it_get_one(database_url, table, make,
+                                                                                       find):
+    """vector_scopes (sql/041), embedding_models (sql/042): a portal's scope of a model, a model's id,
+    is looked up, made only when missing (no identity value used up by the runs that find it), and a
+    transaction that meets another's new, uncommitted one waits for it and gets its id."""
     import threading
 
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        first = vectors.scope(conn, "https://a.example", "m")
-        assert [vectors.scope(conn, "https://a.example", "m") for _ in range(3)] == [first] * 3
-        assert vectors.existing_scope(conn, "https://a.example", "other") is None
-        assert vectors.scope(conn, "https://a.example", "other") == first + 1
+        first = make(conn, "a")
+        assert [make(conn, "a") for _ in range(3)] == [first] * 3
+        assert find(conn, "other") is None
+        assert make(conn, "other") == first + 1
         with psycopg.connect(database_url) as holder:
-            made = vectors.scope(holder, "https://b.example", "m")  # its transaction left open
+            made = make(holder, "b")  # its transaction left open
             got = []
-            waiter = threading.Thread(target=lambda: got.append(vectors.scope(conn, "https://b.example", "m")))
+            waiter = threading.Thread(target=lambda: got.append(make(conn, "b")))
             waiter.start()
             waiter.join(0.5)
             assert waiter.is_alive() and got == []  # waiting on the uncommitted row
             holder.commit()
             waiter.join(10)
         assert got == [made]
-        assert conn.execute("SELECT count(*) FROM vector_scopes").fetchone()[0] == 3
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 3

@@ -419,6 +419,16 @@ def test_040_looks_datasets_up_by_content_hash_through_a_hash_index_that_finds_t
         assert conn.execute("SELECT count(*) FROM dataset_search WHERE content_hash = %s", (h[3],)).fetchone()[0] == 1
 
 
+def insert_datasets(conn, portals: list[str], n: int) -> None:
+    """``n`` datasets s1 to sn of ``portals`` in turn, each text's hash a SHA-256 in hexadecimal."""
+    conn.execute(
+        "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
+        " first_seen_at, updated_at, last_seen_at, raw)"
+        " SELECT (%s::text[])[1 + i %% %s], 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
+        " encode(sha256(('c' || i)::bytea), 'hex'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(),"
+        " '{}' FROM generate_series(1, %s) i", (portals, len(portals), n))
+
+
 def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_database_url, migrate_before):
     """041 (issue 40): dataset_vectors is written anew with each copy's portal and model as a scope
     (vector_scopes) and its text's hash as bytes: at 768 dimensions five rows a page, whatever the
@@ -437,12 +447,7 @@ def test_041_packs_search_copies_five_to_a_page_and_keeps_every_copy(empty_datab
     rng = np.random.default_rng(41)
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         migrate_before(conn, 41)
-        conn.execute(
-            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
-            " first_seen_at, updated_at, last_seen_at, raw)"
-            " SELECT (%s::text[])[1 + i %% 2], 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
-            " encode(sha256(('c' || i)::bytea), 'hex'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(),"
-            " '{}' FROM generate_series(1, %s) i", (portals, n))
+        insert_datasets(conn, portals, n)
         hashes = [r[0] for r in conn.execute("SELECT content_hash FROM datasets ORDER BY id")]
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO embeddings (content_hash, model, dimension, embedding) VALUES (%s, %s, 768,"
@@ -532,12 +537,7 @@ def test_042_packs_the_vectors_five_to_a_page_and_keeps_every_vector(empty_datab
     rng = np.random.default_rng(42)
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         migrate_before(conn, 42)
-        conn.execute(
-            "INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
-            " first_seen_at, updated_at, last_seen_at, raw)"
-            " SELECT 'https://p.example', 's' || i, 'https://p.example/' || i, md5(i::text) || md5('u'),"
-            " encode(sha256(('c' || i)::bytea), 'hex'), md5(i::text) || md5('m'), 'title ' || i, now(), now(), now(),"
-            " '{}' FROM generate_series(1, %s) i", (n,))
+        insert_datasets(conn, ["https://p.example"], n)
         hashes = [r[0] for r in conn.execute("SELECT content_hash FROM datasets ORDER BY id")]
         conn.execute("INSERT INTO sync_runs (portal_url, portal_name, status, mode) VALUES ('https://p.example', 'p',"
                      " 'committed', 'full')")
