@@ -108,9 +108,7 @@ def _reindex(conn, model: str | None) -> int:
     models = [model] if model else [r[0] for r in conn.execute(
         "SELECT m.name FROM embedding_models m WHERE EXISTS (SELECT 1 FROM embeddings e WHERE e.model = m.id)"
         " ORDER BY 1")]
-    if model and not conn.execute("SELECT EXISTS (SELECT 1 FROM embeddings"
-                                  " WHERE model = (SELECT id FROM embedding_models WHERE name = %s))",
-                                  (model,)).fetchone()[0]:
+    if model and vectors.stored_dimension(conn, model) is None:
         return error(f"no vector of model {model!r} is stored (see `harvester stats`)")
     for name in models:
         state = vectors.index_state(conn, name)

@@ -54,8 +54,7 @@ def take(conn, model: str, run_id: int, hashes: Sequence[str], ttl_seconds: floa
             """
             WITH stored AS (
                 SELECT encode(e.content_hash, 'hex') AS content_hash FROM embeddings e
-                WHERE e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s)
-                  AND e.content_hash = ANY(%(keys)s::bytea[])
+                WHERE e.model = """ + vectors.MODEL_ID + """ AND e.content_hash = ANY(%(keys)s::bytea[])
             ), held AS (
                 SELECT f.content_hash FROM embedding_failures f
                 WHERE f.model = %(model)s AND f.content_hash = ANY(%(hashes)s::text[])
@@ -170,8 +169,8 @@ def landed(conn, model: str, hashes: Sequence[str] | set[str]) -> set[str]:
         return set()
     return {row[0] for row in conn.execute(
         "SELECT encode(content_hash, 'hex') FROM embeddings"
-        " WHERE model = (SELECT id FROM embedding_models WHERE name = %s) AND content_hash = ANY(%s::bytea[])",
-        (model, vectors.keys(sorted(hashes)))).fetchall()}
+        f" WHERE model = {vectors.MODEL_ID} AND content_hash = ANY(%(keys)s::bytea[])",
+        {"model": model, "keys": vectors.keys(sorted(hashes))}).fetchall()}
 
 
 def prune(conn) -> int:

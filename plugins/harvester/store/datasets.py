@@ -151,8 +151,7 @@ def merge(conn, run_id: int, portal_url: str, seen_at, model: str, search_config
             -- a new dataset whose vector is there is linked as it is written (see ``prelink``)
             CASE WHEN %(prelink)s AND EXISTS (SELECT 1 FROM embeddings e
                                                 WHERE e.content_hash = decode(s.content_hash, 'hex')
-                                                  AND e.model = (SELECT m.id FROM embedding_models m
-                                                                 WHERE m.name = %(model)s)) THEN s.content_hash END,
+                                                  AND e.model = """ + vectors.MODEL_ID + """) THEN s.content_hash END,
             s.raw, s.language::regconfig, coalesce(s.language::regconfig, %(config)s::regconfig)
         FROM staging_records s
         WHERE s.run_id = %(run)s AND s.outcome IN ('created', 'updated', 'reidentified')

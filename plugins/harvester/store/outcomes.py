@@ -26,6 +26,7 @@ from typing import Iterator
 
 from harvester.config.secrets import redact_url
 from harvester.domain import outcomes as oc
+from harvester.store import vectors
 
 _STAGED = (oc.PARSE, oc.VALIDATE)
 ROW_COLUMNS = ("run_id", "portal_url", "position", "source_id", "ordinal", "stage", "severity", "code", "field",
@@ -104,7 +105,7 @@ def record_deferred(conn, run_id: int, portal_url: str, model: str) -> int:
         LEFT JOIN embedding_failures f ON f.content_hash = s.content_hash AND f.model = %(model)s
         WHERE s.run_id = %(run)s AND {_TAKEN_IN}
           AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.content_hash = decode(s.content_hash, 'hex')
-                            AND e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s))
+                            AND e.model = {vectors.MODEL_ID})
         """, params).rowcount
     conn.execute(
         f"""

@@ -195,11 +195,9 @@ def maintain(conn, portal_url: str, model: str, dimension: int | None = None,
             return {**out, "action": "unchecked", "datasets": portal_live,
                     "reason": "the portal's copies of the model's vectors are not complete yet"}
         if dimension is None:
-            row = conn.execute("SELECT dimension FROM embeddings"
-                               " WHERE model = (SELECT id FROM embedding_models WHERE name = %s) LIMIT 1", (model,)).fetchone()
-            if row is None:
+            dimension = vectors.stored_dimension(conn, model)
+            if dimension is None:
                 return {**out, "action": "none", "reason": "no vector of the model"}
-            dimension = int(row[0])
         return {**out, **_build(conn, portal_url, model, name, dimension, portal_live, settings, deadline)}
     finally:
         if not conn.closed:
@@ -254,9 +252,10 @@ def _build(conn, portal_url, model, name, dimension, portal_live, settings, dead
 
 
 def _record(conn, portal_url, model, name, dimension, portal_live, seconds) -> int:
+    from harvester.store import vectors
+
     if dimension is None:
-        dimension = conn.execute("SELECT dimension FROM embeddings"
-                               " WHERE model = (SELECT id FROM embedding_models WHERE name = %s) LIMIT 1", (model,)).fetchone()[0]
+        dimension = vectors.stored_dimension(conn, model)
     size = conn.execute("SELECT pg_relation_size(%s::regclass)", (name,)).fetchone()[0]
     conn.execute(
         """

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from psycopg.types.json import Jsonb
 
 from harvester.domain.run import DEFAULT_STALE_AFTER, BackfillRun, Writer, claim, complete_stats
+from harvester.store import vectors
 
 
 class RunInProgress(RuntimeError):
@@ -456,7 +457,7 @@ def embedding_totals(conn, model: str) -> list[dict]:
         ), live AS (
             SELECT d.portal_url, count(*) AS datasets, count(e.content_hash) AS with_vector
             FROM datasets d LEFT JOIN embeddings e ON e.content_hash = decode(d.content_hash, 'hex')
-                                                  AND e.model = (SELECT m.id FROM embedding_models m WHERE m.name = %(model)s)
+                                                  AND e.model = """ + vectors.MODEL_ID + """
             WHERE d.removed_at IS NULL AND d.portal_url IN (SELECT portal_url FROM r)
             GROUP BY d.portal_url
         )

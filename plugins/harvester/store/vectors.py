@@ -249,8 +249,8 @@ def model_indexes(conn) -> dict[str, str]:
 
 
 def _other_dimension(conn, model: str, dimension: int) -> int | None:
-    row = conn.execute("SELECT dimension FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)"
-                       " AND dimension <> %s LIMIT 1", (model, dimension)).fetchone()
+    row = conn.execute(f"SELECT dimension FROM embeddings WHERE model = {MODEL_ID} AND dimension <> %(dimension)s LIMIT 1",
+                       {"model": model, "dimension": dimension}).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -420,8 +420,7 @@ def _mb(size: float) -> str:
 
 def held(conn, model: str) -> int:
     """How many vectors of ``model`` are stored (what its index holds)."""
-    return conn.execute("SELECT count(*) FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)",
-                        (model,)).fetchone()[0]
+    return conn.execute(f"SELECT count(*) FROM embeddings WHERE model = {MODEL_ID}", {"model": model}).fetchone()[0]
 
 
 def drop_index(conn, model: str) -> list[str]:
@@ -442,8 +441,12 @@ def index_missing(conn, model: str) -> int | None:
     nothing to build."""
     if index_state(conn, model) != "missing":
         return None
-    row = conn.execute("SELECT dimension FROM embeddings WHERE model = (SELECT id FROM embedding_models WHERE name = %s)"
-                       " LIMIT 1", (model,)).fetchone()
+    return stored_dimension(conn, model)
+
+
+def stored_dimension(conn, model: str) -> int | None:
+    """The dimension of ``model``'s stored vectors (one look at the table), None when it has none."""
+    row = conn.execute(f"SELECT dimension FROM embeddings WHERE model = {MODEL_ID} LIMIT 1", {"model": model}).fetchone()
     return None if row is None else int(row[0])
 
 
