@@ -13,11 +13,11 @@ def test_031_and_032_keep_every_stored_snapshot_and_read_the_row_where_none_is(e
         migrate_before(conn, 31)
         conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
                      " description, first_seen_at, updated_at, last_seen_at, raw) VALUES"
-                     " ('https://p.example', 'a', 'u', 'h', 'c', 'm', 'Today''s title', 'notes', now(), now(), now(),"
+                     " ('https://p.example', 'a', 'u', 'h', 'cc', 'm', 'Today''s title', 'notes', now(), now(), now(),"
                      " '{}')")
         conn.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot,"
                      " is_current, change_type, first_seen_at, last_seen_at)"
-                     " SELECT id, n, 'c', 'm', jsonb_build_object('title', 'Title ' || n, 'description', 'stored',"
+                     " SELECT id, n, 'cc', 'm', jsonb_build_object('title', 'Title ' || n, 'description', 'stored',"
                      " 'fields', jsonb_build_object('tracked_then', n)), n = 2, 'new', now(), now()"
                      " FROM datasets, generate_series(1, 2) n")
         before = conn.execute("SELECT version_number, is_current, snapshot FROM dataset_versions ORDER BY 1").fetchall()

@@ -457,9 +457,9 @@ def test_a_hash_change_with_the_same_snapshot_refreshes_the_version(db, reader, 
     """E.g. a new text recipe: every content_hash changes, no field does. No version, no change row."""
     portal_server.set_records(birmingham[:2])
     harvest_once(db, reader, portal)
-    db.execute("UPDATE datasets SET content_hash = 'old-recipe-' || content_hash WHERE source_id = %s",
-               (birmingham[0]["id"],))
-    db.execute("UPDATE dataset_versions SET content_hash = 'old-recipe-' || content_hash")
+    old_recipe = "encode(sha256(convert_to('old recipe ' || content_hash, 'UTF8')), 'hex')"  # a SHA-256 still
+    db.execute(f"UPDATE datasets SET content_hash = {old_recipe} WHERE source_id = %s", (birmingham[0]["id"],))
+    db.execute(f"UPDATE dataset_versions SET content_hash = {old_recipe}")
     again = harvest_once(db, reader, portal)
     assert again["classified"]["updated"] == 1
     assert again["computed"]["unchanged_snapshot"] == 1 and again["computed"]["metadata_updated"] == 0
