@@ -514,7 +514,7 @@ def test_hybrid_refuses_a_misconfigured_provider_instead_of_hiding_it(conn):
 DRIFT = """
     SELECT count(*) FROM datasets d FULL JOIN dataset_search s ON s.dataset_id = d.id
     WHERE s.dataset_id IS NULL OR d.id IS NULL
-       OR (d.portal_url, d.content_hash, d.removed_at, d.metadata_modified, d.search_config)
+       OR (d.portal_url, decode(d.content_hash, 'hex'), d.removed_at, d.metadata_modified, d.search_config)
           IS DISTINCT FROM (s.portal_url, s.content_hash, s.removed_at, s.metadata_modified, s.config)
        OR s.document IS DISTINCT FROM harvester_search_document(d.search_config, d.title, d.tags, d.description,
                                                                 d.organization)

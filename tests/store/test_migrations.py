@@ -206,7 +206,7 @@ def test_027_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_data
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         migrate_before(conn, 27)
         conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
-                     " first_seen_at, updated_at, last_seen_at, raw) VALUES ('https://p.example', 'a', 'u', 'h', 'c',"
+                     " first_seen_at, updated_at, last_seen_at, raw) VALUES ('https://p.example', 'a', 'u', 'h', 'cc',"
                      " 'm', 't', now(), now(), now(), '{\"notes\": \"kept\"}')")
         assert migrations.migrate(conn)[0].startswith("027_")
         options = dict(conn.execute(
@@ -234,14 +234,14 @@ def test_033_holds_a_current_versions_last_seen_once_and_every_version_reads_as_
         migrate_before(conn, 33)
         conn.execute("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
                      " first_seen_at, updated_at, last_seen_at, raw) VALUES"
-                     " ('https://p.example', 'a', 'ua', 'ha', 'c', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}'),"
-                     " ('https://p.example', 'b', 'ub', 'hb', 'c', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}')",
+                     " ('https://p.example', 'a', 'ua', 'ha', 'cc', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}'),"
+                     " ('https://p.example', 'b', 'ub', 'hb', 'cc', 'm', 't', %(t0)s, %(t0)s, %(t2)s, '{}')",
                      {"t0": t[0], "t2": t[2]})
         # a: version 1 replaced (seen until t1), version 2 current (seen at t2, as its dataset);
         # b: its current version seen later than its dataset says (t3: the old writer kept the later)
         conn.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot,"
                      " is_current, change_type, first_seen_at, last_seen_at)"
-                     " SELECT d.id, v.n, 'c', 'm', '{}', v.cur, 'new', v.first, v.last FROM datasets d"
+                     " SELECT d.id, v.n, 'cc', 'm', '{}', v.cur, 'new', v.first, v.last FROM datasets d"
                      " JOIN (VALUES ('a', 1, false, %(t0)s::timestamptz, %(t1)s::timestamptz), ('a', 2, true, %(t2)s, %(t2)s),"
                      "              ('b', 1, true, %(t0)s, %(t3)s)) v(source_id, n, cur, first, last)"
                      " ON v.source_id = d.source_id", {"t0": t[0], "t1": t[1], "t2": t[2], "t3": t[3]})
@@ -333,9 +333,9 @@ def test_039_drops_the_url_hash_index_no_statement_used_and_a_url_is_still_found
 
     rows = ("INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,"
             " first_seen_at, updated_at, last_seen_at, raw) VALUES"
-            " ('https://p.example', 'a', 'https://p.example/dataset/a', %(ha)s, 'c', 'm', 't',"
+            " ('https://p.example', 'a', 'https://p.example/dataset/a', %(ha)s, 'cc', 'm', 't',"
             "  now(), now(), now(), '{}'),"
-            " ('https://p.example', 'b', 'https://p.example/data.json#b', %(hb)s, 'c', 'm', 't',"
+            " ('https://p.example', 'b', 'https://p.example/data.json#b', %(hb)s, 'cc', 'm', 't',"
             "  now(), now(), now(), '{}')")
     hashes = {"ha": sha256_hex(normalize_url("https://p.example/dataset/a")),
               "hb": sha256_hex(f"{normalize_url('https://p.example/data.json')}#b")}
@@ -416,7 +416,8 @@ def test_040_looks_datasets_up_by_content_hash_through_a_hash_index_that_finds_t
         conn.execute("UPDATE datasets SET content_hash = %s WHERE source_id = 's5'", (h[3],))
         assert conn.execute(lookups[0][0], (h[3],)).fetchall() == conn.execute(
             "SELECT id FROM datasets WHERE source_id = 's5'").fetchall()
-        assert conn.execute("SELECT count(*) FROM dataset_search WHERE content_hash = %s", (h[3],)).fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM dataset_search WHERE content_hash = decode(%s, 'hex')",
+                            (h[3],)).fetchone()[0] == 1
 
 
 def insert_datasets(conn, portals: list[str], n: int) -> None:
@@ -560,7 +561,7 @@ def test_042_packs_the_vectors_five_to_a_page_and_keeps_every_vector(empty_datab
             " WHERE content_hash ~ '^[0-9a-f]+$'")}
         assert len(before) == 2 * n - 2
 
-        assert migrations.migrate(conn) == ["042_embeddings_five_a_page.sql"]
+        assert migrations.migrate(conn)[0] == "042_embeddings_five_a_page.sql"
         after = {tuple(r[:2]): r[2:] for r in conn.execute(
             "SELECT encode(e.content_hash, 'hex'), m.name, e.dimension, e.embedding::text, e.created_at, e.run_id"
             " FROM embeddings e JOIN embedding_models m ON m.id = e.model")}
@@ -609,3 +610,70 @@ def test_042_packs_the_vectors_five_to_a_page_and_keeps_every_vector(empty_datab
         assert vectors.invalidate(conn, models[1], source_id="s3") == 1
         assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == n - 2
         assert not vectors.copies_checked(conn, "https://p.example", models[1])
+
+
+def test_043_holds_search_rows_hashes_as_bytes_and_every_row_as_it_was(empty_database_url, migrate_before):
+    """043 (issue 40): dataset_search.content_hash is the hash's 32 bytes, as the vectors' hashes are
+    (041, 042). A dataset whose hash is not hexadecimal (hand-made) stops the migration with an error
+    naming it, nothing changed; once it is set right, every search row reads as before (the hash as
+    hex), every index of the table is there as it was, new and changed datasets get rows with the
+    hash as bytes, and a deleted vector still takes its copies for search with it (the trigger now
+    compares bytes)."""
+    import numpy as np
+    from pgvector.psycopg import register_vector
+
+    from harvester.store import vectors
+
+    portals = ["https://p.example", "https://q.example"]
+    n = 40
+    columns = ("dataset_id, portal_url, {hash}, removed_at, metadata_modified, config::text, organizations, tags,"
+               " formats, licenses, document::text")
+    indexes = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dataset_search' ORDER BY 1"
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 43)
+        insert_datasets(conn, portals, n)
+        conn.execute("UPDATE datasets SET removed_at = now(), organization = 'Org ' || id,"
+                     " tags = '[\"Water\", \"x\"]' WHERE id % 7 = 0")
+        good = conn.execute("SELECT content_hash FROM datasets WHERE source_id = 's5'").fetchone()[0]
+        conn.execute("UPDATE datasets SET content_hash = 'not a hash' WHERE source_id = 's5'")
+        bad_id = conn.execute("SELECT id FROM datasets WHERE source_id = 's5'").fetchone()[0]
+        before = conn.execute(f"SELECT {columns.format(hash='content_hash')} FROM dataset_search ORDER BY 1").fetchall()
+        index_defs = conn.execute(indexes).fetchall()
+
+        with pytest.raises(migrations.MigrationError) as refused:
+            migrations.migrate(conn)
+        assert f"{bad_id} ('not a hash')" in str(refused.value) and "hexadecimal" in str(refused.value)
+        assert conn.execute("SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid ="
+                            " 'dataset_search'::regclass AND attname = 'content_hash'").fetchone()[0] == "text"
+        assert conn.execute(f"SELECT {columns.format(hash='content_hash')} FROM dataset_search"
+                            " ORDER BY 1").fetchall() == before
+
+        conn.execute("UPDATE datasets SET content_hash = %s WHERE id = %s", (good, bad_id))
+        before = conn.execute(f"SELECT {columns.format(hash='content_hash')} FROM dataset_search ORDER BY 1").fetchall()
+        assert len(before) == n
+        assert migrations.migrate(conn)[0] == "043_search_content_hash_bytes.sql"
+        as_hex = columns.format(hash="encode(content_hash, 'hex')")
+        assert conn.execute(f"SELECT {as_hex} FROM dataset_search ORDER BY 1").fetchall() == before
+        assert conn.execute("SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid ="
+                            " 'dataset_search'::regclass AND attname = 'content_hash'").fetchone()[0] == "bytea"
+        assert conn.execute(indexes).fetchall() == index_defs
+        assert conn.execute("SELECT max(pg_column_size(content_hash)) FROM dataset_search").fetchone()[0] == 33
+
+        # rows written from now on: a new dataset, a dataset whose text changed
+        insert_datasets(conn, ["https://r.example"], 3)
+        conn.execute("UPDATE datasets SET content_hash = encode(sha256('changed'::bytea), 'hex') WHERE source_id = 's1'"
+                     " AND portal_url = 'https://q.example'")
+        assert conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE s.content_hash = decode(d.content_hash, 'hex'))"
+            " FROM datasets d JOIN dataset_search s ON s.dataset_id = d.id").fetchone() == (n + 3, n + 3)
+
+        # a vector deleted takes the copies of its text with it (harvester_vectors_deleted)
+        rng = np.random.default_rng(43)
+        register_vector(conn)
+        hashes = [r[0] for r in conn.execute("SELECT content_hash FROM datasets WHERE portal_url = 'https://p.example'"
+                                             " ORDER BY id")]
+        vectors.write(conn, "m@8", 8, hashes, [rng.standard_normal(8) for _ in hashes])
+        assert vectors.copy_for_search(conn, "https://p.example", "m@8") == len(hashes)
+        conn.execute("DELETE FROM embeddings WHERE content_hash = %s", (bytes.fromhex(hashes[0]),))
+        assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == len(hashes) - 1
+        assert vectors.copy_for_search(conn, "https://p.example", "m@8") == 0

@@ -590,7 +590,7 @@ def _hnsw_statement(dimension: int, where: str, kind: str | None):
     from harvester.store import vectors
 
     nearest = vectors.nearest(dimension, kind, sql.SQL(
-        "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = encode(e.content_hash, 'hex') AND {where})"
+        "EXISTS (SELECT 1 FROM dataset_search s WHERE s.content_hash = e.content_hash AND {where})"
     ).format(where=sql.SQL(where)))
     return sql.SQL(
         """
@@ -626,8 +626,8 @@ def _exact_statement(dimension: int, where: str):
         ), d AS (
             SELECT f.dataset_id, coalesce(c.distance, (
                        SELECT e.embedding <=> %(query)s::halfvec({dim}) FROM embeddings e
-                       WHERE e.content_hash = decode(f.content_hash, 'hex') AND e.model = %(model_id)s::integer)) AS distance
-            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = decode(f.content_hash, 'hex')
+                       WHERE e.content_hash = f.content_hash AND e.model = %(model_id)s::integer)) AS distance
+            FROM f LEFT JOIN c ON c.dataset_id = f.dataset_id AND c.content_hash = f.content_hash
         )
         SELECT dataset_id, 1 - distance FROM d WHERE distance IS NOT NULL ORDER BY distance, dataset_id LIMIT %(n)s
         """).format(dim=sql.Literal(int(dimension)), where=sql.SQL(where))
@@ -654,7 +654,7 @@ def _portal_statement(dimension: int, where: str, scope: int):
             FROM dataset_vectors v
             WHERE v.scope = {scope}
               AND EXISTS (SELECT 1 FROM dataset_search s WHERE s.dataset_id = v.dataset_id
-                            AND decode(s.content_hash, 'hex') = v.content_hash AND {where} OFFSET 0)
+                            AND s.content_hash = v.content_hash AND {where} OFFSET 0)
             ORDER BY {expr} <=> {q}
             LIMIT %(n)s
         )

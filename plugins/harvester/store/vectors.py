@@ -151,7 +151,7 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
             query: str = "query") -> sql.Composable:
     """The statement of the nearest vectors of the model ``%(model_id)s`` (model_id: a parameter, so
     that the planner matches the model's partial index) to ``%(query)s`` that meet ``condition``
-    (on ``embeddings e``), as (content_hash in hexadecimal, cosine distance, candidates), nearest
+    (on ``embeddings e``), as (content_hash as bytes, cosine distance, candidates), nearest
     first, at most ``%(n)s``; ``candidates``: over the bits, how many the index scan gave to rank (fewer than
     ``%(rerank)s`` when the filtered scan stopped early), else NULL.
     ``kind``: that of the model's index (search_kind; None: none, ranked as halfvec). Over the
@@ -164,7 +164,7 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     if kind == "bit":
         return sql.SQL(
             """
-            SELECT encode(c.content_hash, 'hex') AS content_hash, c.distance, count(*) OVER () AS candidates FROM (
+            SELECT c.content_hash, c.distance, count(*) OVER () AS candidates FROM (
                 SELECT e.content_hash, e.embedding <=> {q} AS distance
                 FROM embeddings e
                 WHERE e.model = %(model_id)s::integer AND {condition}
@@ -178,7 +178,7 @@ def nearest(dimension: int, kind: str | None = None, condition: sql.Composable =
     expr = index_expression(dimension, "halfvec")
     return sql.SQL(
         """
-        SELECT encode(e.content_hash, 'hex') AS content_hash, {expr} <=> {q} AS distance, NULL::bigint AS candidates
+        SELECT e.content_hash, {expr} <=> {q} AS distance, NULL::bigint AS candidates
         FROM embeddings e
         WHERE e.model = %(model_id)s::integer AND {condition}
         ORDER BY {expr} <=> {q}
@@ -714,7 +714,7 @@ def copy_for_search(conn, portal_url: str, model: str, dataset_ids: Sequence[int
             SELECT s.dataset_id, s.content_hash, s.removed_at FROM dataset_search s
             WHERE s.portal_url = %(portal)s AND (%(ids)s::bigint[] IS NULL OR s.dataset_id = ANY(%(ids)s::bigint[]))
               AND NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = s.dataset_id
-                                AND c.scope = %(scope)s AND c.content_hash = decode(s.content_hash, 'hex'))
+                                AND c.scope = %(scope)s AND c.content_hash = s.content_hash)
         )""", {"portal": portal_url, "model": model, "scope": scope(conn, portal_url, model),
                "ids": None if dataset_ids is None else list(dataset_ids)})
     if dataset_ids is None:
@@ -740,7 +740,7 @@ def link(conn, portal_url: str, model: str) -> int:
                             AND e.model = """ + MODEL_ID + """)
             RETURNING d.id, d.content_hash, d.removed_at
         ), b AS MATERIALIZED (
-            SELECT l.id AS dataset_id, l.content_hash, l.removed_at FROM l
+            SELECT l.id AS dataset_id, decode(l.content_hash, 'hex') AS content_hash, l.removed_at FROM l
             WHERE NOT EXISTS (SELECT 1 FROM dataset_vectors c WHERE c.dataset_id = l.id
                                 AND c.scope = %(scope)s AND c.content_hash = decode(l.content_hash, 'hex'))
         )""", {"portal": portal_url, "model": model, "scope": scope(conn, portal_url, model)},
@@ -749,8 +749,8 @@ def link(conn, portal_url: str, model: str) -> int:
 
 
 def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
-    """The copies of the datasets of ``behind`` (CTEs ending in ``b``: dataset_id, content_hash,
-    removed_at of datasets of the portal ``params["portal"]`` whose copy is missing or behind)
+    """The copies of the datasets of ``behind`` (CTEs ending in ``b``: dataset_id, content_hash as
+    bytes, removed_at of datasets of the portal ``params["portal"]`` whose copy is missing or behind)
     written, each with the scope of its portal and model (``params["scope"]``; sql/041: the per-portal
     indexes' predicate) and its text's hash as bytes; returns (copies written, live datasets of b
     left without one, ``count``)."""
@@ -759,7 +759,7 @@ def _copy(conn, behind: str, params: dict, count: str = "0") -> tuple:
         WITH {behind}, w AS (
             INSERT INTO dataset_vectors AS v (dataset_id, scope, embedding, content_hash)
             SELECT b.dataset_id, %(scope)s, e.embedding, e.content_hash
-            FROM b JOIN embeddings e ON e.content_hash = decode(b.content_hash, 'hex') AND e.model = {MODEL_ID}
+            FROM b JOIN embeddings e ON e.content_hash = b.content_hash AND e.model = {MODEL_ID}
             ORDER BY b.dataset_id
             ON CONFLICT (dataset_id) DO UPDATE SET
                 scope = EXCLUDED.scope, content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
