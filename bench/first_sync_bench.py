@@ -615,7 +615,7 @@ class Bench:
             # exactly (no index)
             knn = sql.SQL("SELECT content_hash FROM ({}) nn").format(
                 vectors.nearest(dimension, vectors.index_kind(), query="q"))
-            full = sql.SQL("SELECT encode(content_hash, 'hex') FROM embeddings WHERE model = %(model_id)s::integer "
+            full = sql.SQL("SELECT content_hash FROM embeddings WHERE model = %(model_id)s::integer "
                            "ORDER BY embedding::vector({dim}) <=> %(q)s::vector({dim}) LIMIT {k}").format(
                 dim=sql.Literal(dimension), k=sql.Literal(K))
             hnsw = sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef))

@@ -93,11 +93,11 @@ def main() -> int:
             with conn.transaction():
                 conn.execute("SET LOCAL enable_indexscan = off")
                 truths = [{r[0] for r in conn.execute(
-                    f"SELECT encode(content_hash, 'hex') FROM embeddings WHERE model ="
+                    f"SELECT content_hash FROM embeddings WHERE model ="
                     f" (SELECT id FROM embedding_models WHERE name = %s)"
                     f" ORDER BY embedding <=> %s::halfvec({dim}) LIMIT {K}", (model, q))} for q in queries]
             alone = sql.SQL(
-                "SELECT encode(content_hash, 'hex') FROM (SELECT content_hash, embedding FROM embeddings"
+                "SELECT content_hash FROM (SELECT content_hash, embedding FROM embeddings"
                 " WHERE model = %(model_id)s::integer"
                 " ORDER BY {bits} <~> {query_bits} LIMIT %(rerank)s) c ORDER BY embedding <=> {q} LIMIT {k}").format(
                 bits=vectors.index_expression(dim, "bit"), query_bits=vectors.query_cast(dim, kind="bit"),

@@ -288,7 +288,7 @@ def measure(server, args, bases, stand_in) -> None:
             # (no dataset is removed here; without a filter, embeddings alone is read: one scan)
             if not filters:
                 hashes = [r[0] for r in conn.execute(
-                    f"SELECT encode(content_hash, 'hex') FROM embeddings"
+                    f"SELECT content_hash FROM embeddings"
                     f" WHERE model = (SELECT id FROM embedding_models WHERE name = %(m)s)"
                     f" ORDER BY embedding <=> %(q)s::halfvec({DIMENSION}) LIMIT {K}", {"m": MODEL, "q": v})]
                 ids = dict(conn.execute("SELECT content_hash, min(dataset_id) FROM dataset_search"
@@ -296,7 +296,7 @@ def measure(server, args, bases, stand_in) -> None:
                 return [ids[h] for h in hashes if h in ids]
             return [r[0] for r in conn.execute(
                 f"SELECT s.dataset_id FROM dataset_search s JOIN embeddings e"
-                f" ON e.content_hash = decode(s.content_hash, 'hex')"
+                f" ON e.content_hash = s.content_hash"
                 f" AND e.model = (SELECT id FROM embedding_models WHERE name = %(m)s)"
                 f" WHERE s.removed_at IS NULL AND s.portal_url = %(p)s"
                 f" ORDER BY e.embedding <=> %(q)s::halfvec({DIMENSION}), s.dataset_id LIMIT {K}",

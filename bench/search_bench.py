@@ -599,7 +599,7 @@ def scale(server, args) -> bool:
         query_vectors = [stand_in.embed(q) for q in query_texts]
         knn = vectors.nearest(DIMENSION, kind, query="q")
         # the truth: every stored vector compared, exactly (no index)
-        exact_knn = sql.SQL("SELECT encode(e.content_hash, 'hex'), embedding::vector({dim}) <=> %(q)s::vector({dim})"
+        exact_knn = sql.SQL("SELECT e.content_hash, embedding::vector({dim}) <=> %(q)s::vector({dim})"
                             " FROM embeddings e WHERE e.model = %(model_id)s::integer ORDER BY 2 LIMIT {k}").format(
             dim=sql.Literal(DIMENSION), k=sql.Literal(K))
         plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN ") + knn, {
