@@ -40,6 +40,38 @@ def test_each_migration_in_its_own_transaction(empty_database_url, tmp_path):
         assert migrations.pending(conn, tmp_path) == []
 
 
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_table_a_migration_wrote_anew_is_vacuumed_once_it_has_committed(empty_database_url, tmp_path, caplog,
+                                                                          autocommit):
+    """A migration naming a table on a "--! vacuum after:" line: once it has committed, the table is
+    vacuumed (an ALTER TABLE ... TYPE leaves no page all-visible, and autovacuum sees nothing to do),
+    on an autocommit connection or not. A VACUUM that fails is a warning naming the table; the
+    migration stays applied and the next one runs."""
+    first, every = tmp_path / "first", tmp_path / "every"
+    first.mkdir()
+    every.mkdir()
+    for directory in (first, every):
+        (directory / "001_first.sql").write_text(
+            "CREATE TABLE first_table AS SELECT g AS x FROM generate_series(1, 5000) g;")
+    (every / "002_second.sql").write_text(
+        "ALTER TABLE first_table ALTER COLUMN x TYPE bigint;\n"
+        "--! vacuum after: first_table\n"
+        "--! vacuum after: no_such_table\n")
+    (every / "003_third.sql").write_text("CREATE TABLE third_table (x int);")
+    all_visible = "SELECT relpages, relallvisible FROM pg_class WHERE relname = 'first_table'"
+    with psycopg.connect(empty_database_url, autocommit=autocommit) as conn:
+        assert migrations.migrate(conn, first) == ["001_first.sql"]
+        caplog.set_level(logging.INFO, logger="harvester.store.migrations")
+        assert migrations.migrate(conn, every) == ["002_second.sql", "003_third.sql"]
+        pages, visible = conn.execute(all_visible).fetchone()
+        conn.rollback()
+        assert pages > 1 and visible == pages, (pages, visible)
+        assert conn.autocommit is autocommit
+    assert "after migration 002_second.sql: first_table vacuumed in" in caplog.text
+    assert ("after migration 002_second.sql: VACUUM no_such_table failed (UndefinedTable: relation \"no_such_table\""
+            " does not exist)") in caplog.text
+
+
 def test_pending_names_what_an_empty_or_old_database_lacks(empty_database_url, tmp_path):
     (tmp_path / "001_first.sql").write_text("CREATE TABLE first_table (x int);")
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
@@ -658,6 +690,9 @@ def test_043_holds_search_rows_hashes_as_bytes_and_every_row_as_it_was(empty_dat
                             " 'dataset_search'::regclass AND attname = 'content_hash'").fetchone()[0] == "bytea"
         assert conn.execute(indexes).fetchall() == index_defs
         assert conn.execute("SELECT max(pg_column_size(content_hash)) FROM dataset_search").fetchone()[0] == 33
+        # written anew, and vacuumed once committed: portal filters' index-only scans read no heap
+        assert conn.execute("SELECT relallvisible = relpages AND relpages > 0 FROM pg_class"
+                            " WHERE relname = 'dataset_search'").fetchone()[0] is True
 
         # rows written from now on: a new dataset, a dataset whose text changed
         insert_datasets(conn, ["https://r.example"], 3)

@@ -15,6 +15,14 @@ _NAME = re.compile(r"^(\d{3})_[A-Za-z0-9_]+\.sql$")
 _LOCK_KEY = 0x4841525653  # "HARVS"
 
 
+# A migration that writes a table anew in place (ALTER TABLE ... TYPE) leaves no page of it marked
+# all-visible, and no inserted or dead rows for autovacuum to count: index-only scans of it then read
+# the heap for every row (search's portal filters: sql/028) until something vacuums it. Such a
+# migration names the table on a line of its own, "--! vacuum after: <table>", and migrate vacuums
+# it once the migration has committed (VACUUM cannot run inside a transaction).
+_VACUUM_AFTER = re.compile(r"^--! vacuum after: ([a-z_][a-z0-9_]*)[ \t]*$", re.M)
+
+
 def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
     files = []
     for path in sorted(sql_dir.glob("*.sql")):
@@ -192,10 +200,12 @@ def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
                         break  # another process applied it while we waited
                     log.info("applying migration %s", path.name)
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
-                    conn.execute(path.read_text(encoding="utf-8"))
+                    text = path.read_text(encoding="utf-8")
+                    conn.execute(text)
                     conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                                  (version, path.name))
                 applied_now.append(path.name)
+                _vacuum_after(conn, path.name, _VACUUM_AFTER.findall(text))
                 break
             except psycopg.errors.LockNotAvailable as exc:
                 if attempt < LOCK_ATTEMPTS:
@@ -211,6 +221,32 @@ def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
     else:  # what every task finds once the schema is current: nothing new, so not in its log at INFO
         log.debug("schema migrations: up to date (%d applied)", len(files))
     return applied_now
+
+
+def _vacuum_after(conn, name: str, tables: list[str]) -> None:
+    """VACUUM (not FULL: runs and searches go on) each of ``tables`` that the committed migration
+    ``name`` wrote anew (_VACUUM_AFTER). A VACUUM that fails (a lock waited on past the session's
+    lock_timeout, the connection lost) is a warning, not the migration's failure: the table is right,
+    only its index-only scans are slower until it is vacuumed."""
+    import psycopg
+    from psycopg import sql
+
+    for table in tables:
+        started = time.monotonic()
+        autocommit = conn.autocommit
+        try:
+            conn.autocommit = True
+            conn.execute(sql.SQL("VACUUM (PROCESS_TOAST FALSE) {}").format(sql.Identifier(table)))
+            log.info("after migration %s: %s vacuumed in %.1f s (its pages marked all-visible for index-only scans)",
+                     name, table, time.monotonic() - started)
+        except psycopg.Error as exc:
+            log.warning("after migration %s: VACUUM %s failed (%s: %s); its index-only scans read the heap until"
+                        " it is vacuumed: run VACUUM %s", name, table, type(exc).__name__, str(exc).strip(), table)
+        finally:
+            try:
+                conn.autocommit = autocommit
+            except psycopg.Error:  # the connection was lost: the caller's next statement says so
+                pass
 
 
 def _failed(path: Path, applied_now: list[str], exc: BaseException) -> str:
