@@ -45,8 +45,9 @@ def test_a_table_a_migration_wrote_anew_is_vacuumed_once_it_has_committed(empty_
                                                                           autocommit):
     """A migration naming a table on a "--! vacuum after:" line: once it has committed, the table is
     vacuumed (an ALTER TABLE ... TYPE leaves no page all-visible, and autovacuum sees nothing to do),
-    on an autocommit connection or not. A VACUUM that fails is a warning naming the table; the
-    migration stays applied and the next one runs."""
+    on an autocommit connection or not; an empty one is left without statistics, as a new database's
+    tables are. A VACUUM that fails is a warning naming the table; the migration stays applied and
+    the next one runs."""
     first, every = tmp_path / "first", tmp_path / "every"
     first.mkdir()
     every.mkdir()
@@ -55,7 +56,9 @@ def test_a_table_a_migration_wrote_anew_is_vacuumed_once_it_has_committed(empty_
             "CREATE TABLE first_table AS SELECT g AS x FROM generate_series(1, 5000) g;")
     (every / "002_second.sql").write_text(
         "ALTER TABLE first_table ALTER COLUMN x TYPE bigint;\n"
+        "CREATE TABLE empty_table (x int);\n"
         "--! vacuum after: first_table\n"
+        "--! vacuum after: empty_table\n"
         "--! vacuum after: no_such_table\n")
     (every / "003_third.sql").write_text("CREATE TABLE third_table (x int);")
     all_visible = "SELECT relpages, relallvisible FROM pg_class WHERE relname = 'first_table'"
@@ -66,8 +69,11 @@ def test_a_table_a_migration_wrote_anew_is_vacuumed_once_it_has_committed(empty_
         pages, visible = conn.execute(all_visible).fetchone()
         conn.rollback()
         assert pages > 1 and visible == pages, (pages, visible)
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'empty_table'").fetchone()[0] == -1
+        conn.rollback()
         assert conn.autocommit is autocommit
     assert "after migration 002_second.sql: first_table vacuumed in" in caplog.text
+    assert "empty_table" not in caplog.text
     assert ("after migration 002_second.sql: VACUUM no_such_table failed (UndefinedTable: relation \"no_such_table\""
             " does not exist)") in caplog.text
 

@@ -225,9 +225,10 @@ def migrate(conn, sql_dir: Path = SQL_DIR) -> list[str]:
 
 def _vacuum_after(conn, name: str, tables: list[str]) -> None:
     """VACUUM (not FULL: runs and searches go on) each of ``tables`` that the committed migration
-    ``name`` wrote anew (_VACUUM_AFTER). A VACUUM that fails (a lock waited on past the session's
-    lock_timeout, the connection lost) is a warning, not the migration's failure: the table is right,
-    only its index-only scans are slower until it is vacuumed."""
+    ``name`` wrote anew (_VACUUM_AFTER), unless it is empty: a new database's tables are left without
+    statistics for its first bulk run to analyze (store/datasets.py). A VACUUM that fails (a lock
+    waited on past the session's lock_timeout, the connection lost) is a warning, not the migration's
+    failure: the table is right, only its index-only scans are slower until it is vacuumed."""
     import psycopg
     from psycopg import sql
 
@@ -236,12 +237,15 @@ def _vacuum_after(conn, name: str, tables: list[str]) -> None:
         autocommit = conn.autocommit
         try:
             conn.autocommit = True
+            if not conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(table))).fetchone()[0]:
+                continue
             conn.execute(sql.SQL("VACUUM (PROCESS_TOAST FALSE) {}").format(sql.Identifier(table)))
             log.info("after migration %s: %s vacuumed in %.1f s (its pages marked all-visible for index-only scans)",
                      name, table, time.monotonic() - started)
         except psycopg.Error as exc:
+            message = (exc.diag.message_primary if exc.diag else None) or str(exc).strip()
             log.warning("after migration %s: VACUUM %s failed (%s: %s); its index-only scans read the heap until"
-                        " it is vacuumed: run VACUUM %s", name, table, type(exc).__name__, str(exc).strip(), table)
+                        " it is vacuumed: run VACUUM %s", name, table, type(exc).__name__, message, table)
         finally:
             try:
                 conn.autocommit = autocommit
