@@ -55,9 +55,9 @@ AGG_IRI = "https://aggregator.example/set/data/"
 # The national dataset i: its id a UUID derived from i, title and text unique to it.
 _NATIONAL = """
 INSERT INTO datasets (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title, description,
-                      tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at, raw)
+                      tags, organization, metadata_modified, first_seen_at, updated_at, raw)
 SELECT %(portal)s, id, name, page, md5(page), md5(title || ' ' || notes), md5(raw::text), title, notes, tags,
-       org_title, modified, now() - interval '30 days', now(), now(), raw
+       org_title, modified, now() - interval '30 days', now(), raw
 FROM (
     SELECT g.id, g.name, g.page, g.title, g.notes, g.tags, g.org_title, g.modified,
            jsonb_build_object(
@@ -92,9 +92,9 @@ FROM (
 # `decoys` per hundred: same title, another publisher, text and files), or its own.
 _AGGREGATOR = """
 INSERT INTO datasets (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title, description,
-                      tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at, raw)
+                      tags, organization, metadata_modified, first_seen_at, updated_at, raw)
 SELECT %(portal)s, a.iri, NULL, a.page, md5(a.page), md5(a.title || ' ' || a.notes), md5(a.raw::text), a.title, a.notes,
-       '[]'::jsonb, a.org_title, now(), now(), now(), now(), a.raw
+       '[]'::jsonb, a.org_title, now(), now(), now(), a.raw
 FROM (
     SELECT b.*, jsonb_strip_nulls(jsonb_build_object(
                'id', b.iri, 'title', b.title, 'notes', b.notes, 'url', b.page,

@@ -37,10 +37,10 @@ FILL = [
     """
     INSERT INTO datasets (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash, title,
                           description, tags, organization, metadata_modified, first_seen_at, updated_at,
-                          last_seen_at, removed_at, raw)
+                          removed_at, raw)
     SELECT %(portal)s, s.id, s.name, s.url, md5(s.url), md5(s.title || s.description), md5(s.id), s.title,
            s.description, s.tags, 'Organisation ' || (g %% 300), now() - g * interval '1 minute',
-           now() - interval '1 year', now() - g * interval '1 second', now(),
+           now() - interval '1 year', now() - g * interval '1 second',
            CASE WHEN g %% 10 = 0 THEN now() END,
            jsonb_build_object(
                'id', s.id, 'name', s.name, 'title', s.title, 'notes', s.description,
@@ -62,11 +62,13 @@ FILL = [
                (SELECT jsonb_agg('tag-' || ((g * 7 + i) %% 500)) FROM generate_series(1, 3 + g %% 6) i) AS tags
     ) s
     """,
+    # every dataset seen unchanged since its last change, by the last full sync (sql/044)
+    "INSERT INTO dataset_seen (dataset_id, last_seen_at) SELECT id, now() FROM datasets WHERE portal_url = %(portal)s",
     """
     INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash, snapshot, change_type,
-                                  first_seen_at, last_seen_at)
+                                  first_seen_at)
     SELECT id, 1, content_hash, metadata_hash, jsonb_build_object('title', title, 'description', ''), 'new',
-           first_seen_at, last_seen_at
+           first_seen_at
     FROM datasets WHERE portal_url = %(portal)s
     """,
     """

@@ -110,13 +110,13 @@ def load_slice(conn, rows, stand_in) -> None:
     now = datetime.now(timezone.utc)
     columns = ("portal_url", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
                "description", "tags", "organization", "metadata_modified", "first_seen_at", "updated_at",
-               "last_seen_at", "embedded_content_hash", "raw", "search_config")
+               "embedded_content_hash", "raw", "search_config")
     with conn.transaction(), conn.cursor() as cur:
         with cur.copy(f"COPY datasets ({', '.join(columns)}) FROM STDIN") as copy:
             for r in rows:
                 copy.write_row((r["portal_url"], r["source_id"], r["name"], r["url"], r["url_hash"], r["content_hash"],
                                 r["metadata_hash"], r["title"], r["description"], json.dumps(r["tags"]),
-                                r["organization"], r["metadata_modified"], now, now, now, r["content_hash"],
+                                r["organization"], r["metadata_modified"], now, now, r["content_hash"],
                                 json.dumps(r["raw"]), r["search_config"]))
         cur.execute("CREATE TEMP TABLE IF NOT EXISTS bench_vectors (content_hash text, embedding halfvec)"
                     " ON COMMIT DELETE ROWS")

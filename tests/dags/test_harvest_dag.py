@@ -32,8 +32,9 @@ def watermark(db):
 
 def snapshot(db):
     """Everything users see of datasets, for before/after comparisons."""
-    return db.execute("SELECT source_id, content_hash, metadata_hash, embedded_content_hash, updated_at, last_seen_at,"
-                      " removed_at FROM datasets ORDER BY source_id").fetchall()
+    return db.execute("SELECT d.source_id, d.content_hash, d.metadata_hash, d.embedded_content_hash, d.updated_at,"
+                      " greatest(d.updated_at, k.last_seen_at), d.removed_at"
+                      " FROM datasets d LEFT JOIN dataset_seen k ON k.dataset_id = d.id ORDER BY d.source_id").fetchall()
 
 
 def distinct_texts(db):

@@ -33,8 +33,8 @@ def _keys(db, raw: dict, *, portal="https://national.example", source_id=None, u
           content_hash="c1") -> tuple[set, set]:
     db.execute(
         """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                                 organization, first_seen_at, updated_at, last_seen_at, raw)
-           VALUES (%s, %s, %s, 'u', %s, 'm', 't', %s, now(), now(), now(), %s)""",
+                                 organization, first_seen_at, updated_at, raw)
+           VALUES (%s, %s, %s, 'u', %s, 'm', 't', %s, now(), now(), %s)""",
         (portal, source_id or raw["id"], url or f"{portal}/dataset/{raw.get('name') or raw['id']}", content_hash,
          organization, json.dumps(raw)))
     rows = db.execute(

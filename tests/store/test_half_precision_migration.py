@@ -23,9 +23,9 @@ from harvester.testing.samples import distinct_records
 # what the migrations since 018 changed: vectors in half precision (019), a version's text kept once (020)
 # (023 gives databases that applied 020's first text, on PostgreSQL 18, the same schema: here a no-op;
 # 032 is what reads 020's functions since the current version's snapshot is its dataset's row, 031;
-# 034 replaces 032's view)
+# 034 replaces 032's view, 045 replaces 034's)
 MIGRATIONS = ["019_half_precision_vectors.sql", "020_version_text_once.sql", "023_version_text_functions.sql",
-              "032_current_snapshot_readers.sql", "034_current_last_seen_readers.sql"]
+              "032_current_snapshot_readers.sql", "034_current_last_seen_readers.sql", "045_last_seen_readers.sql"]
 
 
 def column_types(conn) -> dict[str, str]:
@@ -108,8 +108,8 @@ def test_half_precision_keeps_what_users_see_and_the_next_run_builds_the_index(
     for version, path in migrations.migration_files():
         # before 019, and the later ones that leave 019 and 020's tables alone but that today's
         # code (writing the old database here) reads: sql/021's embedding_failures, 024's staging_attempt
-        # (023 follows 020, 032 reads its functions, 034 replaces 032's view)
-        if version < 19 or (version > 20 and version not in (23, 32, 34)):
+        # (023 follows 020, 032 reads its functions, 034 replaces 032's view, 045 034's)
+        if version < 19 or (version > 20 and version not in (23, 32, 34, 45)):
             shutil.copy(path, before_019 / path.name)
     assert all((migrations.SQL_DIR / name).exists() for name in MIGRATIONS)
 
@@ -269,7 +269,7 @@ def test_a_database_that_applied_the_virtual_columns_reaches_the_same_schema(
     before = tmp_path / "sql"
     before.mkdir()
     for number, path in migrations.migration_files():
-        if number not in (23, 32, 34):  # (after it: today's code, writing here, reads them; 032 reads 023's)
+        if number not in (23, 32, 34, 45):  # (after it: today's code, writing here, reads them; 032 reads 023's)
             (before / path.name).write_text(VIRTUAL_020 if number == 20 else path.read_text())
     records = distinct_records(samples, 20)
     portal_server.set_records(records)
@@ -294,7 +294,7 @@ def test_a_database_that_applied_the_virtual_columns_reaches_the_same_schema(
 
     with psycopg.connect(url, autocommit=True) as conn:
         assert migrations.migrate(conn) == ["023_version_text_functions.sql", "032_current_snapshot_readers.sql",
-                                            "034_current_last_seen_readers.sql"]
+                                            "034_current_last_seen_readers.sql", "045_last_seen_readers.sql"]
         assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'dataset_versions'::regclass"
                             " AND attname IN ('title', 'description') AND NOT attisdropped").fetchone()[0] == 0
         assert conn.execute("SELECT dataset_id, version_number, title, description, content_hash FROM current_datasets"

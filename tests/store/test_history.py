@@ -72,8 +72,9 @@ def changes_of(db, run_id):
 def versions_of(db, source_id):
     return db.execute(
         "SELECT v.version_number, v.is_current, v.change_type, v.first_seen_at,"
-        " coalesce(v.last_seen_at, d.last_seen_at), v.content_hash,"
-        " v.snapshot FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id WHERE d.source_id = %s"
+        " coalesce(v.last_seen_at, greatest(d.updated_at, k.last_seen_at)), v.content_hash,"
+        " v.snapshot FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
+        " LEFT JOIN dataset_seen k ON k.dataset_id = d.id WHERE d.source_id = %s"
         " ORDER BY v.version_number", (source_id,)).fetchall()
 
 
@@ -184,8 +185,8 @@ def test_an_unchanged_run_writes_no_version_and_moves_last_seen(db, reader, port
 
 def test_the_upsert_marks_a_runs_unchanged_records_seen_and_skips_that_when_it_has_none(
         db, reader, portal, portal_server, birmingham):
-    """The upsert's pass marking unchanged records seen (datasets, whose last_seen_at their current
-    versions read, sql/033) runs only when hash_compare counted some (issue 40: a first sync has
+    """The upsert's pass marking unchanged records seen (dataset_seen, sql/044, which their datasets'
+    last sighting and their current versions' read, sql/033) runs only when hash_compare counted some (issue 40: a first sync has
     none to look for); a second run of an unchanged portal, through the pipeline's own upsert,
     still marks every one."""
     portal_server.set_records(birmingham)
@@ -198,7 +199,7 @@ def test_the_upsert_marks_a_runs_unchanged_records_seen_and_skips_that_when_it_h
         assert runs.get(db, run_id).status == "committed"
         assert (classified["unchanged"], stats["created"]) == (unchanged, created)
         seen.append(runs.get(db, run_id).started_at)
-    assert db.execute("SELECT DISTINCT last_seen_at FROM datasets").fetchall() == [(seen[-1],)]
+    assert db.execute("SELECT DISTINCT last_seen_at FROM current_datasets").fetchall() == [(seen[-1],)]
     assert db.execute("SELECT DISTINCT version_first_seen_at, version_last_seen_at FROM current_datasets"
                       ).fetchall() == [(seen[0], seen[-1])]
 
@@ -229,6 +230,66 @@ def test_an_unchanged_full_sync_or_incremental_writes_no_version_row(db, reader,
     assert seen == {rec["id"]: incremental["seen_at"] if i < 3 else full["seen_at"]
                     for i, rec in enumerate(birmingham)}
     assert db.execute("SELECT count(*) FROM dataset_versions WHERE last_seen_at IS NOT NULL").fetchone()[0] == 0
+
+
+def dataset_rows(db):
+    """(source id, ctid, xmin) of every datasets row: equal before and after a run that wrote none."""
+    return sorted(db.execute("SELECT source_id, ctid::text, xmin::text FROM datasets").fetchall())
+
+
+def last_sightings(db, portal):
+    """source id -> when a run last saw it, as each reader gives it: current_datasets, the dataset's
+    detail (UI, CLI), the export, and its current version (its dataset's, sql/033)."""
+    from harvester.store import export
+
+    columns = [c.name for c in export.dataset_columns()]
+    with db.transaction():  # (the export reads through a server-side cursor)
+        exported = {row[columns.index("source_id")]: row[columns.index("last_seen_at")]
+                    for batch in export.dataset_batches(db, portal_url=portal.url) for row in batch}
+    view = dict(db.execute("SELECT source_id, last_seen_at FROM current_datasets").fetchall())
+    versions = dict(db.execute("SELECT source_id, version_last_seen_at FROM current_datasets").fetchall())
+    detail = {s: history.dataset_detail(db, portal.url, s)["last_seen_at"] for s in view}
+    numbers = dict(db.execute("SELECT d.source_id, v.version_number FROM dataset_versions v"
+                              " JOIN datasets d ON d.id = v.dataset_id WHERE v.is_current").fetchall())
+    current = {s: history.get_version(db, dataset_id(db, s), numbers[s])["last_seen_at"] for s in view}
+    assert exported == view == versions == detail == current, (exported, view, versions, detail, current)
+    return view
+
+
+def test_an_unchanged_run_writes_no_datasets_row_and_every_reader_gives_its_sighting(
+        db, reader, portal, portal_server, birmingham):
+    """sql/044 (issue 40: bytes a dataset, full syncs): a run that sees datasets unchanged writes
+    their sighting to dataset_seen, not a new version of each dataset's row (the code before wrote
+    every row of the portal at every full sync); every reader gives the run's start. A dataset
+    changed later reads its change's time, though its row in dataset_seen is older; an unchanged
+    record whose portal gives a new modified time has it taken into its row, and only that one."""
+    portal_server.set_records(birmingham)
+    first = harvest_once(db, reader, portal)
+    assert db.execute("SELECT count(*) FROM dataset_seen").fetchone()[0] == 0  # a first sync writes none
+    assert set(last_sightings(db, portal).values()) == {first["seen_at"]}
+    before = dataset_rows(db)
+    full = harvest_once(db, reader, portal)
+    assert full["classified"]["unchanged"] == 10
+    assert dataset_rows(db) == before
+    assert db.execute("SELECT count(*), min(last_seen_at), max(last_seen_at) FROM dataset_seen").fetchone() == (
+        10, full["seen_at"], full["seen_at"])
+    assert set(last_sightings(db, portal).values()) == {full["seen_at"]}
+
+    # one record edited, one re-listed with a later modified time (nothing tracked changed)
+    portal_server.upsert_record(edited(birmingham[0], title="A new title", metadata_modified="2031-01-01T00:00:00"))
+    portal_server.upsert_record(edited(birmingham[1], metadata_modified="2031-01-01T00:00:00"))
+    incremental = harvest_once(db, reader, portal, full=False)
+    assert incremental["classified"]["unchanged"] == 1 and incremental["classified"]["updated"] == 1
+    after = dict((s, (c, x)) for s, c, x in dataset_rows(db))
+    assert {s for s, c, x in before if after[s] != (c, x)} == {birmingham[0]["id"], birmingham[1]["id"]}
+    assert db.execute("SELECT metadata_modified FROM datasets WHERE source_id = %s",
+                      (birmingham[1]["id"],)).fetchone()[0] == datetime(2031, 1, 1, tzinfo=timezone.utc)
+    # the edited dataset's row in dataset_seen is the full sync's, older than its change
+    assert db.execute("SELECT k.last_seen_at FROM dataset_seen k JOIN datasets d ON d.id = k.dataset_id"
+                      " WHERE d.source_id = %s", (birmingham[0]["id"],)).fetchone()[0] == full["seen_at"]
+    sightings = last_sightings(db, portal)
+    assert sightings == {rec["id"]: incremental["seen_at"] if i < 2 else full["seen_at"]
+                         for i, rec in enumerate(birmingham)}
 
 
 def test_every_versions_last_seen_reads_as_before_through_new_unchanged_edited_removed_restored_edited(

@@ -530,8 +530,8 @@ def test_the_search_table_follows_every_write_to_datasets(conn):
             "SELECT d.id, s.xmin::text FROM datasets d JOIN dataset_search s ON s.dataset_id = d.id"
             " WHERE d.source_id = %s", (source_id,)).fetchone()
         # a run's bookkeeping on every listed dataset does not touch the search table
-        conn.execute("UPDATE datasets SET last_seen_at = now(), embedded_content_hash = NULL WHERE id = %s",
-                     (dataset_id,))
+        conn.execute("INSERT INTO dataset_seen VALUES (%s, now())", (dataset_id,))
+        conn.execute("UPDATE datasets SET embedded_content_hash = NULL WHERE id = %s", (dataset_id,))
         assert conn.execute("SELECT xmin::text FROM dataset_search WHERE dataset_id = %s",
                             (dataset_id,)).fetchone()[0] == xmin
         # what search reads does
@@ -542,9 +542,9 @@ def test_the_search_table_follows_every_write_to_datasets(conn):
                       filters=SearchFilters(organization="rottnest ranger service", license="ODC-BY")).items
         # a new row (one statement, many rows) and a deleted one
         conn.execute("INSERT INTO datasets (portal_url, source_id, name, url, url_hash, content_hash, metadata_hash,"
-                     " title, first_seen_at, updated_at, last_seen_at, raw, tags)"
+                     " title, first_seen_at, updated_at, raw, tags)"
                      " SELECT portal_url, source_id || '-copy-' || n, name, url, url_hash, content_hash, metadata_hash,"
-                     "        'Wombat burrows ' || n, now(), now(), now(), raw, '[\"Fauna\"]'"
+                     "        'Wombat burrows ' || n, now(), now(), raw, '[\"Fauna\"]'"
                      " FROM datasets, generate_series(1, 3) n WHERE id = %s", (dataset_id,))
         assert len(search(conn, "wombat", mode="text", limit=10, filters=SearchFilters(tag="fauna")).items) == 3
         conn.execute("DELETE FROM dataset_changes WHERE dataset_id = %s", (dataset_id,))

@@ -76,7 +76,7 @@ def test_every_dataset_has_the_keys_the_definition_before_gave(db):
     # third dataset's url is on another host than its portal, organizations blank or missing at times
     db.execute(
         """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-               organization, first_seen_at, updated_at, last_seen_at, raw)
+               organization, first_seen_at, updated_at, raw)
            SELECT CASE WHEN i %% 2 = 0 THEN 'https://portal.example/' ELSE 'http://www.Portal.example:80' END,
                   CASE WHEN i %% 2 = 0 THEN coalesce(raw ->> 'id', 'r' || i) || '-' || i
                        ELSE 'https://portal.example/id/' || i END,
@@ -84,7 +84,7 @@ def test_every_dataset_has_the_keys_the_definition_before_gave(db):
                        WHEN i %% 3 = 1 THEN 'https://portal.example/dataset/' || i ELSE 'page ' || i END,
                   'u', md5('c' || (i %% 50)), 'm', 't',
                   CASE WHEN i %% 7 = 0 THEN NULL WHEN i %% 7 = 1 THEN '  ' ELSE raw -> 'organization' ->> 'title' END,
-                  now(), now(), now(), raw
+                  now(), now(), raw
            FROM unnest(%s::jsonb[]) WITH ORDINALITY AS r(raw, i)""",
         ([json.dumps(r) for r in records],))
     ids = "ARRAY(SELECT id FROM datasets)"

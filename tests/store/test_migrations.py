@@ -252,7 +252,7 @@ def test_027_lets_autovacuum_reclaim_a_runs_dead_rows_sooner_on_an_existing_data
             " WHERE c.relname IN ('datasets', 'dataset_search', 'dataset_versions', 'dataset_keys', 'dataset_vectors')"
         ).fetchall())
         assert all("autovacuum_vacuum_scale_factor=0.02" in options[t] for t in options), options
-        assert "fillfactor=70" in options["datasets"]  # (009's, kept)
+        assert "fillfactor=100" in options["datasets"]  # (009's 70, until 044 kept the runs' sightings apart)
         toast = dict(conn.execute(
             "SELECT c.relname, array_to_string(t.reloptions, ',') FROM pg_class c JOIN pg_class t ON t.oid = c.reltoastrelid"
             " WHERE c.relname IN ('datasets', 'dataset_search', 'dataset_versions')").fetchall())
@@ -296,7 +296,8 @@ def test_033_holds_a_current_versions_last_seen_once_and_every_version_reads_as_
         assert before == [("a", 1, t[1]), ("a", 2, t[2]), ("b", 1, t[3])]
         view = conn.execute("SELECT source_id, version_last_seen_at FROM current_datasets ORDER BY 1").fetchall()
 
-        assert migrations.migrate(conn)[:2] == ["033_current_last_seen_once.sql", "034_current_last_seen_readers.sql"]
+        # (up to 034: 044 then keeps the dataset's last sighting apart, its own test below)
+        assert migrate_before(conn, 35)[:2] == ["033_current_last_seen_once.sql", "034_current_last_seen_readers.sql"]
         assert conn.execute(read).fetchall() == before
         assert conn.execute("SELECT source_id, version_last_seen_at FROM current_datasets ORDER BY 1"
                             ).fetchall() == view == [("a", t[2]), ("b", t[3])]
@@ -334,7 +335,8 @@ def test_038_keeps_a_datasets_description_out_of_its_row_and_every_value_as_it_w
         old_values = conn.execute(values, ("old-%",)).fetchall()
         assert old_heap > 300 * 1504  # before 038 a row of about 1.7 KB kept its description in line
 
-        assert migrations.migrate(conn)[0] == "038_dataset_text_out_of_line.sql"
+        # (up to 043: 044 then keeps the dataset's last sighting apart, its own test below)
+        assert migrate_before(conn, 44)[0] == "038_dataset_text_out_of_line.sql"
         assert conn.execute(values, ("old-%",)).fetchall() == old_values  # nothing rewritten, nothing changed
         conn.execute(insert, {"tag": "new-"})
         new_heap = heap() - old_heap
@@ -689,7 +691,8 @@ def test_043_holds_search_rows_hashes_as_bytes_and_every_row_as_it_was(empty_dat
         conn.execute("UPDATE datasets SET content_hash = %s WHERE id = %s", (good, bad_id))
         before = conn.execute(f"SELECT {columns.format(hash='content_hash')} FROM dataset_search ORDER BY 1").fetchall()
         assert len(before) == n
-        assert migrations.migrate(conn)[0] == "043_search_content_hash_bytes.sql"
+        # (043 alone: 044 then keeps the dataset's last sighting apart, its own test below)
+        assert migrate_before(conn, 44) == ["043_search_content_hash_bytes.sql"]
         as_hex = columns.format(hash="encode(content_hash, 'hex')")
         assert conn.execute(f"SELECT {as_hex} FROM dataset_search ORDER BY 1").fetchall() == before
         assert conn.execute("SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid ="
@@ -718,3 +721,44 @@ def test_043_holds_search_rows_hashes_as_bytes_and_every_row_as_it_was(empty_dat
         conn.execute("DELETE FROM embeddings WHERE content_hash = %s", (bytes.fromhex(hashes[0]),))
         assert conn.execute("SELECT count(*) FROM dataset_vectors").fetchone()[0] == len(hashes) - 1
         assert vectors.copy_for_search(conn, "https://p.example", "m@8") == 0
+
+
+def test_044_keeps_a_datasets_last_sighting_apart_and_every_reader_gives_what_it_did(empty_database_url,
+                                                                                    migrate_before):
+    """044 and 045 (issue 40): datasets.last_seen_at is gone; a dataset last seen after its last change gets
+    a row in dataset_seen with that time, the others none, and when a run last saw each dataset, live
+    or removed, reads as before (greatest(updated_at, dataset_seen's)), in current_datasets too, its
+    current versions' included (one holding a later time of its own keeps it). datasets goes to
+    fillfactor 100, dataset_seen is at 50, and a deleted dataset takes its row there with it."""
+    t = [datetime(2026, 1, day, tzinfo=timezone.utc) for day in range(1, 6)]
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        migrate_before(conn, 44)
+        insert_datasets(conn, ["https://p.example", "https://q.example"], 12)
+        conn.execute("UPDATE datasets SET first_seen_at = %(t0)s, updated_at = %(t1)s,"
+                     " last_seen_at = CASE WHEN id %% 3 = 0 THEN %(t1)s WHEN id %% 3 = 1 THEN %(t2)s ELSE %(t3)s END,"
+                     " removed_at = CASE WHEN id %% 4 = 0 THEN %(t3)s END",
+                     {"t0": t[0], "t1": t[1], "t2": t[2], "t3": t[3]})
+        conn.execute("INSERT INTO dataset_versions (dataset_id, version_number, content_hash, metadata_hash,"
+                     " is_current, change_type, first_seen_at, last_seen_at)"
+                     " SELECT id, 1, content_hash, metadata_hash, true, 'new', first_seen_at,"
+                     " CASE WHEN id = 2 THEN %s::timestamptz END FROM datasets", (t[4],))
+        seen = "SELECT id, last_seen_at FROM datasets ORDER BY id"
+        before = conn.execute(seen).fetchall()
+        view = "SELECT * FROM current_datasets ORDER BY dataset_id"
+        view_before = conn.execute(view).fetchall()
+        assert len(view_before) == 9 and {r[-1] for r in view_before} == {t[1], t[2], t[3]}
+
+        assert migrate_before(conn, 46) == ["044_last_seen_apart.sql", "045_last_seen_readers.sql"]
+        assert conn.execute("SELECT d.id, greatest(d.updated_at, k.last_seen_at) FROM datasets d"
+                            " LEFT JOIN dataset_seen k ON k.dataset_id = d.id ORDER BY d.id").fetchall() == before
+        assert conn.execute(view).fetchall() == view_before
+        assert conn.execute("SELECT dataset_id, last_seen_at FROM dataset_seen ORDER BY 1").fetchall() == [
+            (i, s) for i, s in before if s > t[1]]
+        assert conn.execute("SELECT version_last_seen_at FROM current_datasets WHERE dataset_id = 2").fetchone()[0] == t[4]
+        assert conn.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'datasets'"
+                            " AND column_name = 'last_seen_at'").fetchone()[0] == 0
+        options = dict(conn.execute("SELECT relname, array_to_string(reloptions, ',') FROM pg_class"
+                                    " WHERE relname IN ('datasets', 'dataset_seen')").fetchall())
+        assert "fillfactor=100" in options["datasets"] and "fillfactor=50" in options["dataset_seen"], options
+        conn.execute("DELETE FROM datasets WHERE id = 2")
+        assert conn.execute("SELECT count(*) FROM dataset_seen WHERE dataset_id = 2").fetchone()[0] == 0

@@ -87,11 +87,11 @@ def test_the_text_side_of_a_small_filter_reads_its_rows_and_finds_what_the_index
     db.execute(
         """
         INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title, description,
-                              first_seen_at, updated_at, last_seen_at, raw)
+                              first_seen_at, updated_at, raw)
         SELECT CASE WHEN n % 40 = 0 THEN 'https://small.example' ELSE 'https://big.example' END, 'ds-' || n,
                'https://x/' || n, md5('u' || n), md5('c' || n), md5('m' || n),
                'county data ' || n, CASE WHEN n % 3 = 0 THEN 'water quality of the county' ELSE 'roads' END,
-               now(), now(), now(), '{}'
+               now(), now(), '{}'
         FROM generate_series(0, 1999) n
         """)
     db.execute("UPDATE datasets SET removed_at = now() WHERE source_id = 'ds-120'")

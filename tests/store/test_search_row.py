@@ -51,11 +51,11 @@ def test_every_search_row_is_the_one_the_definition_before_gave(db):
     # one statement for all, as a run's merge writes them: the insert trigger sees them together
     db.execute(
         """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title, description,
-               tags, organization, metadata_modified, first_seen_at, updated_at, last_seen_at, raw, search_config)
+               tags, organization, metadata_modified, first_seen_at, updated_at, raw, search_config)
            SELECT 'https://portal.example', 'r' || (i - 1), 'https://portal.example/' || (i - 1), 'u', md5('c' || (i - 1)),
                   'm', coalesce(raw ->> 'title', 'record ' || (i - 1)), coalesce(raw ->> 'notes', ''),
                   CASE WHEN jsonb_typeof(raw -> 'tags') = 'array' THEN raw -> 'tags' ELSE '[]' END,
-                  raw -> 'organization' ->> 'title', now(), now(), now(), now(), raw,
+                  raw -> 'organization' ->> 'title', now(), now(), now(), raw,
                   (CASE WHEN i %% 2 = 0 THEN 'english' ELSE 'simple' END)::regconfig
            FROM unnest(%s::jsonb[]) WITH ORDINALITY AS r(raw, i)""",
         ([json.dumps(r) for r in records],))
@@ -82,9 +82,9 @@ def test_the_odd_records_read_as_nothing_but_what_they_hold(db):
     with db.cursor() as cur:
         cur.executemany(
             """INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                   first_seen_at, updated_at, last_seen_at, raw)
+                   first_seen_at, updated_at, raw)
                VALUES ('https://portal.example', %s, 'https://portal.example/x', 'u', md5('c'), 'm', 't',
-                       now(), now(), now(), %s)""", [(f"odd{i}", json.dumps(r)) for i, r in enumerate(ODD)])
+                       now(), now(), %s)""", [(f"odd{i}", json.dumps(r)) for i, r in enumerate(ODD)])
     rows = db.execute("SELECT d.source_id, s.organizations, s.formats, s.licenses, s.document::text"
                       " FROM datasets d JOIN dataset_search s ON s.dataset_id = d.id ORDER BY d.id").fetchall()
     fields = {source_id: (orgs, formats, licenses, doc) for source_id, orgs, formats, licenses, doc in rows}

@@ -26,7 +26,7 @@ def test_migrations_apply_once_in_order(empty_db):
         "SELECT column_name FROM information_schema.columns WHERE table_name = 'datasets'")}
     assert {"portal_url", "source_id", "name", "url", "url_hash", "content_hash", "metadata_hash", "title",
             "description", "tags", "organization", "metadata_modified", "first_seen_at", "updated_at",
-            "last_seen_at", "removed_at", "embedded_content_hash", "raw"} <= columns
+            "removed_at", "embedded_content_hash", "raw"} <= columns
 
 
 def test_badly_named_migration_is_refused(tmp_path, empty_db):

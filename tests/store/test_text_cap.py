@@ -13,10 +13,10 @@ def fill(conn) -> None:
     conn.execute(
         """
         INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title, description,
-                              first_seen_at, updated_at, last_seen_at, raw)
+                              first_seen_at, updated_at, raw)
         SELECT 'https://p.example', 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n), md5('m' || n),
                'dataset ' || n || ' ' || w, 'common words for all ' || w || repeat(' ' || w, (n %% 7)::int) || ' rare' || n,
-               now(), now(), now(), '{}'
+               now(), now(), '{}'
         FROM unnest(%s::text[]) WITH ORDINALITY AS t(w, k), LATERAL (SELECT k - 1 AS n) i
         """, ([words[n % len(words)] for n in range(N)],))
     conn.execute("ANALYZE dataset_search")

@@ -92,11 +92,12 @@ SELECT d.id, p.portal_name, d.portal_url, d.source_id, d.name, d.url, d.title, d
              ORDER BY 1),
        coalesce(nullif(d.raw ->> 'license_title', ''), nullif(d.raw ->> 'license_id', ''),
                 nullif(d.raw ->> 'license', '')),
-       d.metadata_modified, d.first_seen_at, d.updated_at, d.last_seen_at, d.removed_at,
+       d.metadata_modified, d.first_seen_at, d.updated_at, greatest(d.updated_at, k.last_seen_at), d.removed_at,
        d.content_hash, d.metadata_hash, v.version_number,
        m.group_id, m.is_canonical, c.dataset_id, coalesce(g.members - 1, 0)::int{raw}
 FROM datasets d
 LEFT JOIN portal_sync_status p ON p.portal_url = d.portal_url
+LEFT JOIN dataset_seen k ON k.dataset_id = d.id
 LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
 LEFT JOIN duplicate_members m ON m.dataset_id = d.id
 LEFT JOIN duplicate_members c ON c.group_id = m.group_id AND c.is_canonical

@@ -13,7 +13,7 @@ A run's history is written in two steps, like its datasets:
 Rules
     A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
     version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged writes
-    no version (the merge moves the dataset's ``last_seen_at``). Versions are numbered 1, 2, 3...
+    no version (the merge marks the dataset seen: ``dataset_seen``, sql/044). Versions are numbered 1, 2, 3...
     and exactly one is current (a partial unique index), also for a removed dataset: its last
     known state.
 
@@ -33,8 +33,9 @@ Rules
     unchanged drops it when it equals the one the row gives (``forget_snapshot``).
 
     Likewise the current version's ``last_seen_at`` is its dataset's (sql/033): a current version
-    is written with NULL and read as ``coalesce(v.last_seen_at, d.last_seen_at)``, so a run that
-    sees its dataset unchanged writes no version. The version a run replaces takes the value it
+    is written with NULL and read as its dataset's, so a run that sees its dataset unchanged writes
+    no version. A dataset's is ``greatest(d.updated_at, k.last_seen_at)`` (sql/044): its last
+    change, or a later sighting unchanged in ``dataset_seen k`` (LEFT JOIN). The version a run replaces takes the value it
     had as current, the dataset's before the merge (read by ``compute_changes``, staged as
     ``old_last_seen_at``), in the statement that ends its ``is_current``. A current version whose
     stored value differed from its dataset's at the upgrade keeps it until a run sees the dataset
@@ -90,9 +91,10 @@ _TO_COMPARE = """
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.title END,
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.description END,
            CASE WHEN v.snapshot IS NULL OR s.outcome = 'unchanged' THEN d.raw END,
-           s.previous_source_id, d.last_seen_at
+           s.previous_source_id, greatest(d.updated_at, k.last_seen_at)
     FROM staging_records s
     JOIN datasets d ON d.portal_url = %(portal)s AND d.source_id = coalesce(s.previous_source_id, s.source_id)
+    LEFT JOIN dataset_seen k ON k.dataset_id = d.id
     LEFT JOIN dataset_versions v ON v.dataset_id = d.id AND v.is_current
     WHERE s.run_id = %(run)s
       AND (s.outcome IN ('created', 'updated', 'reidentified')
@@ -243,7 +245,7 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
     versions seen by this run that held a last_seen_at of their own, now their dataset's).
 
     A dataset seen unchanged gets no write here: its current version's last_seen_at is its
-    dataset's (sql/033), which the merge moved.
+    dataset's (sql/033), which the merge moved (dataset_seen, sql/044).
 
     Raises RuntimeError when a created or updated record has no staged change: compute_changes
     did not run for this run (writing on would leave datasets without a current version)."""
@@ -305,7 +307,7 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
         WHERE c.run_id = %(run)s AND c.forget_snapshot AND v.dataset_id = d.id AND v.is_current
         """, params).rowcount
     # A current version holding a last_seen_at of its own (kept by sql/033: one later than its
-    # dataset's) whose dataset this run saw (the merge set its last_seen_at to this run's start) at
+    # dataset's) whose dataset this run saw (the merge made its last sighting this run's start) at
     # or after it: the dataset's reads as the old writer's greatest(own, seen) would. Found by the
     # partial index of such versions (normally empty), whatever the run's size.
     cleared = conn.execute(
@@ -313,7 +315,8 @@ def write_history(conn, run_id: int, portal_url: str, seen_at: datetime) -> dict
         UPDATE dataset_versions v SET last_seen_at = NULL
         FROM datasets d
         WHERE v.is_current AND v.last_seen_at IS NOT NULL AND v.last_seen_at <= %(seen)s
-          AND d.id = v.dataset_id AND d.portal_url = %(portal)s AND d.last_seen_at = %(seen)s
+          AND d.id = v.dataset_id AND d.portal_url = %(portal)s
+          AND greatest(d.updated_at, (SELECT k.last_seen_at FROM dataset_seen k WHERE k.dataset_id = d.id)) = %(seen)s
         """, params).rowcount
     # The staged changes go with the run's other staging at the end of the commit (staging.clear):
     # the table truncated there, its lock held for the commit's last statements only.
@@ -465,11 +468,13 @@ _VERSION_COLUMNS = ("version_number", "is_current", "change_type", "content_hash
 # A version's columns (a current version's last_seen_at its dataset's where it holds none, sql/033),
 # then its dataset's title, description and raw record when it stores no snapshot (the current
 # version since sql/031: the dataset's row is its snapshot).
-_VERSION_SELECT = (", ".join("coalesce(v.last_seen_at, d.last_seen_at)" if c == "last_seen_at" else "v." + c
+_VERSION_SELECT = (", ".join("coalesce(v.last_seen_at, greatest(d.updated_at, k.last_seen_at))" if c == "last_seen_at"
+                             else "v." + c
                              for c in _VERSION_COLUMNS)
                    + ", CASE WHEN v.snapshot IS NULL THEN d.title END, CASE WHEN v.snapshot IS NULL THEN d.description END,"
                      " CASE WHEN v.snapshot IS NULL THEN d.raw END")
-_VERSION_FROM = "FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
+_VERSION_FROM = ("FROM dataset_versions v JOIN datasets d ON d.id = v.dataset_id"
+                 " LEFT JOIN dataset_seen k ON k.dataset_id = d.id")
 
 
 def _version(row: tuple) -> dict:
@@ -619,6 +624,8 @@ def dataset_detail(conn, portal_url: str, source_id: str) -> dict | None:
     """A dataset of the portal by its CKAN id, live or removed; None when we never saw it."""
     columns = ("id", "source_id", "name", "title", "url", "organization", "removed_at", "first_seen_at",
                "last_seen_at", "metadata_modified")
-    row = conn.execute(f"SELECT {', '.join(columns)} FROM datasets WHERE portal_url = %s AND source_id = %s",
-                       (portal_url, source_id)).fetchone()
+    # when a run last saw it: its last change, or a later sighting unchanged (sql/044)
+    selected = ", ".join("greatest(d.updated_at, k.last_seen_at)" if c == "last_seen_at" else "d." + c for c in columns)
+    row = conn.execute(f"SELECT {selected} FROM datasets d LEFT JOIN dataset_seen k ON k.dataset_id = d.id"
+                       " WHERE d.portal_url = %s AND d.source_id = %s", (portal_url, source_id)).fetchone()
     return dict(zip(columns, row)) if row else None

@@ -24,13 +24,16 @@ def spiral_vector(n: int) -> list[float]:
 
 def insert_datasets(conn, portals: list[str]) -> None:
     """A dataset for each entry of ``portals`` (its portal), in that order: source id ``ds-<n>``,
-    title ``dataset <n>``, content hash md5('c' || n)."""
+    title ``dataset <n>``, content hash md5('c' || n). (Also on a database before sql/044, whose
+    datasets.last_seen_at is NOT NULL: set there as the runs then set it.)"""
+    seen = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = 'datasets'::regclass"
+                        " AND attname = 'last_seen_at' AND NOT attisdropped").fetchone()
     conn.execute(
-        """
+        f"""
         INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                              first_seen_at, updated_at, last_seen_at, raw)
+                              first_seen_at, updated_at{", last_seen_at" if seen else ""}, raw)
         SELECT (%(portals)s::text[])[n + 1], 'ds-' || n, 'https://x/' || n, md5('u' || n), md5('c' || n),
-               md5('m' || n), 'dataset ' || n, now(), now(), now(), '{}'
+               md5('m' || n), 'dataset ' || n, now(), now(){", now()" if seen else ""}, '{{}}'
         FROM generate_series(0, %(n)s - 1) n ORDER BY n
         """, {"portals": list(portals), "n": len(portals)})
 
@@ -42,9 +45,9 @@ def insert_texts(conn, rows: list[tuple[str, str, str, str]], config: str = "eng
         cur.executemany(
             """
             INSERT INTO datasets (portal_url, source_id, url, url_hash, content_hash, metadata_hash, title,
-                                  description, first_seen_at, updated_at, last_seen_at, raw, search_config)
+                                  description, first_seen_at, updated_at, raw, search_config)
             VALUES (%(p)s, %(s)s, %(p)s || '/' || %(s)s, md5(%(p)s || %(s)s), md5('c' || %(p)s || %(s)s),
-                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), now(), '{}', %(c)s)
+                    md5('m' || %(s)s), %(t)s, %(d)s, now(), now(), '{}', %(c)s)
             """, [{"p": p, "s": s, "t": t, "d": d, "c": config} for p, s, t, d in rows])
     conn.execute("VACUUM ANALYZE dataset_search")
 
