@@ -12,7 +12,9 @@ provider talking to the local Gemini-protocol server (--dimension 768 by default
    runs, hours apart: its naptime is 1 s on the bench's server and each run is followed by a wait
    until no table is over its autovacuum threshold (the server's defaults, the tables' own
    settings: sql/027) and no autovacuum worker is busy (--no-settle: no wait, naptime unchanged);
-3. after a plain VACUUM (not FULL: what autovacuum gets to, without taking the tables away).
+3. with --full-syncs N, after N full syncs of the unchanged portal (every dataset seen again, none
+   changed: what a portal harvested by full syncs costs), each followed by autovacuum's time as above;
+4. after a plain VACUUM (not FULL: what autovacuum gets to, without taking the tables away).
 
 Each time it prints every table of the schema with its heap (with its free-space and visibility
 maps), its TOAST (with the TOAST index) and each of its indexes, in bytes per live dataset, their
@@ -232,6 +234,17 @@ def run(url: str, args) -> list[tuple[str, dict]]:
                       "so far)", flush=True)
             if args.runs:
                 stages.append((f"after {args.runs} incremental runs of {args.changed:.0%}", report))
+            for k in range(1, args.full_syncs + 1):  # the portal unchanged: every dataset seen again
+                started = time.perf_counter()
+                out = pipeline.harvest(conn, reader, portal, pipeline.source_for(portal), provider, full_sync=True)
+                took = time.perf_counter() - started
+                waited = settle([conn, reader]) if args.settle else 0.0
+                report = measure(conn)
+                print(f"full sync {k} of the unchanged portal: {out.get('unchanged', '?')} unchanged, "
+                      f"{report['total_per_dataset']:,.0f} bytes per dataset, {took:.1f} s (then {waited:.1f} s for "
+                      f"autovacuum; {report['autovacuums']} autovacuums of a table so far)", flush=True)
+            if args.full_syncs:
+                stages.append((f"then after {args.full_syncs} full syncs of the unchanged portal", report))
             conn.execute("VACUUM")
             stages.append(("after a plain VACUUM", measure(conn)))
             conn.execute("ANALYZE")
@@ -244,6 +257,9 @@ def main() -> int:
     parser.add_argument("--changed", type=float, default=0.01,
                         help="share of datasets edited before each incremental run (default 0.01)")
     parser.add_argument("--runs", type=int, default=10, help="incremental runs after the first sync (default 10)")
+    parser.add_argument("--full-syncs", type=int, default=0,
+                        help="full syncs of the unchanged portal after the incremental runs, measured after the last "
+                             "(default 0: the issue's measure)")
     parser.add_argument("--dimension", type=int, default=768, help="vector dimension (default 768)")
     parser.add_argument("--database-url", help="an existing, migrated, empty database instead of a fresh server")
     parser.add_argument("--postgres-bin", type=Path,
