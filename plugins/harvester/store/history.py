@@ -13,9 +13,9 @@ A run's history is written in two steps, like its datasets:
 Rules
     A dataset gets a new version when its snapshot (``changes.snapshot``) differs from its current
     version's, i.e. when its text or tracked metadata changed; a run that sees it unchanged writes
-    no version (the merge marks the dataset seen: ``dataset_seen``, sql/044). Versions are numbered 1, 2, 3...
-    and exactly one is current (a partial unique index), also for a removed dataset: its last
-    known state.
+    no version (the merge marks the dataset seen: ``dataset_seen``, sql/044). Versions are
+    numbered 1, 2, 3... and exactly one is current (a partial unique index), also for a removed
+    dataset: its last known state.
 
     A record hash_compare calls updated whose snapshot equals its current version's (``detect``
     returns None) gets neither a version nor a change row: nothing a user can see changed. That
@@ -35,11 +35,11 @@ Rules
     Likewise the current version's ``last_seen_at`` is its dataset's (sql/033): a current version
     is written with NULL and read as its dataset's, so a run that sees its dataset unchanged writes
     no version. A dataset's is ``greatest(d.updated_at, k.last_seen_at)`` (sql/044): its last
-    change, or a later sighting unchanged in ``dataset_seen k`` (LEFT JOIN). The version a run replaces takes the value it
-    had as current, the dataset's before the merge (read by ``compute_changes``, staged as
-    ``old_last_seen_at``), in the statement that ends its ``is_current``. A current version whose
-    stored value differed from its dataset's at the upgrade keeps it until a run sees the dataset
-    at or after it.
+    change, or a later sighting unchanged in ``dataset_seen k`` (LEFT JOIN). The version a run
+    replaces takes the value it had as current, the dataset's before the merge (read by
+    ``compute_changes``, staged as ``old_last_seen_at``), in the statement that ends its
+    ``is_current``. A current version whose stored value differed from its dataset's at the upgrade
+    keeps it until a run sees the dataset at or after it.
 
     Datasets harvested before this history existed have no version. The first run that sees one
     gives it a version: an edit or a restoration is detected against the dataset's row (its title,
