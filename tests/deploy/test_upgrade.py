@@ -96,13 +96,13 @@ def snapshot(db_url: str, steady_urls: list[str]) -> dict:
     with psycopg.connect(db_url, autocommit=True) as conn:
         steady = "WHERE t.portal_url = ANY(%s)"
         steady_ids = "WHERE t.dataset_id IN (SELECT id FROM datasets WHERE portal_url = ANY(%s))"
-        # when a run last saw dataset d, as read: since 044/045 its last change or a later sighting
-        # unchanged (dataset_seen), before them its own column
-        seen = ("greatest(d.updated_at, (SELECT k.last_seen_at FROM dataset_seen k WHERE k.dataset_id = d.id))"
-                if conn.execute("SELECT to_regclass('dataset_seen') IS NOT NULL").fetchone()[0] else "d.last_seen_at")
+        # when a run last saw the dataset {d} (an alias), as read: since 044/045 its last change or a
+        # later sighting unchanged (dataset_seen), before them its own column
+        seen = ("greatest({d}.updated_at, (SELECT k.last_seen_at FROM dataset_seen k WHERE k.dataset_id = {d}.id))"
+                if conn.execute("SELECT to_regclass('dataset_seen') IS NOT NULL").fetchone()[0] else "{d}.last_seen_at")
         return {
             "datasets": content(conn, "datasets", ("id",), steady, (steady_urls,),
-                                extra={"read_last_seen_at": seen.replace("d.", "t.")}),
+                                extra={"read_last_seen_at": seen.format(d="t")}),
             "datasets_all": content(conn, "datasets", ("id",)),
             # (043 holds a search row's text hash as bytes: read as hex)
             "dataset_search": content(conn, "dataset_search", ("dataset_id",), steady_ids, (steady_urls,),
@@ -114,7 +114,7 @@ def snapshot(db_url: str, steady_urls: list[str]) -> dict:
             # (a current version's last_seen_at as read: its dataset's where it holds none, sql/033)
             "dataset_versions": content(conn, "dataset_versions", ("dataset_id", "version_number"),
                                         extra={"title": "t.title", "description": "t.description",
-                                               "read_last_seen_at": f"coalesce(t.last_seen_at, (SELECT {seen}"
+                                               "read_last_seen_at": f"coalesce(t.last_seen_at, (SELECT {seen.format(d='d')}"
                                                                     " FROM datasets d WHERE d.id = t.dataset_id))"}),
             "dataset_changes": content(conn, "dataset_changes", ("id",)),
             # (042 keeps a vector's model as an id in embedding_models, and its text's hash as bytes)
